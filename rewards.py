@@ -134,6 +134,19 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
+class _Snippet:
+    """The source of a node for a message, rendered only when a message is written."""
+
+    def __init__(self, node: ast.AST):
+        self.node = node
+
+    def __str__(self) -> str:
+        text = ast.unparse(self.node)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    __format__ = lambda self, spec: format(str(self), spec)
+
+
 class _Reject(Exception):
     """Carries the first broken rule out of the gate's walk."""
 
@@ -144,16 +157,23 @@ class _Gate:
     def __init__(self, tree: ast.Module, language: str):
         self.tree, self.language = tree, language
         self.parent: dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(tree):
+        self.nodes = list(ast.walk(tree))  # every pass below reuses these lists
+        self._walks: dict[ast.AST, list[ast.AST]] = {tree: self.nodes}
+        for node in self.nodes:
             for child in ast.iter_child_nodes(node):
                 self.parent[child] = node
         self.aliases: dict[str, str] = {}       # local name -> dotted module path
         self.defs: dict[str, list[ast.AST]] = {}  # def name -> FunctionDef nodes
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.defs.setdefault(node.name, []).append(node)
 
     # ----------------------------------------------------------------- helpers
+    def walk(self, node: ast.AST) -> list[ast.AST]:
+        if node not in self._walks:
+            self._walks[node] = list(ast.walk(node))
+        return self._walks[node]
+
     def fail(self, node: ast.AST, why: str):
         raise _Reject(f"line {getattr(node, 'lineno', '?')}: {why}")
 
@@ -198,7 +218,7 @@ class _Gate:
         self.infer_and_check_compute()
 
     def check_syntax_rules(self):
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
                 self.fail(node, "try/except is not allowed; let errors surface so the "
                                 "harness can report them.")
@@ -235,7 +255,7 @@ class _Gate:
                                 "torch.nn and torch.utils.cpp_extension), math and typing.")
 
     def collect_aliases(self):
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -250,7 +270,7 @@ class _Gate:
                     self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
         # `F = torch.nn.functional`, `r = torch.relu`, chains of those: to a fixpoint.
         for _ in range(4):
-            for node in ast.walk(self.tree):
+            for node in self.nodes:
                 targets, value = self.simple_bindings(node)
                 path = self.dotted(value) if value is not None else None
                 if path:
@@ -267,7 +287,7 @@ class _Gate:
         return [], None
 
     def check_assignments_to_modules(self):
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             targets: list[ast.AST] = []
             if isinstance(node, ast.Assign):
                 targets = node.targets
@@ -276,7 +296,7 @@ class _Gate:
             elif isinstance(node, ast.Delete):
                 targets = node.targets
             for t in targets:
-                for sub in ast.walk(t):
+                for sub in self.walk(t):
                     if isinstance(sub, (ast.Attribute, ast.Subscript)):
                         path = self.dotted(sub.value)
                         if path:
@@ -284,11 +304,11 @@ class _Gate:
                                             "allowed; it would change torch for the harness.")
 
     def load_inline_calls(self) -> list[ast.Call]:
-        return [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)
+        return [n for n in self.nodes if isinstance(n, ast.Call)
                 and self.dotted(n.func) == "torch.utils.cpp_extension.load_inline"]
 
     def string_constants(self) -> list[str]:
-        return [n.value for n in ast.walk(self.tree)
+        return [n.value for n in self.nodes
                 if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
     def check_kernel_present(self):
@@ -337,7 +357,7 @@ class _Gate:
         """
         scope: set[ast.AST] = set()
         self.roots = scope
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Lambda):
                 scope.add(node)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -359,7 +379,7 @@ class _Gate:
         frontier = list(scope)
         while frontier:
             fn = frontier.pop()
-            for node in ast.walk(fn):
+            for node in self.walk(fn):
                 if isinstance(node, ast.Call):
                     name = node.func.id if isinstance(node.func, ast.Name) else (
                         node.func.attr if isinstance(node.func, ast.Attribute) else None)
@@ -374,7 +394,7 @@ class _Gate:
 
     # ----------------------------------------------------------------- torch names
     def check_torch_references(self):
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if not isinstance(node, (ast.Name, ast.Attribute, ast.Call)):
                 continue
             parent = self.parent.get(node)
@@ -434,7 +454,8 @@ class _Gate:
         self.self_attrs: dict[str, str] = {}
         self.param_types: dict[tuple[str, str], str] = {}
         self.returns: dict[str, str] = {}
-        functions = [n for n in ast.walk(self.tree)
+        self.typ_cache: dict[ast.AST, str] | None = None
+        functions = [n for n in self.nodes
                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
         outer = [f for f in functions if not any(isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for a in self.enclosing_functions(f))]
         module_env: dict[str, str] = {}
@@ -442,17 +463,18 @@ class _Gate:
             self.bind_all(self.tree, module_env, skip_functions=True)
             self.envs = {f: self.function_env(f) for f in outer}
         for f in outer:
-            if any(g in self.compute for g in [f, *[n for n in ast.walk(f) if n in self.compute]]):
+            self.typ_cache = {}  # the environments are final now; one type per node
+            if any(g in self.compute for g in [f, *[n for n in self.walk(f) if n in self.compute]]):
                 self.check_function(f, self.envs[f])
 
     def function_env(self, fn: ast.AST) -> dict[str, str]:
         env: dict[str, str] = {}
-        for node in ast.walk(fn):
+        for node in self.walk(fn):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 self.bind_params(node, env)
         self.bind_all(fn, env, skip_functions=False)
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for node in ast.walk(fn):
+            for node in self.walk(fn):
                 if isinstance(node, ast.Return) and node.value is not None:
                     self.returns[fn.name] = _join(self.returns.get(fn.name),
                                                   self.typ(node.value, env))
@@ -482,7 +504,7 @@ class _Gate:
                 env[a.arg] = _TENSOR if root else _UNKNOWN
 
     def bind_all(self, scope: ast.AST, env: dict[str, str], skip_functions: bool):
-        nodes = ast.walk(scope) if not skip_functions else self._walk_outside_functions(scope)
+        nodes = self.walk(scope) if not skip_functions else self._walk_outside_functions(scope)
         for node in nodes:
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
                 kind = self.typ(node.value, env)
@@ -537,6 +559,14 @@ class _Gate:
                 self.param_types[key] = _join(self.param_types.get(key), self.typ(k.value, env))
 
     def typ(self, node: ast.AST, env: dict[str, str]) -> str:
+        cache = self.typ_cache
+        if cache is None:
+            return self._typ(node, env)
+        if node not in cache:
+            cache[node] = self._typ(node, env)
+        return cache[node]
+
+    def _typ(self, node: ast.AST, env: dict[str, str]) -> str:
         path = self.dotted(node)
         if path is not None:
             return _SCALAR if path.split(".")[0] != "torch" or path in TORCH_ALLOWED else _UNKNOWN
@@ -620,11 +650,10 @@ class _Gate:
     def check_function(self, fn: ast.AST, env: dict[str, str]):
         def tensor(n):
             return self.typ(n, env) == _TENSOR
-        for node in ast.walk(fn):
+        for node in self.walk(fn):
             if not self.in_compute(node):
                 continue
-            code = ast.unparse(node) if hasattr(ast, "unparse") else type(node).__name__
-            code = code if len(code) <= 60 else code[:57] + "..."
+            code = _Snippet(node)
             if isinstance(node, ast.BinOp) and (tensor(node.left) or tensor(node.right)):
                 self.fail(node, f"`{code}` applies a torch operator to a tensor in the forward "
                                 "pass; compute it in your kernel (arithmetic on sizes is fine).")
@@ -641,7 +670,7 @@ class _Gate:
                         self.fail(node, f"`{code}` writes into a tensor with torch indexing; "
                                         "let the kernel write its output.")
             if isinstance(node, ast.Subscript) and tensor(node.value) and \
-                    any(tensor(s) for s in ast.walk(node.slice) if isinstance(s, ast.expr)):
+                    any(tensor(s) for s in self.walk(node.slice) if isinstance(s, ast.expr)):
                 self.fail(node, f"`{code}` indexes a tensor with a tensor (a torch gather).")
             if isinstance(node, ast.Attribute) and tensor(node.value) and \
                     node.attr not in TENSOR_ATTRS_ALLOWED | TENSOR_METHODS_ALLOWED:
@@ -687,16 +716,25 @@ class _Gate:
                             "size/view/allocation helpers.")
 
 
-def check_format(code: str, language: str = "cuda") -> str | None:
-    """Why `code` breaks the submission rules (a sentence a model can act on), or None."""
+def check_format(code: str, language: str = "cuda", max_code_chars: int = 100_000) -> str | None:
+    """Why `code` breaks the submission rules (a sentence a model can act on), or None.
+
+    Code longer than max_code_chars is refused outright: the checks cost about a
+    millisecond per line, and no kernel submission needs thousands of lines.
+    """
     if language not in ("cuda", "cpp"):
         raise ValueError(f"language must be 'cuda' or 'cpp', got {language!r}")
     if not isinstance(code, str) or not code.strip():
         return "the code block is empty."
+    if len(code) > max_code_chars:
+        return (f"the code is {len(code)} characters long, over the limit of {max_code_chars}; "
+                "submit a compact solution.")
     try:
         tree = ast.parse(code)
     except SyntaxError as e:
         return f"line {e.lineno}: the code is not valid Python ({e.msg})."
+    except (RecursionError, MemoryError):
+        return "the code is nested too deeply to parse; simplify its expressions."
     try:
         _Gate(tree, language).run()
     except _Reject as reject:
