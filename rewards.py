@@ -93,7 +93,7 @@ PYTHON_METHODS = {"append", "extend", "insert", "pop", "items", "keys", "values"
                   "setdefault", "update", "format", "join", "strip", "startswith",
                   "endswith", "lower", "upper", "replace", "register_buffer",
                   "register_parameter", "parameters", "named_parameters", "buffers",
-                  "modules", "children", "add_module"}
+                  "modules", "children", "add_module", "forward"}
 
 # Builtins that call a tensor's operators when handed one.
 BUILTINS_ON_TENSORS = {"abs", "sum", "max", "min", "pow", "round", "divmod", "sorted", "any",
@@ -116,6 +116,33 @@ SOURCE_DENIED = [
      "starts processes or loads libraries"),
     (re.compile(r"\bcudaLaunchHostFunc\b|\bcudaStreamAddCallback\b"), "registers host callbacks"),
 ]
+# In the kernel source strings: torch/ATen compute called from C++ is the same shortcut as
+# calling it from Python. Namespace calls are allowlisted (allocation, options, threading);
+# tensor methods are denylisted, since C++ strings and vectors have methods too.
+CPP_TORCH_CALLS_ALLOWED = {
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
+    "full_like", "from_blob", "TensorOptions", "Device", "Scalar", "IntArrayRef", "dtype",
+    "device", "parallel_for", "get_num_threads", "ceil_div", "Tensor", "ScalarType", "Half",
+    "BFloat16", "optional", "check", "requires_grad", "layout", "MemoryFormat", "DeviceGuard",
+    "OptionalDeviceGuard", "getCurrentCUDAStream", "getCurrentDeviceProperties",
+    "getDeviceProperties", "current_device", "CUDAGuard", "OptionalCUDAGuard",
+}
+_CPP_TORCH_CALL = re.compile(r"\b(?:torch|at)(?:::\w+)*::(\w+)\s*(?:<[^<>;]*>)?\s*\(")
+CPP_TENSOR_METHODS_DENIED = {
+    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "matmul", "mm", "bmm", "addmm",
+    "baddbmm", "mv", "dot", "einsum", "sum", "mean", "prod", "amax", "amin", "argmax", "argmin",
+    "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "softmax", "log_softmax",
+    "clamp", "clamp_", "clamp_min", "clamp_max", "pow", "sqrt", "rsqrt", "abs", "neg", "copy_",
+    "index_select", "gather", "scatter", "scatter_add", "masked_fill", "where", "cumsum",
+    "norm", "var", "std", "topk", "sort", "transpose", "permute", "t", "clone", "conv2d",
+    "conv1d", "conv3d", "linear", "layer_norm", "batch_norm", "group_norm", "max_pool2d",
+    "avg_pool2d", "mish", "hardtanh", "leaky_relu", "elu", "softplus", "maximum", "minimum",
+    "lerp", "addcmul", "addcdiv", "fill_diagonal_", "tril", "triu", "flip", "roll", "to",
+    "type", "float", "half", "double", "bfloat16", "cat", "stack", "expand_as", "repeat",
+    "index", "index_put_", "masked_select", "nonzero", "unique", "bincount", "histc",
+}
+_CPP_METHOD_CALL = re.compile(r"(?:\.|->)\s*(\w+)\s*(?:<[^<>;]*>)?\s*\(")
+_CPP_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
 _CPP_FUNCTION = re.compile(r"[\w:<>\*&]+\s+[\*&]?\s*\w+\s*\([^;{}]*\)\s*(const\s*)?\{")
 
 _TENSOR, _SCALAR, _EXT, _UNKNOWN = "tensor", "scalar", "ext", "unknown"
@@ -322,6 +349,16 @@ class _Gate:
             for pattern, why in SOURCE_DENIED:
                 if pattern.search(text):
                     raise _Reject(f"the kernel source {why}: not allowed.")
+            code = _CPP_COMMENTS.sub(" ", text)
+            for m in _CPP_TORCH_CALL.finditer(code):
+                if m.group(1) not in CPP_TORCH_CALLS_ALLOWED:
+                    raise _Reject(f"the kernel source calls {m.group(0).rstrip('( ')}(), a "
+                                  "torch compute operator; compute it in your own kernel "
+                                  "(allocation such as torch::empty is fine).")
+            for m in _CPP_METHOD_CALL.finditer(code):
+                if m.group(1) in CPP_TENSOR_METHODS_DENIED:
+                    raise _Reject(f"the kernel source calls .{m.group(1)}(), a torch tensor "
+                                  "operator; compute it in your own kernel.")
         calls = self.load_inline_calls()
         if not calls:
             self.fail(self.tree, "no torch.utils.cpp_extension.load_inline call found; the "

@@ -146,6 +146,64 @@ def test_compute_in_helpers_reached_from_forward_is_refused():
                        extra_methods="def __add__(self, other):\n    return torch.add(other, 1)\n"))
 
 
+@pytest.mark.parametrize("pieces", [
+    dict(top="def ident(a):\n    return a\n", forward="return ident(x) * 2"),
+    dict(forward="d = {'a': x}\nreturn d['a'] * 2"),
+    dict(forward="for t in [x]:\n    return t * 2\nreturn x"),
+    dict(forward="self.tmp = x\nreturn self.tmp * 2"),
+    dict(forward="return (y := x) * 2"),
+    dict(forward="a, *rest = [x, x]\nreturn a + rest[0]"),
+    dict(forward="return type(x).relu(x)"),
+    dict(forward="def g(t):\n    return t.sigmoid()\nreturn g(x)"),
+    dict(top="class H:\n    def f(self, t):\n        return t * 2\n", forward="return H().f(x)"),
+    dict(top="class A(nn.Module):\n    def forward(self, t):\n        return t.exp()\n",
+         forward="return A()(x)"),
+    dict(init="self.register_forward_hook(lambda m, i, o: o * 2)"),
+    dict(top="def deco(f):\n    return f\n@deco\ndef g(t):\n    return t * 3\n"),
+    dict(forward="return getattr(self, 'fn')(x)", extra_methods="def fn(self, t):\n    return t.exp()\n"),
+    dict(init="self.w = nn.Parameter(torch.ones(3))", forward="return ext.run(x, self._w())",
+         extra_methods="def _w(self):\n    return self.w * 2\n"),
+])
+def test_laundering_a_tensor_through_python_does_not_slip_past(pieces):
+    rejected(candidate(**pieces))
+
+
+@pytest.mark.parametrize("pieces", [
+    dict(forward="N, C = x.shape\nout = torch.empty((N, C * 2 // 2), device=x.device, dtype=x.dtype)\n"
+                 "return ext.run(x.contiguous(), out)"),
+    dict(init="self.layers = nn.ModuleList([])",
+         forward="for layer in self.layers:\n    x = layer(x)\nreturn ext.run(x, torch.empty_like(x))"),
+    dict(forward="s = torch.cuda.current_stream().cuda_stream\nreturn ext.run(x, torch.empty_like(x))"),
+    dict(forward="assert x.dtype == torch.float32 and x.is_cuda\nif x.numel() == 0:\n    return x\n"
+                 "return ext.run(x, torch.empty_like(x))"),
+    dict(top="_E = None\ndef _get():\n    global _E\n    if _E is None:\n        _E = ext\n    return _E\n",
+         forward="return _get().run(x, torch.empty_like(x))"),
+    dict(top="def _grid(n):\n    return (n + 255) // 256\n",
+         forward="g = _grid(x.numel())\nreturn ext.run(x, torch.empty_like(x))"),
+    dict(init="self.eps = 1e-5", forward="e = self.eps * 2\nreturn ext.run(x, torch.empty_like(x))"),
+])
+def test_honest_forward_code_passes(pieces):
+    assert check_format(candidate(**pieces)) is None
+
+
+@pytest.mark.parametrize("snippet, ok", [
+    ("return torch::matmul(x, y);", False),
+    ("return at::relu(x);", False),
+    ("return torch::nn::functional::relu(x);", False),
+    ("return x.sum();", False),
+    ("return x.matmul(y);", False),
+    ("auto s = at::cuda::getCurrentCUDAStream();", True),
+    ("auto o = torch::empty({x.numel()}, x.options());", True),
+    ("// torch::relu(x) would be the easy way", True),
+    ("std::vector<int64_t> v; v.push_back(1);", True),
+])
+def test_torch_compute_called_from_the_kernel_source(snippet, ok):
+    source = CUDA_SRC.replace("    return y;\n}", "    " + snippet + "\n    return y;\n}")
+    assert source != CUDA_SRC
+    reason = check_format(candidate(source=source))
+    assert (reason is None) == ok, reason
+
+
 def test_torch_in_init_for_parameters_is_allowed():
     init = ("self.w = nn.Parameter(torch.randn(4, 4) * 0.02)\n"
             "nn.init.kaiming_uniform_(self.w, a=math.sqrt(5))\n"
