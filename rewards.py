@@ -29,8 +29,12 @@ What counts as "torch compute" in the forward pass (and every helper it reaches)
     from sizes (x.size(0), x.shape[1], x.numel(), constants). A value it cannot
     place is let through: a determined attacker can launder a tensor past this
     inference, and the harness then judges the result.
-__init__ (and helpers reached only from it) may use torch freely to build
-parameters, as KernelBench references do.
+  - torch/ATen compute called from the kernel's own C++ (torch::matmul, x.sum()):
+    namespace calls are allowlisted (CPP_TORCH_CALLS_ALLOWED: allocation, options,
+    the current stream, at::parallel_for), tensor methods denylisted.
+.to(device), .cuda() and .cpu() are allowed; .to(dtype), .half() and friends are casts
+and are not. __init__ (and helpers reached only from it) may use torch freely to
+build parameters, as KernelBench references do.
 
 Kimi k1.5's length penalty is here too, off unless a caller adds it.
 Standard library only, so the file can be copied alone.
@@ -100,7 +104,7 @@ BUILTINS_ON_TENSORS = {"abs", "sum", "max", "min", "pow", "round", "divmod", "so
                        "all", "map", "filter", "reversed", "iter", "next"}
 BANNED_NAMES = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "open",
                 "setattr", "delattr", "breakpoint", "input", "__builtins__", "memoryview",
-                "help", "exit", "quit", "classmethod_descriptor"}
+                "help", "exit", "quit"}
 FORBIDDEN_MODULES = {"os", "sys", "subprocess", "threading", "inspect", "gc", "ctypes",
                      "importlib", "builtins", "multiprocessing", "signal", "socket",
                      "shutil", "pathlib", "pickle", "time", "cffi", "numpy", "triton"}
@@ -171,7 +175,8 @@ class _Snippet:
         text = ast.unparse(self.node)
         return text if len(text) <= 60 else text[:57] + "..."
 
-    __format__ = lambda self, spec: format(str(self), spec)
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 class _Reject(Exception):
@@ -494,14 +499,14 @@ class _Gate:
         self.typ_cache: dict[ast.AST, str] | None = None
         functions = [n for n in self.nodes
                      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
-        outer = [f for f in functions if not any(isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) for a in self.enclosing_functions(f))]
-        module_env: dict[str, str] = {}
+        outer = [f for f in functions if not self.enclosing_functions(f)]
+        self.module_env: dict[str, str] = {}
         for _ in range(4):  # flow-insensitive: a few rounds reach the fixpoint
-            self.bind_all(self.tree, module_env, skip_functions=True)
+            self.bind_all(self.tree, self.module_env, skip_functions=True)
             self.envs = {f: self.function_env(f) for f in outer}
         for f in outer:
             self.typ_cache = {}  # the environments are final now; one type per node
-            if any(g in self.compute for g in [f, *[n for n in self.walk(f) if n in self.compute]]):
+            if any(n in self.compute for n in self.walk(f)):  # walk(f) starts with f
                 self.check_function(f, self.envs[f])
 
     def function_env(self, fn: ast.AST) -> dict[str, str]:
@@ -610,7 +615,7 @@ class _Gate:
         if isinstance(node, (ast.Constant, ast.JoinedStr)):
             return _SCALAR
         if isinstance(node, ast.Name):
-            kind = env.get(node.id)
+            kind = env.get(node.id, self.module_env.get(node.id))
             if kind == "self":
                 return _UNKNOWN
             if kind != _TENSOR and node.id in self.ext_names:
