@@ -1,0 +1,735 @@
+"""Multi-turn rollout: tasks in, training samples out, the way Kevin-32B does it.
+
+For every task, G trajectories refine a kernel over T turns. At turn t a trajectory's prompt
+is the task plus its earlier attempts (code, summary, feedback of turns < t; never the
+thinking, which would blow up the context), built by `summarize.build_prompt`. Each turn:
+
+    prompts   = build_prompt(task, history) for every trajectory, tokenised once
+    responses = engine.generate(prompts)                  # one batched call
+    code      = summarize.parse_response(text).code       # thinking | code | summary
+    gate      = rewards.check_format(code)                # format + anti-hack rules
+    verdicts  = evaluate_batch([(reference, code), ...])  # one batched harness call
+    s_t       = rewards.kernel_score(verdict)             # 0.3*correct + speedup*correct
+
+and after the last turn every trajectory gets discounted returns (Kevin: gamma 0.4, sum)
+
+    R_t = sum_{k >= t} gamma^(k - t) * s_k
+
+Every (trajectory, turn) is its own `Sample`; the task id is the GRPO group key, so grpo.py
+normalises advantages over all G*T samples of a task (Kevin-32B blog, "multi-turn training").
+
+Token ids are kept end to end: the prompt is rendered with the tokenizer's chat template and
+tokenised once; the completion is the ids exactly as sampled, decoded only to read the text,
+never re-tokenised. `loss_mask` is 1 on sampled tokens only (the EOS that ended a completion
+is sampled, so it counts), 0 on the prompt; padding is added by `collate_samples` with mask 0.
+
+Engines share one interface, `generate(prompt_token_ids, *, n, max_new_tokens, temperature,
+top_p, stop) -> list[list[Completion]]` (n completions per prompt), plus `encode_prompt(text)`
+and `count_tokens(text)`:
+- HFEngine: transformers `generate` on the policy itself, left-padded batches. Under FSDP2
+  the model is unsharded once for the whole generation (`unsharded_for_generation`).
+- VLLMEngine: a colocated `vllm.LLM` per rank with sleep mode; `sync_weights` streams full
+  tensors from the (FSDP2) training model into vLLM's weight loader. NOT RUN ANYWHERE YET:
+  vLLM cannot be installed on the project's machines; written against vLLM's public API.
+- OpenAIEngine: chat completions over HTTP (a served model or a hosted baseline). Its ids
+  are UTF-8 bytes of the text: evaluation and baselines only, never training.
+- OracleEngine: answers with a task's own solution (optionally corrupted), so the whole loop
+  runs on real kernels with no model.
+
+The evaluator is injected (`evaluate_batch(pairs) -> results`, kernel_eval's signature with
+its settings bound), so this file imports only summarize and rewards.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import random
+import re
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+import rewards
+import summarize
+
+# Used when a tokenizer has no chat template (e.g. ByT5Tokenizer in the tests).
+PLAIN_CHAT_TEMPLATE = "User: {prompt}\nAssistant: "
+
+
+@dataclass
+class Completion:
+    """One sampled response. `token_ids` are exactly the sampled ids (the EOS that ended it
+    included); `logprobs[i]` is log p(token_ids[i]) under the engine's sampling distribution,
+    or None when the engine does not report them; `finish_reason` is "stop" (EOS or a stop
+    string) or "length" (cut at max_new_tokens)."""
+    token_ids: list[int]
+    logprobs: list[float] | None
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class Sample:
+    """One (trajectory, turn) training sample. `loss_mask` is aligned with `input_ids`
+    (prompt_ids + completion_ids): 0 on the prompt, 1 on every sampled token."""
+    task_id: str                 # GRPO group key
+    trajectory: int              # 0..G-1 within the task
+    turn: int                    # 0..T-1
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float] | None
+    text: str                    # the response, decoded from completion_ids
+    truncated: bool              # cut at max_new_tokens
+    status: str                  # harness status, or "format_error" from parse/gate
+    score: float                 # s_t
+    discounted_return: float     # R_t
+    speedup: float
+    code: str | None
+    feedback: str                # the line the next turn's prompt shows
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+
+@dataclass
+class RolloutConfig:
+    n_trajectories: int = 16          # G (Kevin: 16)
+    n_turns: int = 4                  # T (Kevin: 4)
+    max_new_tokens: int = 16384
+    max_prompt_tokens: int = 8192
+    temperature: float = 0.9
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    language: str = "cuda"            # "cuda" on GPU, "cpp" in CPU mode
+    gamma: float = 0.4
+    return_mode: str = "sum"          # "sum" or "max" (rewards.discounted_returns)
+    correctness_weight: float = 0.3
+    speedup_cap: float | None = None  # Kevin: no cap
+    # Kevin's "not okay" ratio: QwQ's thinking normally opens with "Okay"; a rising share of
+    # thinking that does not is an early sign of the policy drifting into junk.
+    expected_thinking_opening: str = "Okay"
+    # DAPO's overlong filtering: train on nothing from completions cut at max_new_tokens.
+    mask_truncated: bool = False
+
+
+# ---------------------------------------------------------------------------------------
+# Prompts
+
+
+def render_prompt(tokenizer, text: str) -> list[int]:
+    """Render one user message with the tokenizer's chat template (generation prompt added)
+    and tokenise it once. Tokenizers without a template get PLAIN_CHAT_TEMPLATE."""
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    else:
+        rendered = PLAIN_CHAT_TEMPLATE.format(prompt=text)
+    # The template already holds every special token the model expects.
+    return list(tokenizer(rendered, add_special_tokens=False).input_ids)
+
+
+def _eos_ids(tokenizer, model=None) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(tokenizer, "eos_token_id", None),
+                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------
+# HF engine
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of most likely tokens whose probability
+    reaches top_p (the most likely token always kept); the rest get -inf."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class _SamplingDistribution:
+    """The last logits processor: temperature and top-p, applied by us rather than by
+    transformers, so the distribution sampled from is exactly the one whose log-probs we
+    keep (custom processors run before transformers' own warpers, which we switch off)."""
+
+    def __init__(self, temperature: float, top_p: float):
+        self.temperature = temperature
+        self.top_p = top_p
+        self.log_probs: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature > 0:
+            scores = top_p_filter(scores / self.temperature, self.top_p)
+        self.log_probs = scores.float().log_softmax(dim=-1)
+        return scores
+
+
+class _FinishRecorder:
+    """A stopping criterion that records, per row, how many tokens were sampled when the row
+    finished (EOS or a stop string), and the log-prob of each sampled token. The cut is what
+    generate itself did, so nothing is inferred afterwards from pad ids."""
+
+    def __init__(self, prompt_width: int, n_rows: int, eos_ids: set[int], stop: Sequence[str],
+                 tokenizer, distribution: _SamplingDistribution, device):
+        self.prompt_width = prompt_width
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        self.stop = [s for s in stop if s]
+        self.tail_tokens = max((len(s) for s in self.stop), default=0) + 8
+        self.tokenizer = tokenizer
+        self.distribution = distribution
+        self.length = [-1] * n_rows
+        self.step_logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        last = input_ids[:, -1]
+        self.step_logprobs.append(
+            self.distribution.log_probs.gather(1, last[:, None]).squeeze(1).cpu())
+        n_generated = input_ids.shape[1] - self.prompt_width
+        ended = torch.isin(last, self.eos_ids).tolist()
+        for row in range(input_ids.shape[0]):
+            if self.length[row] >= 0:
+                continue
+            hit = ended[row]
+            if not hit and self.stop:
+                tail = input_ids[row, max(self.prompt_width, input_ids.shape[1] - self.tail_tokens):]
+                text = self.tokenizer.decode(tail.tolist(), skip_special_tokens=False)
+                hit = any(s in text for s in self.stop)
+            if hit:
+                self.length[row] = n_generated
+        return torch.tensor([n >= 0 for n in self.length], dtype=torch.bool, device=input_ids.device)
+
+
+@contextlib.contextmanager
+def unsharded_for_generation(model: torch.nn.Module, reshard_after_forward: bool = True):
+    """Hold an FSDP2 model's full parameters for the duration of a generation.
+
+    Without this every decoding step all-gathers every layer and frees it again; worse,
+    ranks that finish decoding at different steps would wait on each other's all-gathers
+    forever. So: switch off resharding after forward, unshard every FSDP module once, decode
+    locally, reshard. On exit non-root modules get `reshard_after_forward` back (what
+    train.py gave fully_shard) and the root gets False, FSDP2's own default for the root.
+    A model without FSDP2 modules passes through untouched."""
+    from torch.distributed.fsdp import FSDPModule
+    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not fsdp_modules:
+        yield model
+        return
+    for module in fsdp_modules:
+        module.set_reshard_after_forward(False, recurse=False)
+    handles = [module.unshard(async_op=True) for module in fsdp_modules]
+    for handle in handles:
+        handle.wait()
+    try:
+        yield model
+    finally:
+        for module in fsdp_modules:
+            module.reshard()
+            is_root = module is fsdp_modules[0] and module is model
+            module.set_reshard_after_forward(False if is_root else reshard_after_forward,
+                                             recurse=False)
+
+
+class HFEngine:
+    """transformers `generate` on the policy itself: left padding, our own temperature/top-p
+    so the returned log-probs are those of the distribution actually sampled from
+    (temperature-scaled and top-p-filtered; greedy when temperature is 0)."""
+
+    def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
+                 reshard_after_forward: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_rows = max_batch_rows
+        self.reshard_after_forward = reshard_after_forward
+        self.eos_ids = _eos_ids(tokenizer, model)
+        if not self.eos_ids:
+            raise ValueError("HFEngine: the tokenizer and the model's generation_config name no eos_token_id")
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return render_prompt(self.tokenizer, text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        rows = [ids for ids in prompt_token_ids for _ in range(n)]
+        if any(len(ids) == 0 for ids in rows):
+            raise ValueError("HFEngine.generate: empty prompt")
+        was_training = self.model.training
+        self.model.eval()
+        completions: list[Completion] = []
+        try:
+            with unsharded_for_generation(self.model, self.reshard_after_forward):
+                for start in range(0, len(rows), self.max_batch_rows):
+                    completions += self._generate_rows(rows[start:start + self.max_batch_rows],
+                                                       max_new_tokens, temperature, top_p, stop)
+        finally:
+            self.model.train(was_training)
+        return [completions[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+    def _generate_rows(self, rows, max_new_tokens, temperature, top_p, stop) -> list[Completion]:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+        device = self.model.get_input_embeddings().weight.device
+        width = max(len(ids) for ids in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, ids in enumerate(rows):
+            input_ids[r, width - len(ids):] = torch.tensor(ids)
+            attention_mask[r, width - len(ids):] = 1
+        distribution = _SamplingDistribution(temperature, top_p)
+        recorder = _FinishRecorder(width, len(rows), self.eos_ids, stop, self.tokenizer,
+                                   distribution, device)
+        # A complete config, so nothing from the checkpoint's generation_config.json (top_k,
+        # repetition penalty, its own temperature) changes the distribution behind our back.
+        sampling = {"do_sample": True, "top_k": 0} if temperature > 0 else {"do_sample": False}
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
+            num_beams=1, num_return_sequences=1, eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id, **sampling)
+        sequences = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+            generation_config=config, logits_processor=LogitsProcessorList([distribution]),
+            stopping_criteria=StoppingCriteriaList([recorder]))
+        generated = sequences[:, width:].cpu()
+        step_logprobs = torch.stack(recorder.step_logprobs, dim=1)
+        out = []
+        for r in range(len(rows)):
+            finished = recorder.length[r] >= 0
+            length = recorder.length[r] if finished else generated.shape[1]
+            ids = generated[r, :length].tolist()
+            out.append(Completion(
+                token_ids=ids, logprobs=step_logprobs[r, :length].tolist(),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason="stop" if finished else "length"))
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM engine (not run: vLLM cannot be installed on the project's machines)
+
+# Path components that wrappers insert into parameter names: torch.compile, FSDP1,
+# activation checkpointing. vLLM's loaders expect the plain Hugging Face names.
+WRAPPER_NAME_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def vllm_weight_name(name: str) -> str:
+    """The Hugging Face parameter name vLLM's `load_weights` expects, from a training-side
+    name that may carry wrapper components ("_orig_mod.model.layers.0..." -> "model.layers.0...")
+    and DDP's leading "module."."""
+    parts = [p for p in name.split(".") if p not in WRAPPER_NAME_PARTS]
+    if parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(vLLM name, full tensor) one at a time. Under FSDP2 the state dict holds DTensor
+    shards; `full_tensor()` all-gathers one parameter, so every rank must walk this iterator
+    in step, and peak extra memory is one full tensor, not a full model copy."""
+    from torch.distributed.tensor import DTensor
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield vllm_weight_name(name), tensor.detach()
+
+
+def _vllm_model(llm):
+    """The in-process model object of a colocated vllm.LLM (V0 and V1 layouts)."""
+    worker = llm.llm_engine.model_executor.driver_worker
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+    return runner.model
+
+
+class VLLMEngine:
+    """A colocated vLLM per rank (torchrun, `distributed_executor_backend="external_launcher"`
+    when world size > 1), sleeping while the trainer holds the GPU.
+
+    vLLM reports log-probs of the raw model distribution unless `logprobs_mode` (vLLM >= 0.10)
+    says otherwise; pass it through `llm_kwargs` to match HFEngine's processed ones."""
+
+    def __init__(self, model_path: str, tokenizer, *, gpu_memory_utilization: float = 0.3,
+                 seed: int = 0, enable_sleep_mode: bool = True, **llm_kwargs):
+        import vllm  # optional dependency: imported only when this engine is used
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.llm = vllm.LLM(model=model_path, enable_sleep_mode=enable_sleep_mode,
+                            gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                            **llm_kwargs)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return render_prompt(self.tokenizer, text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        params = self._vllm.SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
+            stop=list(stop) or None,
+            # Keep the text equal to the decoded ids: vLLM's token_ids include the tokens
+            # that completed a stop string.
+            include_stop_str_in_output=True)
+        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[_completion_from_vllm(c) for c in out.outputs] for out in outputs]
+
+    def sleep(self) -> None:
+        """Free the GPU for training: level 1 offloads weights to CPU, drops the KV cache."""
+        self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def sync_weights(self, model: torch.nn.Module) -> int:
+        """Stream the training model's full tensors into vLLM, one at a time; then drop the
+        prefix cache, whose KV entries were computed by the old weights. Every rank calls
+        this (the FSDP2 all-gathers are collectives). Returns the number of tensors sent."""
+        return sync_weights_into(self.llm, model)
+
+
+def sync_weights_into(llm, model: torch.nn.Module) -> int:
+    target = _vllm_model(llm)
+    count = 0
+    for name, tensor in iter_full_weights(model):
+        target.load_weights([(name, tensor)])
+        count += 1
+    llm.reset_prefix_cache()
+    return count
+
+
+def _completion_from_vllm(output) -> Completion:
+    ids = list(output.token_ids)
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = [step[token].logprob for step, token in zip(output.logprobs, ids)]
+    return Completion(token_ids=ids, logprobs=logprobs, text=output.text,
+                      finish_reason="length" if output.finish_reason == "length" else "stop")
+
+
+# ---------------------------------------------------------------------------------------
+# OpenAI-compatible HTTP engine (evaluation and baselines)
+
+
+def utf8_ids(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def utf8_text(ids: Iterable[int]) -> str:
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+class OpenAIEngine:
+    """Chat completions over HTTP (urllib only). The server applies its own chat template and
+    tokenizer, so this engine's "token ids" are the UTF-8 bytes of the message and of the
+    returned text (the one engine whose ids are not the model's: never train on them).
+    A reasoning field (`reasoning_content` / `reasoning`, as vLLM's and DeepSeek's servers
+    send) is put back in front of the answer as <think>...</think>.
+    `count_tokens` counts bytes unless given a counter: a safe over-estimate for the budget."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 timeout_s: float = 600.0, max_workers: int = 8,
+                 count_tokens: Callable[[str], int] | None = None,
+                 extra_body: dict | None = None):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.max_workers = max_workers
+        self._count_tokens = count_tokens
+        self.extra_body = dict(extra_body or {})
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return utf8_ids(text)
+
+    def count_tokens(self, text: str) -> int:
+        return self._count_tokens(text) if self._count_tokens else len(utf8_ids(text))
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        def one_prompt(ids):
+            body = {"model": self.model, "messages": [{"role": "user", "content": utf8_text(ids)}],
+                    "n": n, "max_tokens": max_new_tokens, "temperature": temperature,
+                    "top_p": top_p, **self.extra_body}
+            if stop:
+                body["stop"] = list(stop)
+            completions: list[Completion] = []
+            # Some servers ignore n; ask again until there are n answers.
+            while len(completions) < n:
+                reply = self._post(body)
+                choices = reply.get("choices")
+                if not choices:
+                    raise RuntimeError(f"OpenAIEngine: reply from {self.url} has no 'choices': {str(reply)[:300]}")
+                completions += [_completion_from_choice(c) for c in choices]
+            return completions[:n]
+
+        with concurrent.futures.ThreadPoolExecutor(self.max_workers) as pool:
+            return list(pool.map(one_prompt, prompt_token_ids))
+
+    def _post(self, body: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            detail = error.read()[:500].decode("utf-8", errors="replace")
+            raise RuntimeError(f"OpenAIEngine: {self.url} answered HTTP {error.code}: {detail}") from error
+
+
+def _completion_from_choice(choice: dict) -> Completion:
+    message = choice.get("message") or {}
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    text = f"<think>\n{reasoning}\n</think>\n{content}" if reasoning else content
+    return Completion(token_ids=utf8_ids(text), logprobs=None, text=text,
+                      finish_reason="length" if choice.get("finish_reason") == "length" else "stop")
+
+
+# ---------------------------------------------------------------------------------------
+# Oracle engine (the loop with real kernels and no model)
+
+ORACLE_RESPONSE = ("<think>\nOkay, the oracle answers with the task's own solution.\n</think>\n"
+                   "```python\n{code}\n```\n{summary}")
+
+
+def corrupt_solution(code: str) -> str:
+    """A solution that still compiles and runs but computes the wrong numbers: every store
+    into the kernel's output gets +1 (`out[i] = v;` -> `out[i] = (v) + 1;`). Raises when the
+    source has no such store, rather than hand back something that may still be right."""
+    pattern = re.compile(r"(\b\w*(?:out|result|dst|y)\w*\s*\[[^\]]+\]\s*=(?!=))\s*([^;]+);", re.I)
+    corrupted, count = pattern.subn(r"\1 (\2) + 1;", code)
+    if count == 0:
+        raise ValueError("corrupt_solution: found no output store like `out[i] = ...;` to corrupt")
+    return corrupted
+
+
+class OracleEngine:
+    """Answers every prompt with the solution of the task whose reference source the prompt
+    contains. With `corrupt_rate` > 0 a seeded share of answers is corrupted. Token ids are
+    UTF-8 bytes (there is no model). `tasks` need `.reference_src` and `.solutions`
+    ({"cuda": src, "cpp": src}); Task records from tasks.py fit."""
+
+    def __init__(self, tasks: Sequence[Any], *, language: str = "cpp", corrupt_rate: float = 0.0,
+                 corrupt: Callable[[str], str] = corrupt_solution, seed: int = 0):
+        self.answers: list[tuple[str, str]] = []
+        for task in tasks:
+            if language not in task.solutions:
+                raise ValueError(f"OracleEngine: task {getattr(task, 'task_id', '?')} has no '{language}' solution")
+            self.answers.append((task.reference_src.strip(), task.solutions[language]))
+        self.corrupt_rate = corrupt_rate
+        self.corrupt = corrupt
+        self.rng = random.Random(seed)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return utf8_ids(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(utf8_ids(text))
+
+    def solution_for(self, prompt_text: str) -> str:
+        matches = [(len(ref), code) for ref, code in self.answers if ref in prompt_text]
+        if not matches:
+            raise ValueError("OracleEngine: the prompt contains none of the tasks' reference sources")
+        return max(matches)[1]
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        out = []
+        for ids in prompt_token_ids:
+            solution = self.solution_for(utf8_text(ids))
+            group = []
+            for _ in range(n):
+                corrupted = self.rng.random() < self.corrupt_rate
+                code = self.corrupt(solution) if corrupted else solution
+                summary = ("I changed the output on purpose." if corrupted
+                           else "I used the task's reference solution.")
+                ids_out = utf8_ids(ORACLE_RESPONSE.format(code=code.strip("\n"), summary=summary))
+                finish = "length" if len(ids_out) > max_new_tokens else "stop"
+                ids_out = ids_out[:max_new_tokens]
+                group.append(Completion(ids_out, None, utf8_text(ids_out), finish))
+            out.append(group)
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# The rollout
+
+
+@dataclass
+class _Turn:
+    prompt_ids: list[int]
+    completion: Completion
+    status: str
+    score: float
+    speedup: float
+    code: str | None
+    summary: str
+    feedback: str
+    thinking_opens_as_expected: bool
+
+
+@dataclass
+class _Trajectory:
+    task_index: int
+    index: int
+    history: list = field(default_factory=list)   # summarize.Attempt records
+    turns: list[_Turn] = field(default_factory=list)
+
+
+def _field(result, name: str, default=None):
+    if isinstance(result, dict):
+        return result.get(name, default)
+    return getattr(result, name, default)
+
+
+def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[str, str]]], list],
+            config: RolloutConfig) -> tuple[list[Sample], list[dict]]:
+    """Run G trajectories x T turns on every task; return the samples (task-major, then
+    trajectory, then turn) and one stats dict per turn. `tasks` need `.task_id` and
+    `.reference_src`; `evaluate_batch(pairs)` returns one result per (reference, candidate)
+    pair with status/correct/speedup/message (kernel_eval.EvalResult or its dict)."""
+    trajectories = [_Trajectory(t, g) for t in range(len(tasks)) for g in range(config.n_trajectories)]
+    stats = []
+    for turn in range(config.n_turns):
+        prompt_ids = [engine.encode_prompt(summarize.build_prompt(
+            tasks[tr.task_index].reference_src, tr.history, language=config.language,
+            count_tokens=engine.count_tokens, max_prompt_tokens=config.max_prompt_tokens))
+            for tr in trajectories]
+        completions = _generate_turn(engine, prompt_ids, turn, config)
+        turns = _score_turn(tasks, trajectories, prompt_ids, completions, evaluate_batch, config)
+        for trajectory, record in zip(trajectories, turns):
+            trajectory.turns.append(record)
+            trajectory.history.append(summarize.Attempt(
+                code=record.code or "", summary=record.summary, feedback=record.feedback))
+        stats.append(turn_stats(turn, turns))
+    return _samples(tasks, trajectories, config), stats
+
+
+def _generate_turn(engine, prompt_ids, turn, config) -> list[Completion]:
+    kwargs = dict(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                  top_p=config.top_p, stop=config.stop)
+    G = config.n_trajectories
+    if turn == 0:
+        # A task's G trajectories share the first prompt: one prompt with n=G lets an
+        # engine with prefix caching prefill it once.
+        groups = engine.generate(prompt_ids[::G], n=G, **kwargs)
+        return [c for group in groups for c in group]
+    return [group[0] for group in engine.generate(prompt_ids, n=1, **kwargs)]
+
+
+def _score_turn(tasks, trajectories, prompt_ids, completions, evaluate_batch, config) -> list[_Turn]:
+    parsed = [summarize.parse_response(c.text) for c in completions]
+    rejections: list[str | None] = []
+    pairs, pair_rows = [], []
+    for row, (tr, p) in enumerate(zip(trajectories, parsed)):
+        reason = p.error or (None if p.code else "no code in the response")
+        if reason is None:
+            reason = rewards.check_format(p.code, config.language)
+        rejections.append(reason)
+        if reason is None:
+            pairs.append((tasks[tr.task_index].reference_src, p.code))
+            pair_rows.append(row)
+    results: list[Any] = [None] * len(completions)
+    if pairs:
+        verdicts = evaluate_batch(pairs)
+        if len(verdicts) != len(pairs):
+            raise RuntimeError(f"evaluate_batch returned {len(verdicts)} results for {len(pairs)} candidates")
+        for row, verdict in zip(pair_rows, verdicts):
+            results[row] = verdict
+    turns = []
+    for row, completion in enumerate(completions):
+        opening = (parsed[row].thinking or completion.text).lstrip()
+        expected = opening.startswith(config.expected_thinking_opening)
+        if results[row] is None:
+            turns.append(_Turn(prompt_ids[row], completion, "format_error", 0.0, 0.0,
+                               parsed[row].code, parsed[row].summary or "",
+                               summarize.feedback(rejections[row]), expected))
+            continue
+        result = results[row]
+        score = rewards.kernel_score(result, correctness_weight=config.correctness_weight,
+                                     speedup_cap=config.speedup_cap)
+        turns.append(_Turn(prompt_ids[row], completion, _field(result, "status"), score,
+                           float(_field(result, "speedup", 0.0) or 0.0), parsed[row].code,
+                           parsed[row].summary or "", summarize.feedback(result), expected))
+    return turns
+
+
+def turn_stats(turn: int, turns: list[_Turn]) -> dict:
+    """What train.py logs per turn: status counts, mean score, best speedup, response
+    lengths, truncation, and Kevin's "not okay" ratio."""
+    lengths = [len(t.completion.token_ids) for t in turns]
+    n = max(len(turns), 1)
+    return {
+        "turn": turn,
+        "n": len(turns),
+        "status_counts": dict(Counter(t.status for t in turns)),
+        "correct_rate": sum(t.status == "correct" for t in turns) / n,
+        "mean_score": sum(t.score for t in turns) / n,
+        "best_speedup": max((t.speedup for t in turns), default=0.0),
+        "mean_response_tokens": sum(lengths) / n,
+        "max_response_tokens": max(lengths, default=0),
+        "truncated_rate": sum(t.completion.finish_reason == "length" for t in turns) / n,
+        "not_okay_ratio": sum(not t.thinking_opens_as_expected for t in turns) / n,
+    }
+
+
+def _samples(tasks, trajectories, config) -> list[Sample]:
+    samples = []
+    for tr in trajectories:
+        returns = rewards.discounted_returns([t.score for t in tr.turns], gamma=config.gamma,
+                                             mode=config.return_mode)
+        for turn_index, (t, ret) in enumerate(zip(tr.turns, returns)):
+            truncated = t.completion.finish_reason == "length"
+            trained = 0 if (truncated and config.mask_truncated) else 1
+            samples.append(Sample(
+                task_id=tasks[tr.task_index].task_id, trajectory=tr.index, turn=turn_index,
+                prompt_ids=list(t.prompt_ids), completion_ids=list(t.completion.token_ids),
+                loss_mask=[0] * len(t.prompt_ids) + [trained] * len(t.completion.token_ids),
+                logprobs=t.completion.logprobs, text=t.completion.text, truncated=truncated,
+                status=t.status, score=t.score, discounted_return=float(ret), speedup=t.speedup,
+                code=t.code, feedback=t.feedback))
+    return samples
+
+
+def collate_samples(samples: Sequence[Sample], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad samples into a batch. The loss mask comes from the samples, never from the
+    pad id (which may equal EOS, a token the model must learn to emit)."""
+    width = max(len(s.input_ids) for s in samples)
+    batch = {
+        "input_ids": torch.full((len(samples), width), pad_token_id, dtype=torch.long),
+        "attention_mask": torch.zeros((len(samples), width), dtype=torch.long),
+        "loss_mask": torch.zeros((len(samples), width), dtype=torch.long),
+        "returns": torch.tensor([s.discounted_return for s in samples], dtype=torch.float32),
+    }
+    for row, sample in enumerate(samples):
+        ids = sample.input_ids
+        batch["input_ids"][row, :len(ids)] = torch.tensor(ids)
+        batch["attention_mask"][row, :len(ids)] = 1
+        batch["loss_mask"][row, :len(ids)] = torch.tensor(sample.loss_mask)
+    return batch

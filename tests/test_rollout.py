@@ -1,0 +1,521 @@
+"""Tests for rollout.py: engines (HF on a tiny random model, OpenAI over a local HTTP server,
+oracle, vLLM weight sync against a fake LLM), FSDP2 generation on CPU, the multi-turn rollout
+and its samples; and one slow end-to-end run on real C++ kernels with the oracle engine."""
+import http.server
+import json
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import rollout
+import summarize
+
+transformers = pytest.importorskip("transformers")
+from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+EOS = 1  # ByT5Tokenizer: pad 0, eos 1, unk 2, bytes 3..258
+
+
+def byte_id(ch: str) -> int:
+    return ord(ch) + 3
+
+
+def tiny_model(seed: int = 0, eos_logit: float = 0.0, favoured: dict[int, float] | None = None):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=384, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=16384, eos_token_id=EOS, pad_token_id=0,
+                         bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    # A bias on the output layer makes chosen tokens (EOS, a stop character) likely enough
+    # that the paths which depend on them are exercised.
+    with torch.no_grad():
+        head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        for token, logit in {EOS: eos_logit, **(favoured or {})}.items():
+            head.bias[token] = logit
+    model.lm_head = head
+    # Checkpoint defaults that must NOT leak into the sampling distribution.
+    model.generation_config.top_k = 5
+    model.generation_config.repetition_penalty = 1.5
+    model.generation_config.temperature = 0.3
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return ByT5Tokenizer()
+
+
+# ------------------------------------------------------------------------- HF engine
+
+
+def naive_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Row by row, token by token: keep the most likely tokens until their mass reaches top_p."""
+    out = torch.full_like(logits, float("-inf"))
+    probs = logits.softmax(-1)
+    for row in range(logits.shape[0]):
+        mass = 0.0
+        for token in sorted(range(logits.shape[1]), key=lambda t: -float(probs[row, t])):
+            out[row, token] = logits[row, token]
+            mass += float(probs[row, token])
+            if mass >= top_p:
+                break
+    return out
+
+
+def test_hf_ids_exact_cut_at_eos_and_logprobs_match_unpadded_forward(tokenizer):
+    model = tiny_model(eos_logit=2.0)
+    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=5)
+    prompts = [engine.encode_prompt("hi"), engine.encode_prompt("a much longer prompt, padded less")]
+    torch.manual_seed(1)
+    temperature, top_p, max_new = 0.8, 0.9, 24
+    groups = engine.generate(prompts, n=4, max_new_tokens=max_new, temperature=temperature, top_p=top_p)
+    assert [len(g) for g in groups] == [4, 4]
+    reasons = set()
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            reasons.add(c.finish_reason)
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            assert 0 not in c.token_ids  # no padding inside a completion
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
+            else:
+                assert len(c.token_ids) == max_new and EOS not in c.token_ids
+            # The same model on the unpadded sequence, temperature and top-p applied by hand.
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + c.token_ids])).logits[0].float()
+            steps = logits[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)] / temperature
+            expected = naive_top_p(steps, top_p).log_softmax(-1)
+            expected = expected.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+    assert reasons == {"stop", "length"}, "pick eos_logit so that both endings occur"
+
+
+def test_hf_greedy_batch_with_left_padding_equals_one_at_a_time(tokenizer):
+    model = tiny_model(seed=3)
+    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=8)
+    prompts = [engine.encode_prompt(t) for t in ("x", "a longer prompt than x", "mid size")]
+    batched = engine.generate(prompts, n=1, max_new_tokens=12, temperature=0.0)
+    for prompt, group in zip(prompts, batched):
+        alone = engine.generate([prompt], n=1, max_new_tokens=12, temperature=0.0)[0][0]
+        assert group[0].token_ids == alone.token_ids
+
+
+def test_hf_stop_string_ends_completion_at_first_occurrence(tokenizer):
+    model = tiny_model(seed=5, favoured={byte_id("Z"): 2.5})
+    engine = rollout.HFEngine(model, tokenizer)
+    torch.manual_seed(0)
+    groups = engine.generate([engine.encode_prompt("go")], n=6, max_new_tokens=40,
+                             temperature=1.0, stop=("Z",))
+    stopped = [c for c in groups[0] if c.finish_reason == "stop" and c.token_ids[-1] != EOS]
+    assert stopped, "the favoured stop character should end some completions"
+    for c in stopped:
+        assert c.token_ids[-1] == byte_id("Z") and byte_id("Z") not in c.token_ids[:-1]
+        assert len(c.logprobs) == len(c.token_ids)
+
+
+def test_render_prompt_falls_back_without_chat_template(tokenizer):
+    ids = rollout.render_prompt(tokenizer, "hé")
+    assert tokenizer.decode(ids) == rollout.PLAIN_CHAT_TEMPLATE.format(prompt="hé")
+    assert EOS not in ids  # no special tokens added behind the template's back
+
+
+# ------------------------------------------------------------------------- FSDP2 on CPU
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fsdp_worker(rank: int, world: int, port: int, results):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        tokenizer = ByT5Tokenizer()
+        reference = tiny_model(seed=7)
+        model = tiny_model(seed=7)
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        # Each rank decodes a different prompt for a different number of steps: with
+        # per-step all-gathers this would hang; unsharded once, it cannot.
+        prompt = rollout.render_prompt(tokenizer, ["short", "a different prompt"][rank])
+        max_new = 6 + 7 * rank
+        got = rollout.HFEngine(model, tokenizer).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
+        want = rollout.HFEngine(reference, tokenizer).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
+        resharded = all(isinstance(p, DTensor) for p in model.parameters())
+        full = dict(rollout.iter_full_weights(model))
+        weights_equal = all(torch.equal(full[k], v) for k, v in reference.state_dict().items())
+        loss = model(torch.tensor([[5, 6, 7, 8]]), labels=torch.tensor([[5, 6, 7, 8]])).loss
+        loss.backward()
+        results[rank] = (got[0][0].token_ids == want[0][0].token_ids, resharded, weights_equal,
+                         math.isfinite(float(loss.detach())))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp2_generation_on_two_gloo_ranks():
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_fsdp_worker, args=(2, _free_port(), results), nprocs=2)
+    # (same tokens as the unsharded model, params sharded again, full weights, training works)
+    assert dict(results) == {0: (True, True, True, True), 1: (True, True, True, True)}
+
+
+# ------------------------------------------------------------------------- vLLM pieces
+
+
+def test_vllm_weight_name_strips_wrappers():
+    assert rollout.vllm_weight_name("_orig_mod.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert rollout.vllm_weight_name("model._fsdp_wrapped_module.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight") == "model.layers.1.self_attn.q_proj.weight"
+    assert rollout.vllm_weight_name("module.lm_head.weight") == "lm_head.weight"
+    assert rollout.vllm_weight_name("model.embed_tokens.weight") == "model.embed_tokens.weight"
+
+
+class _FakeVLLMModel:
+    def __init__(self, log):
+        self.log = log
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.log.append(("load", [(n, t.clone()) for n, t in weights]))
+
+
+class _FakeLLM:
+    """Only the attributes sync_weights_into touches, in vLLM's V1 layout."""
+
+    def __init__(self):
+        self.log = []
+        runner = type("Runner", (), {"model": _FakeVLLMModel(self.log)})()
+        worker = type("Worker", (), {"model_runner": None, "worker": type("W", (), {"model_runner": runner})()})()
+        executor = type("Executor", (), {"driver_worker": worker})()
+        self.llm_engine = type("Engine", (), {"model_executor": executor})()
+
+    def reset_prefix_cache(self):
+        self.log.append(("reset", None))
+
+
+def test_sync_weights_streams_full_tensors_one_at_a_time_then_resets_cache():
+    inner = tiny_model(seed=2)
+    wrapped = torch.nn.Module()
+    wrapped._orig_mod = inner  # what torch.compile's wrapper looks like
+    llm = _FakeLLM()
+    sent = rollout.sync_weights_into(llm, wrapped)
+    expected = inner.state_dict()
+    loads = [entry for kind, entry in llm.log if kind == "load"]
+    assert sent == len(expected) == len(loads)
+    assert all(len(batch) == 1 for batch in loads)
+    assert llm.log[-1] == ("reset", None) and [k for k, _ in llm.log].count("reset") == 1
+    for (name, tensor), in loads:
+        assert torch.equal(tensor, expected[name])
+
+
+# ------------------------------------------------------------------------- OpenAI engine
+
+
+class _ChatHandler(http.server.BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, self.headers.get("Authorization"), body))
+        text = body["messages"][0]["content"]
+        # One choice per request whatever n says, as some servers do.
+        reply = {"choices": [{"index": 0, "finish_reason": "length" if "cut" in text else "stop",
+                              "message": {"role": "assistant", "content": f"echo: {text}",
+                                          "reasoning_content": "Okay, thinking."}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        return None
+
+
+def test_openai_engine_against_local_server():
+    _ChatHandler.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        engine = rollout.OpenAIEngine(f"http://127.0.0.1:{server.server_port}/v1", "tiny",
+                                      api_key="k", max_workers=2)
+        prompts = [engine.encode_prompt("héllo"), engine.encode_prompt("please cut")]
+        groups = engine.generate(prompts, n=2, max_new_tokens=7, temperature=0.5, top_p=0.9, stop=["END"])
+    finally:
+        server.shutdown()
+    assert len(_ChatHandler.requests) == 4  # n=2, one choice per reply
+    path, auth, body = _ChatHandler.requests[0]
+    assert path == "/v1/chat/completions" and auth == "Bearer k"
+    assert (body["model"], body["n"], body["max_tokens"], body["temperature"], body["top_p"], body["stop"]) == ("tiny", 2, 7, 0.5, 0.9, ["END"])
+    assert {b["messages"][0]["content"] for _, _, b in _ChatHandler.requests} == {"héllo", "please cut"}
+    first = groups[0][0]
+    assert first.text == "<think>\nOkay, thinking.\n</think>\necho: héllo"
+    assert bytes(first.token_ids).decode() == first.text and first.logprobs is None
+    assert [c.finish_reason for c in groups[0]] == ["stop", "stop"]
+    assert [c.finish_reason for c in groups[1]] == ["length", "length"]
+
+
+# ------------------------------------------------------------------------- the rollout
+
+
+@dataclass
+class FakeTask:
+    task_id: str
+    reference_src: str
+    solutions: dict
+
+
+TASK_A = FakeTask("t/a", "class Model:  # task A\n    pass\n", {"cpp": "A"})
+TASK_B = FakeTask("t/b", "class Model:  # task B\n    pass\n", {"cpp": "B"})
+
+
+def response(thinking: str, code: str | None, summary: str) -> str:
+    body = f"```python\n{code}\n```\n" if code is not None else ""
+    return f"<think>\n{thinking}\n</think>\n{body}{summary}"
+
+
+def kernel(tag: str) -> str:
+    # Enough to pass rewards.check_format for cpp: a load_inline kernel and ModelNew.
+    return ("import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
+            f"src = 'torch::Tensor f(torch::Tensor x) {{ return x; }} // {tag}'\n"
+            "ext = load_inline(name='e', cpp_sources=src, functions=['f'])\n"
+            "class ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n")
+
+
+class ScriptedEngine:
+    """Answers from a script keyed by (task marker, trajectory order, turn); ids from the
+    real ByT5 tokenizer, EOS appended as a sampled token, so masks can be checked."""
+
+    def __init__(self, tokenizer, script, truncate_at=None):
+        self.tokenizer, self.script, self.truncate_at = tokenizer, script, truncate_at
+        self.turn, self.calls = 0, []
+
+    def encode_prompt(self, text):
+        return rollout.render_prompt(self.tokenizer, text)
+
+    def count_tokens(self, text):
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def generate(self, prompt_token_ids, *, n, max_new_tokens, temperature, top_p, stop):
+        self.calls.append((len(prompt_token_ids), n))
+        out, seen = [], {}
+        for ids in prompt_token_ids:
+            task = "A" if "task A" in self.tokenizer.decode(ids) else "B"
+            group = []
+            for _ in range(n):
+                k = seen.get(task, 0)
+                seen[task] = k + 1
+                text = self.script[(task, k, self.turn)]
+                ids_out = self.tokenizer(text, add_special_tokens=False).input_ids + [EOS]
+                finish = "stop"
+                if self.truncate_at is not None and len(ids_out) > self.truncate_at:
+                    ids_out, finish = ids_out[:self.truncate_at], "length"
+                group.append(rollout.Completion(ids_out, None, self.tokenizer.decode(ids_out, skip_special_tokens=True), finish))
+            out.append(group)
+        self.turn += 1
+        return out
+
+
+def fake_evaluator(verdicts):
+    """Verdict by the tag in the code's source; records every batch it was given."""
+    batches = []
+
+    def evaluate_batch(pairs):
+        batches.append(pairs)
+        out = []
+        for _, code in pairs:
+            tag = code.split("// ")[1].split("'")[0]
+            status, speedup = verdicts[tag]
+            out.append({"status": status, "correct": status == "correct", "compiled": True,
+                        "speedup": speedup, "ref_ms": 1.0, "candidate_ms": 1.0,
+                        "message": f"verdict for {tag}"})
+        return out
+    return evaluate_batch, batches
+
+
+def test_rollout_samples_prompts_returns_and_stats(tokenizer):
+    script = {}
+    for task in "AB":
+        script[(task, 0, 0)] = response("Okay, plan A0.", kernel(f"{task}00"), f"summary {task}00")
+        script[(task, 0, 1)] = response("SECRET thinking.", kernel(f"{task}01"), f"summary {task}01")
+        script[(task, 0, 2)] = response("Okay.", kernel(f"{task}02"), f"summary {task}02")
+        script[(task, 1, 0)] = response("Hmm, no code this time.", None, "forgot the code")
+        script[(task, 1, 1)] = response("Okay.", kernel(f"{task}11"), f"summary {task}11")
+        script[(task, 1, 2)] = response("Okay.", kernel(f"{task}12"), f"summary {task}12")
+    verdicts = {}
+    for task in "AB":
+        verdicts.update({f"{task}00": ("correct", 1.0), f"{task}01": ("incorrect", 0.0),
+                         f"{task}02": ("correct", 2.0), f"{task}11": ("compile_error", 0.0),
+                         f"{task}12": ("correct", 0.5)})
+    engine = ScriptedEngine(tokenizer, script)
+    evaluate_batch, batches = fake_evaluator(verdicts)
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=3, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    samples, stats = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
+
+    # One batched generate per turn; turn 0 sends each task's prompt once with n=G.
+    assert engine.calls == [(2, 2), (4, 1), (4, 1)]
+    # One batched harness call per turn, without the response that had no code.
+    assert [len(b) for b in batches] == [2, 4, 4]
+    assert len(samples) == 2 * 2 * 3
+    by_key = {(s.task_id, s.trajectory, s.turn): s for s in samples}
+    for s in samples:
+        assert s.input_ids == s.prompt_ids + s.completion_ids
+        assert s.loss_mask == [0] * len(s.prompt_ids) + [1] * len(s.completion_ids)
+        assert s.completion_ids[-1] == EOS and not s.truncated
+        assert tokenizer.decode(s.completion_ids, skip_special_tokens=True) == s.text
+    # Returns, by hand: scores of trajectory 0 are 1.3, 0, 2.3; gamma 0.4, sum.
+    r = [by_key[("t/a", 0, t)].discounted_return for t in range(3)]
+    assert r == pytest.approx([1.3 + 0.4 * 0.92, 0.92, 2.3])
+    # Trajectory 1: no code (format_error, 0), compile error (0), correct at 0.5x (0.8).
+    s10 = by_key[("t/b", 1, 0)]
+    assert (s10.status, s10.score, s10.code) == ("format_error", 0.0, None)
+    assert [by_key[("t/b", 1, t)].discounted_return for t in range(3)] == pytest.approx([0.128, 0.32, 0.8])
+    # Turn 2's prompt shows turn 1's code, summary and feedback, and none of its thinking.
+    prompt = tokenizer.decode(by_key[("t/a", 0, 2)].prompt_ids)
+    turn1 = by_key[("t/a", 0, 1)]
+    assert kernel("A01").strip() in prompt and "summary A01" in prompt
+    assert turn1.feedback in prompt and "verdict for A01" in turn1.feedback
+    assert "SECRET" not in prompt and "plan A0" not in prompt
+    assert "task A" in prompt and "task B" not in prompt
+    # Per-turn stats.
+    assert stats[0]["status_counts"] == {"correct": 2, "format_error": 2}
+    assert stats[0]["mean_score"] == pytest.approx(1.3 / 2)
+    assert stats[0]["not_okay_ratio"] == pytest.approx(0.5)   # the "Hmm" responses
+    assert stats[1]["not_okay_ratio"] == pytest.approx(0.5)   # the "SECRET" ones
+    assert stats[2]["best_speedup"] == 2.0 and stats[2]["correct_rate"] == 1.0
+
+
+def test_rollout_keeps_truncated_completions_and_collates_without_masking_by_pad(tokenizer):
+    script = {(t, k, turn): response("Okay, " + "long " * 40, kernel(f"{t}{k}{turn}"), "s")
+              for t in "AB" for k in range(2) for turn in range(2)}
+    engine = ScriptedEngine(tokenizer, script, truncate_at=50)
+    evaluate_batch, batches = fake_evaluator({})
+    for mask_truncated in (False, True):
+        engine.turn = 0
+        config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=50,
+                                       max_prompt_tokens=100_000, language="cpp",
+                                       mask_truncated=mask_truncated)
+        samples, stats = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
+        assert not batches  # cut inside the thinking: nothing to evaluate
+        for s in samples:
+            assert s.truncated and len(s.completion_ids) == 50
+            assert (s.status, s.score) == ("format_error", 0.0)
+            assert s.loss_mask == [0] * len(s.prompt_ids) + [0 if mask_truncated else 1] * 50
+        assert stats[0]["truncated_rate"] == 1.0
+
+    # Collation: pad id equal to EOS; a completion's own final EOS stays in the loss.
+    short = rollout.Sample("t", 0, 0, [5, 6], [7, EOS], [0, 0, 1, 1], None, "", False,
+                           "correct", 1.3, 1.3, 1.0, "", "")
+    long = rollout.Sample("t", 1, 0, [5, 6, 7], [8, 9, 10, EOS], [0, 0, 0, 1, 1, 1, 1], None,
+                          "", False, "correct", 0.3, 0.3, 0.0, "", "")
+    batch = rollout.collate_samples([short, long], pad_token_id=EOS)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, EOS, EOS, EOS, EOS], [5, 6, 7, 8, 9, 10, EOS]]
+    assert batch["loss_mask"].tolist() == [[0, 0, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0, 0], [1] * 7]
+
+
+def test_rollout_with_tiny_hf_model_end_to_end(tokenizer):
+    """Random text: nothing parses, nothing is evaluated, every sample still has exact
+    prompt/completion ids and masks, and truncated ones are marked."""
+    model = tiny_model(seed=11, eos_logit=2.0)
+    engine = rollout.HFEngine(model, tokenizer)
+    evaluate_batch, batches = fake_evaluator({})
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=16,
+                                   max_prompt_tokens=100_000, language="cpp", temperature=1.0)
+    torch.manual_seed(0)
+    samples, stats = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
+    assert len(samples) == 8 and not batches
+    for s in samples:
+        assert s.status == "format_error" and s.score == 0.0 and s.discounted_return == 0.0
+        assert s.loss_mask == [0] * len(s.prompt_ids) + [1] * len(s.completion_ids)
+        assert s.truncated == (len(s.completion_ids) == 16 and s.completion_ids[-1] != EOS)
+        assert len(s.logprobs) == len(s.completion_ids)
+        prompt = tokenizer.decode(s.prompt_ids)
+        assert prompt.startswith("User: ") and prompt.endswith("Assistant: ")
+        assert ("task A" in prompt) == (s.task_id == "t/a")
+    turn2_prompt = tokenizer.decode(samples[1].prompt_ids)
+    assert "Attempt 1:" in turn2_prompt and samples[0].feedback in turn2_prompt
+    assert stats[1]["mean_response_tokens"] == pytest.approx(
+        sum(len(s.completion_ids) for s in samples if s.turn == 1) / 4)
+
+
+# ------------------------------------------------------------------------- oracle
+
+
+def test_oracle_answers_the_matching_task_and_corrupts_on_request():
+    head = "class ModelNew:\n    src = '"
+    engine = rollout.OracleEngine([
+        FakeTask("a", "REF A", {"cpp": head + "float* out; out[i] = in[i];'"}),
+        FakeTask("b", "REF B", {"cpp": head + "y[j] = 2 * x[j];'"})], corrupt_rate=0.5, seed=3)
+    groups = engine.generate([engine.encode_prompt("...REF B..."), engine.encode_prompt("REF A")],
+                             n=8, max_new_tokens=10_000)
+    codes_b = {summarize.parse_response(c.text).code for c in groups[0]}
+    assert codes_b == {head + "y[j] = 2 * x[j];'\n", head + "y[j] = (2 * x[j]) + 1;'\n"}
+    assert {summarize.parse_response(c.text).code for c in groups[1]} <= {
+        head + "float* out; out[i] = in[i];'\n", head + "float* out; out[i] = (in[i]) + 1;'\n"}
+    cut = engine.generate([engine.encode_prompt("REF A")], n=1, max_new_tokens=20)[0][0]
+    assert cut.finish_reason == "length" and len(cut.token_ids) == 20
+    with pytest.raises(ValueError, match="none of the tasks"):
+        engine.generate([engine.encode_prompt("REF C")], n=1, max_new_tokens=10)
+
+
+@pytest.mark.slow
+def test_oracle_rollout_on_real_cpp_kernels():
+    """2 tasks x 2 trajectories x 2 turns through the real harness in CPU mode: correct
+    solutions score > 0, corrupted ones (wrong output) score 0."""
+    import kernel_eval
+    import tasks as tasks_module
+    builtin = tasks_module.load_builtin()[:2]
+    assert len(builtin) == 2
+    # seed 1 with rate 0.5 gives both kinds in these 8 answers.
+    engine = rollout.OracleEngine(builtin, language="cpp", corrupt_rate=0.5, seed=1)
+
+    def evaluate_batch(pairs):
+        return kernel_eval.evaluate_batch(pairs, device="cpu")
+
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=100_000,
+                                   max_prompt_tokens=100_000, language="cpp")
+    samples, stats = rollout.rollout(builtin, engine, evaluate_batch, config)
+    assert len(samples) == 8
+    solution = {t.task_id: summarize.parse_response(
+        rollout.ORACLE_RESPONSE.format(code=t.solutions["cpp"].strip("\n"), summary="")).code
+        for t in builtin}
+    kinds = set()
+    for s in samples:
+        corrupted = s.code != solution[s.task_id]
+        kinds.add(corrupted)
+        if corrupted:
+            assert (s.status, s.score) == ("incorrect", 0.0), s.feedback
+        else:
+            assert s.status == "correct" and s.score > 0.3 - 1e-9, s.feedback
+    assert kinds == {True, False}
+    for task in builtin:
+        for g in range(2):
+            s0, s1 = sorted((s for s in samples if s.task_id == task.task_id and s.trajectory == g),
+                            key=lambda s: s.turn)
+            assert s1.discounted_return == pytest.approx(s1.score)
+            assert s0.discounted_return == pytest.approx(s0.score + 0.4 * s1.score)
+    assert sum(st["status_counts"].get("correct", 0) for st in stats) == sum(
+        s.code == solution[s.task_id] for s in samples)
