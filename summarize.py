@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 FEEDBACK_CHARS = 1200  # error text shown back to the model is trimmed to this budget
+SUMMARY_CHARS = 1000   # a turn's own summary, as later prompts show it
 
 
 @dataclass
@@ -142,7 +143,9 @@ def feedback(result_or_error: Any, budget: int = FEEDBACK_CHARS) -> str:
         ref_ms, cand_ms = _get(result_or_error, "ref_ms"), _get(result_or_error, "candidate_ms")
         times = (f" ({cand_ms:.3f} ms vs {ref_ms:.3f} ms)"
                  if isinstance(ref_ms, (int, float)) and isinstance(cand_ms, (int, float)) else "")
-        return f"Your code is correct and ran at {speedup:.2f}x the speed of the reference{times}."
+        note = f" {message}" if message else ""
+        return (f"Your code is correct and ran at {speedup:.2f}x the speed of the "
+                f"reference{times}.{note}")
     raise ValueError(f"unknown result status {status!r}; expected one of format_error, "
                      "compile_error, runtime_error, timeout, incorrect, correct")
 
@@ -288,7 +291,7 @@ def _task_block(task_src: str) -> str:
 
 
 def _attempt_block(number: int, attempt: Attempt) -> str:
-    summary = attempt.summary.strip() or "(no summary given)"
+    summary = _trim(attempt.summary, SUMMARY_CHARS) or "(no summary given)"
     return (f"Attempt {number}:\n```python\n{attempt.code.rstrip()}\n```\n"
             f"Summary: {summary}\nFeedback: {attempt.feedback.strip()}\n")
 
@@ -305,8 +308,8 @@ def build_prompt(task_src: str, history: list[Attempt], *, language: str,
         raise ValueError(f"language must be 'cuda' or 'cpp', got {language!r}")
     if not task_src.strip():
         raise ValueError("task_src is empty")
-    head = "\n\n".join([base_instruction(language), _example_block(language),
-                        _task_block(task_src)])
+    head = "\n\n".join(block.strip() for block in [
+        base_instruction(language), _example_block(language), _task_block(task_src)])
     if not history:
         prompt = head
         if count_tokens(prompt) > max_prompt_tokens:
@@ -323,7 +326,7 @@ def build_prompt(task_src: str, history: list[Attempt], *, language: str,
                    if first else "")
         middle = ("Your previous attempts, oldest first:\n\n" + dropped + "\n".join(kept)
                   if kept else "Your previous attempts did not fit here; start afresh.\n")
-        prompt = "\n\n".join([head, middle, tail])
+        prompt = "\n\n".join([head, middle.strip(), tail])
         if count_tokens(prompt) <= max_prompt_tokens:
             return prompt
     raise ValueError(f"the task prompt alone takes more than max_prompt_tokens="

@@ -107,6 +107,8 @@ def test_feedback_messages():
         "Your code produced incorrect output: max abs diff 0.5"
     assert feedback({"status": "correct", "speedup": 1.849, "message": ""}) == \
         "Your code is correct and ran at 1.85x the speed of the reference."
+    assert feedback({"status": "correct", "speedup": 1.0, "message": "timed 100 runs"}).endswith(
+        "reference. timed 100 runs")
     assert "(0.500 ms vs 1.000 ms)" in feedback(
         {"status": "correct", "speedup": 2.0, "ref_ms": 1.0, "candidate_ms": 0.5})
     assert feedback({"status": "format_error", "message": "uses torch.relu"}) == \
@@ -148,6 +150,13 @@ def test_later_turns_show_code_summary_feedback_never_thinking():
     assert prompt.index(TASK.rstrip()) < prompt.index("Attempt 1")
 
 
+def test_long_summaries_are_trimmed_in_later_prompts():
+    history = [Attempt(CODE, "START " + "blah " * 5000 + " END", "Your code failed to compile: x")]
+    prompt = build_prompt(TASK, history, language="cuda", count_tokens=words,
+                          max_prompt_tokens=10**6)
+    assert "START" in prompt and "END" in prompt and prompt.count("blah") < 300
+
+
 def test_budget_drops_earliest_attempts_first_and_never_the_task():
     history = [Attempt(CODE.replace("return x", f"return x  # v{i}"), f"summary {i}",
                        f"feedback {i}") for i in range(1, 6)]
@@ -184,3 +193,26 @@ def test_imports_with_only_the_standard_library(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "class ModelNew: x=1"
+
+
+def _run_example(code, device, monkeypatch, tmp_path):
+    """Build an example with load_inline and compare ModelNew(a, b) with a + b."""
+    import torch
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    namespace = {}
+    exec(compile(code, f"<EXAMPLE_{device}>", "exec"), namespace)
+    model = namespace["ModelNew"]()
+    a = torch.randn(4099, device=device)
+    b = torch.randn(4099, device=device)
+    torch.testing.assert_close(model(a, b), a + b)
+
+
+@pytest.mark.slow
+def test_cpp_example_compiles_and_adds(monkeypatch, tmp_path):
+    _run_example(EXAMPLE_CPP, "cpu", monkeypatch, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_cuda_example_compiles_and_adds(monkeypatch, tmp_path):
+    _run_example(EXAMPLE_CUDA, "cuda", monkeypatch, tmp_path)
