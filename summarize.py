@@ -32,7 +32,7 @@ class Parsed:
     thinking: str
     code: str | None
     summary: str
-    error: str | None  # why no usable code was found; None when code is present
+    error: str | None  # why no usable code was found (reads after "Your response broke a rule: ")
 
 
 @dataclass
@@ -67,18 +67,18 @@ def parse_response(text: str) -> Parsed:
         thinking, rest = text[start:close_at].strip(), text[close_at + len("</think>"):]
     elif open_at != -1:
         return Parsed(text[open_at + len("<think>"):].strip(), None, "",
-                      "Your response ended inside <think> without closing it; finish "
-                      "thinking with </think>, then give the code in one ```python block.")
+                      "the response ended inside <think> without </think>; finish thinking "
+                      "with </think>, then give the code in one ```python block.")
     chosen = None
     for language, body, end in _fenced_blocks(rest):
         if language in ("", "python", "py", "python3") and _DEFINES_MODELNEW.search(body):
             chosen = (body, end)
     if chosen is None:
         has_fence = "```" in rest
-        why = ("Your response has a code block, but none is a ```python block defining "
-               "class ModelNew." if has_fence else
-               "Your response has no ```python code block; after thinking, give the "
-               "complete code defining class ModelNew in one ```python block.")
+        why = ("none of the code blocks is a ```python block defining class ModelNew; "
+               "give the complete code in one such block." if has_fence else
+               "no ```python code block found; after thinking, give the complete code "
+               "defining class ModelNew in one ```python block.")
         return Parsed(thinking, None, rest.strip(), why)
     body, end = chosen
     return Parsed(thinking, body.rstrip() + "\n", rest[end:].strip(), None)

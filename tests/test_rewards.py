@@ -181,6 +181,10 @@ def test_laundering_a_tensor_through_python_does_not_slip_past(pieces):
     dict(top="def _grid(n):\n    return (n + 255) // 256\n",
          forward="g = _grid(x.numel())\nreturn ext.run(x, torch.empty_like(x))"),
     dict(init="self.eps = 1e-5", forward="e = self.eps * 2\nreturn ext.run(x, torch.empty_like(x))"),
+    dict(forward='return getattr(ext, "run")(x, torch.empty_like(x))'),
+    dict(imports="from typing import Optional\nimport math\nimport torch\nimport torch.nn as nn\n"
+                 "from torch.utils.cpp_extension import load_inline\n",
+         forward="y: Optional[int] = math.ceil(x.numel() / 256)\nreturn ext.run(x, torch.empty_like(x))"),
 ])
 def test_honest_forward_code_passes(pieces):
     assert check_format(candidate(**pieces)) is None
