@@ -1,0 +1,642 @@
+"""Tasks: the programs the policy learns to make faster, where they come from, and a checker.
+
+A task is a KernelBench-format PyTorch program (Ouyang et al. 2025, "KernelBench: Can LLMs
+Write Efficient GPU Kernels?"): a `class Model(nn.Module)` whose `forward` is the reference
+computation, `get_inputs()` returning the forward arguments and `get_init_inputs()` returning
+the constructor arguments. The policy answers with a `class ModelNew` that computes the same
+thing with its own kernel; the reward is correctness and speedup over `Model`.
+
+Three sources give the same `Task` record:
+  - the built-in set `tasks/level{L}/{NN}_{name}/{reference,solution_cuda,solution_cpp}.py`,
+    written for this project, each with a known-good CUDA and C++ solution;
+  - a KernelBench checkout (`KernelBench/level1/19_ReLU.py`);
+  - a JSONL (or parquet) export with the fields `code`, `name`, `problem_id`, `level`.
+Files are validated with `ast` (syntax, `Model`, `get_inputs`, `get_init_inputs`), never
+imported, and a loader never skips a file silently: a malformed file raises `TaskError`.
+
+`split_tasks` gives the deterministic train / held-out split; Kevin-32B trains on 180 of the
+200 KernelBench level-1 and level-2 problems and holds out 20 (`n_heldout=20`).
+
+The checker proves each built-in problem is a fair benchmark: the reference runs, is slow
+enough to measure, its output is not degenerate (finite, spread well above the tolerance, not
+zeros, and visibly changed when the tail of an input is zeroed, so a kernel that skips its
+last block fails), and the stored solution matches it on fresh random inputs:
+
+    python tasks.py check --device cpu                  # C++ solutions, the CI main job
+    python tasks.py check --device cuda --write-times tasks/reference_times.json
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import hashlib
+import inspect
+import json
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+LANGUAGES = ("cuda", "cpp")
+LANGUAGE_FOR_DEVICE = {"cuda": "cuda", "cpu": "cpp"}
+BUILTIN_DIR = re.compile(r"^(\d+)_([a-z0-9_]+)$")
+KERNELBENCH_FILE = re.compile(r"^(\d+)_(.+)\.py$")
+LEVEL_DIR = re.compile(r"^level(\d+)$")
+
+
+class TaskError(ValueError):
+    """A task file or record is malformed; the message names the file and what is wrong."""
+
+
+@dataclass
+class Task:
+    task_id: str
+    name: str
+    level: int
+    reference_src: str
+    solutions: dict[str, str] = field(default_factory=dict)
+    source_path: str | None = None
+    problem_id: int | None = None
+
+
+# ---------------------------------------------------------------- validation (ast only)
+
+def _top_level_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    classes, functions = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            classes.add(node.name)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+        elif isinstance(node, ast.Assign):  # e.g. `get_inputs = make_inputs`
+            functions.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return classes, functions
+
+
+def _parse(src: str, where: str) -> ast.Module:
+    try:
+        return ast.parse(src, filename=where)
+    except SyntaxError as e:
+        raise TaskError(f"{where}: syntax error at line {e.lineno}: {e.msg}") from e
+
+
+def validate_reference(src: str, where: str) -> None:
+    """Raise TaskError unless `src` parses and defines Model, get_inputs and get_init_inputs."""
+    classes, functions = _top_level_names(_parse(src, where))
+    missing = [] if "Model" in classes else ["class Model"]
+    missing += [f"def {f}()" for f in ("get_inputs", "get_init_inputs") if f not in functions]
+    if missing:
+        raise TaskError(f"{where}: not a KernelBench-format task, missing {', '.join(missing)}")
+
+
+def validate_solution(src: str, where: str) -> None:
+    """Raise TaskError unless `src` parses and defines class ModelNew."""
+    classes, _ = _top_level_names(_parse(src, where))
+    if "ModelNew" not in classes:
+        raise TaskError(f"{where}: solution is missing class ModelNew")
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+# ---------------------------------------------------------------- loaders
+
+def _resolve_root(root: str) -> str:
+    """A relative root is looked up from the working directory, then next to this file."""
+    if os.path.isdir(root) or os.path.isabs(root):
+        return root
+    beside_module = os.path.join(os.path.dirname(os.path.abspath(__file__)), root)
+    return beside_module if os.path.isdir(beside_module) else root
+
+
+def _level_dirs(root: str, levels=None) -> list[tuple[int, str]]:
+    """(level, path) for `root/level{L}`; every requested level must exist."""
+    if not os.path.isdir(root):
+        raise TaskError(f"{root}: task directory does not exist")
+    if levels is not None:
+        found = [(int(L), os.path.join(root, f"level{int(L)}")) for L in levels]
+        for L, path in found:
+            if not os.path.isdir(path):
+                raise TaskError(f"{path}: level {L} directory does not exist")
+        return found
+    found = sorted((int(m.group(1)), os.path.join(root, d)) for d in os.listdir(root)
+                   if (m := LEVEL_DIR.match(d)) and os.path.isdir(os.path.join(root, d)))
+    if not found:
+        raise TaskError(f"{root}: no level*/ directories")
+    return found
+
+
+def load_builtin(root: str = "tasks", levels=None) -> list[Task]:
+    """The built-in set: `root/level{L}/{NN}_{snake_name}/` with reference and two solutions."""
+    root = _resolve_root(root)
+    tasks = []
+    for level, level_dir in _level_dirs(root, levels):
+        for entry in sorted(os.listdir(level_dir)):
+            if entry == "__pycache__":
+                continue
+            path = os.path.join(level_dir, entry)
+            m = BUILTIN_DIR.match(entry)
+            if not m or not os.path.isdir(path):
+                raise TaskError(f"{path}: expected a problem directory named NN_snake_name")
+            files = {"reference": "reference.py", "cuda": "solution_cuda.py", "cpp": "solution_cpp.py"}
+            for fname in files.values():
+                if not os.path.isfile(os.path.join(path, fname)):
+                    raise TaskError(f"{path}: missing {fname}")
+            ref_path = os.path.join(path, files["reference"])
+            reference_src = _read(ref_path)
+            validate_reference(reference_src, ref_path)
+            solutions = {}
+            for lang in LANGUAGES:
+                sol_path = os.path.join(path, files[lang])
+                solutions[lang] = _read(sol_path)
+                validate_solution(solutions[lang], sol_path)
+            tasks.append(Task(task_id=f"builtin/level{level}/{entry}", name=m.group(2), level=level,
+                              reference_src=reference_src, solutions=solutions,
+                              source_path=ref_path, problem_id=int(m.group(1))))
+    return tasks
+
+
+def load_kernelbench(path: str, levels=(1, 2)) -> list[Task]:
+    """A KernelBench checkout: the repository root or its `KernelBench/` folder."""
+    if not os.path.isdir(path):
+        raise TaskError(f"{path}: KernelBench directory does not exist")
+    inner = os.path.join(path, "KernelBench")
+    root = inner if os.path.isdir(inner) else path
+    tasks = []
+    for level, level_dir in _level_dirs(root, levels):
+        for entry in sorted(os.listdir(level_dir)):
+            if entry == "__pycache__":
+                continue
+            file_path = os.path.join(level_dir, entry)
+            m = KERNELBENCH_FILE.match(entry)
+            if not m or not os.path.isfile(file_path):
+                raise TaskError(f"{file_path}: expected a problem file named N_Name.py")
+            src = _read(file_path)
+            validate_reference(src, file_path)
+            problem_id, name = int(m.group(1)), m.group(2)
+            tasks.append(Task(task_id=f"kernelbench/level{level}/{problem_id}_{name}", name=name,
+                              level=level, reference_src=src, source_path=file_path,
+                              problem_id=problem_id))
+    tasks.sort(key=lambda t: (t.level, t.problem_id))
+    return tasks
+
+
+def _task_from_record(record: dict, where: str) -> Task:
+    for key in ("code", "name", "problem_id", "level"):
+        if key not in record:
+            raise TaskError(f"{where}: record has no field '{key}'")
+    validate_reference(record["code"], where)
+    solutions = record.get("solutions") or {}
+    for lang, src in solutions.items():
+        if lang not in LANGUAGES:
+            raise TaskError(f"{where}: unknown solution language '{lang}' (expected {LANGUAGES})")
+        validate_solution(src, f"{where} (solution {lang})")
+    level, problem_id = int(record["level"]), int(record["problem_id"])
+    task_id = record.get("task_id") or f"kernelbench/level{level}/{problem_id}_{record['name']}"
+    return Task(task_id=task_id, name=record["name"], level=level, reference_src=record["code"],
+                solutions=dict(solutions), source_path=where, problem_id=problem_id)
+
+
+def _record(task: Task) -> dict:
+    record = {"task_id": task.task_id, "code": task.reference_src, "name": task.name,
+              "problem_id": task.problem_id, "level": task.level}
+    if task.solutions:
+        record["solutions"] = task.solutions
+    return record
+
+
+def load_jsonl(path: str) -> list[Task]:
+    """One task per line: {"code", "name", "problem_id", "level"[, "task_id", "solutions"]}."""
+    if not os.path.isfile(path):
+        raise TaskError(f"{path}: file does not exist")
+    tasks = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskError(f"{where}: not valid JSON ({e.msg})") from e
+            tasks.append(_task_from_record(record, where))
+    return tasks
+
+
+def _atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=os.path.basename(path))
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def export_jsonl(tasks: list[Task], path: str) -> None:
+    _atomic_write(path, "".join(json.dumps(_record(t)) + "\n" for t in tasks))
+
+
+def _pandas():
+    try:
+        import pandas
+    except ImportError as e:
+        raise TaskError("parquet needs pandas and pyarrow (pip install pandas pyarrow); "
+                        "JSONL works without them") from e
+    return pandas
+
+
+def load_parquet(path: str) -> list[Task]:
+    """The same fields as JSONL in a parquet table (the layout of the KernelBench dataset)."""
+    if not os.path.isfile(path):
+        raise TaskError(f"{path}: file does not exist")
+    frame = _pandas().read_parquet(path)
+    tasks = []
+    for row, record in enumerate(frame.to_dict("records")):
+        record = {k: v for k, v in record.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        tasks.append(_task_from_record(record, f"{path}:row {row}"))
+    return tasks
+
+
+def export_parquet(tasks: list[Task], path: str) -> None:
+    frame = _pandas().DataFrame([{**_record(t), "solutions": json.dumps(t.solutions)} for t in tasks])
+    tmp = f"{path}.tmp"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- split
+
+def split_tasks(tasks: list[Task], n_heldout: int = 20, seed: int = 0,
+                stratify: bool = True) -> tuple[list[Task], list[Task]]:
+    """Deterministic (train, heldout), both sorted by task_id.
+
+    Tasks are sorted by task_id, then shuffled by `random.Random` seeded with a string, which
+    hashes with SHA-512 and so does not depend on PYTHONHASHSEED. With `stratify`, each level
+    holds out its share of `n_heldout` (largest remainder), e.g. 10 + 10 of KernelBench L1+L2.
+    """
+    ids = [t.task_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise TaskError("split_tasks: duplicate task_id in the task list")
+    if not 0 <= n_heldout <= len(tasks):
+        raise TaskError(f"split_tasks: n_heldout={n_heldout} but there are {len(tasks)} tasks")
+    ordered = sorted(tasks, key=lambda t: t.task_id)
+    groups = {}
+    for t in ordered:
+        groups.setdefault(t.level if stratify else 0, []).append(t)
+    exact = {g: n_heldout * len(members) / len(ordered) for g, members in groups.items()}
+    quota = {g: int(x) for g, x in exact.items()}
+    by_remainder = sorted(groups, key=lambda g: (-(exact[g] - quota[g]), g))
+    for g in by_remainder[: n_heldout - sum(quota.values())]:
+        quota[g] += 1
+    heldout = []
+    for g, members in groups.items():
+        shuffled = list(members)
+        random.Random(f"split:{seed}:{g}").shuffle(shuffled)
+        heldout += shuffled[: quota[g]]
+    held_ids = {t.task_id for t in heldout}
+    return ([t for t in ordered if t.task_id not in held_ids],
+            sorted(heldout, key=lambda t: t.task_id))
+
+
+# ---------------------------------------------------------------- the checker
+
+def cache_root() -> str:
+    return os.environ.get("KERNEL_RL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kernel-rl")
+
+
+@contextlib.contextmanager
+def fast_load_inline(device: str, root: str | None = None):
+    """Patch `torch.utils.cpp_extension.load_inline` while a solution is exec'd.
+
+    Each distinct source gets its own build directory keyed by a hash of everything that
+    changes the binary, so a rerun loads in milliseconds and two sources never share one;
+    C++ gets -O3 when the source names no -O level (load_inline's default is -O0, which makes
+    CPU speedups meaningless); C++-only builds on CPU use the precompiled torch header.
+    """
+    import torch
+    from torch.utils import cpp_extension
+
+    original = cpp_extension.load_inline
+    signature = inspect.signature(original)
+    builds = os.path.join(root or cache_root(), "builds")
+
+    def load_inline(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        cflags = list(a.get("extra_cflags") or [])
+        if not any(flag.startswith("-O") for flag in cflags):
+            cflags.append("-O3")
+        a["extra_cflags"] = cflags
+        if device == "cpu" and not a.get("cuda_sources"):
+            a["use_pch"] = True
+        if a.get("build_directory") is None:
+            key_fields = {k: v for k, v in a.items() if k not in ("verbose", "build_directory")}
+            key_fields["torch"] = torch.__version__
+            digest = hashlib.sha256(json.dumps(key_fields, sort_keys=True, default=str).encode()).hexdigest()
+            a["build_directory"] = os.path.join(builds, f"{a['name']}_{digest[:16]}")
+            os.makedirs(a["build_directory"], exist_ok=True)
+        return original(**a)
+
+    cpp_extension.load_inline = load_inline
+    try:
+        yield
+    finally:
+        cpp_extension.load_inline = original
+
+
+@dataclass
+class CheckResult:
+    task_id: str
+    level: int
+    ok: bool
+    verdict: str              # "ok" or the first reason it failed
+    ref_ms: float | None = None
+    solution_ms: float | None = None
+    max_abs_err: float | None = None
+    build_s: float | None = None
+    output_std: float | None = None
+
+
+def _exec(src: str, where: str) -> dict:
+    namespace = {"__name__": "__task__", "__file__": where}
+    exec(compile(src, where, "exec"), namespace)
+    return namespace
+
+
+def _outputs(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _make_inputs(namespace: dict, seed: int, device: str) -> list:
+    import torch
+    torch.manual_seed(seed)
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
+
+
+def _clone(inputs: list) -> list:
+    import torch
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+class _Timer:
+    """Wall time of one call: CUDA events around a device-wide sync on cuda (so work on any
+    stream is counted), perf_counter on cpu. On cuda the L2 cache is flushed first."""
+
+    def __init__(self, device: str):
+        import torch
+        self.device = device
+        self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if device == "cuda" else None
+
+    def __call__(self, fn, *args):
+        import torch
+        if self.device != "cuda":
+            start = time.perf_counter()
+            out = fn(*args)
+            return out, (time.perf_counter() - start) * 1e3
+        self.flush.zero_()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn(*args)
+        torch.cuda.synchronize()
+        end.record()
+        end.synchronize()
+        return out, start.elapsed_time(end)
+
+
+def degeneracy_reason(out, atol: float, rtol: float, min_std_ratio: float) -> str | None:
+    """Why a reference output would let a wrong kernel pass, or None if it is fine."""
+    import torch
+    for i, y in enumerate(_outputs(out)):
+        name = f"output {i}"
+        if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+            return f"{name} is not a floating-point tensor"
+        if y.numel() < 2:
+            return f"{name} has {y.numel()} element(s)"
+        if not torch.isfinite(y).all():
+            return f"{name} has non-finite values"
+        std = y.double().std().item()
+        if std < min_std_ratio * atol:
+            return f"{name} std {std:.3g} < {min_std_ratio:g} x atol; a constant would pass"
+        if torch.allclose(y, torch.zeros_like(y), atol=atol, rtol=rtol):
+            return f"{name} is close to zeros"
+    return None
+
+
+def _outputs_close(a, b, atol: float, rtol: float) -> bool:
+    return all(x.shape == y.shape and torch_allclose(x, y, atol, rtol)
+               for x, y in zip(_outputs(a), _outputs(b)))
+
+
+def torch_allclose(x, y, atol: float, rtol: float) -> bool:
+    import torch
+    return bool(torch.allclose(x.float(), y.float(), atol=atol, rtol=rtol))
+
+
+def partial_computation_reason(model, inputs: list, out, atol: float, rtol: float,
+                               tail_fraction: float) -> str | None:
+    """Zero the last `tail_fraction` of each floating input: the output must change clearly,
+    else a kernel that skips its last block (or ignores that input) would pass."""
+    import torch
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() < 2:
+            continue
+        perturbed = _clone(inputs)
+        flat = perturbed[i].view(-1)
+        flat[-max(1, int(flat.numel() * tail_fraction)):] = 0
+        if _outputs_close(model(*perturbed), out, atol, rtol):
+            return f"zeroing the last {tail_fraction:.0%} of input {i} leaves the output unchanged"
+    return None
+
+
+def _parameter_mismatch(reference, candidate) -> str | None:
+    import torch
+    ref = list(reference.parameters()) + list(reference.buffers())
+    new = list(candidate.parameters()) + list(candidate.buffers())
+    if len(ref) != len(new):
+        return f"ModelNew has {len(new)} parameters/buffers, Model has {len(ref)}"
+    for i, (a, b) in enumerate(zip(ref, new)):
+        if a.shape != b.shape or not torch.equal(a, b):
+            return (f"parameter {i} differs from Model's under the same seed "
+                    f"({tuple(a.shape)} vs {tuple(b.shape)}); create them in the same order with the same init")
+    return None
+
+
+def check_task(task: Task, device: str = "cpu", trials: int = 3, atol: float = 1e-2,
+               rtol: float = 1e-2, seed: int = 0, min_std_ratio: float = 10.0,
+               tail_fraction: float = 1 / 16, cache_dir: str | None = None) -> CheckResult:
+    """Check one task's reference and its solution for `device` (see the module docstring)."""
+    import torch
+
+    result = CheckResult(task_id=task.task_id, level=task.level, ok=False, verdict="")
+    language = LANGUAGE_FOR_DEVICE[device]
+    if language not in task.solutions:
+        result.verdict = f"no {language} solution"
+        return result
+    where = task.source_path or task.task_id
+    with torch.no_grad():
+        ref_ns = _exec(task.reference_src, where)
+        torch.manual_seed(seed)
+        init = ref_ns["get_init_inputs"]()
+        model = ref_ns["Model"](*init).to(device)
+
+        inputs = _make_inputs(ref_ns, seed, device)
+        out = model(*_clone(inputs))
+        reason = degeneracy_reason(out, atol, rtol, min_std_ratio)
+        reason = reason or partial_computation_reason(model, inputs, out, atol, rtol, tail_fraction)
+        result.output_std = _outputs(out)[0].double().std().item() if torch.is_tensor(_outputs(out)[0]) else None
+        if reason:
+            result.verdict = f"degenerate reference: {reason}"
+            return result
+
+        start = time.perf_counter()
+        sol_where = os.path.join(os.path.dirname(where), f"solution_{language}.py")
+        with fast_load_inline(device, cache_dir):
+            sol_ns = _exec(task.solutions[language], sol_where)
+            torch.manual_seed(seed)
+            candidate = sol_ns["ModelNew"](*init).to(device)
+        result.build_s = time.perf_counter() - start
+        reason = _parameter_mismatch(model, candidate)
+        if reason:
+            result.verdict = reason
+            return result
+
+        candidate(*_clone(inputs))  # warm-up (the reference was warmed up above)
+        timer = _Timer(device)
+        ref_times, sol_times, max_err = [], [], 0.0
+        for trial in range(trials):
+            inputs = _make_inputs(ref_ns, seed + 1 + trial, device)
+            expected, ref_ms = timer(model, *_clone(inputs))
+            given = _clone(inputs)
+            got, sol_ms = timer(candidate, *given)
+            ref_times.append(ref_ms)
+            sol_times.append(sol_ms)
+            for x, y in zip(_outputs(expected), _outputs(got)):
+                if not torch.is_tensor(y) or x.shape != y.shape:
+                    result.verdict = f"trial {trial}: output shape {getattr(y, 'shape', type(y))} != {tuple(x.shape)}"
+                    return result
+                err = (x.float() - y.float()).abs().max().item()
+                max_err = max(max_err, err) if math.isfinite(err) else math.inf
+                if not torch_allclose(x, y, atol, rtol):
+                    result.max_abs_err = max_err
+                    result.verdict = f"trial {trial}: mismatch, max abs err {err:.3g} (atol=rtol={atol:g})"
+                    return result
+            if any(torch.is_tensor(a) and not torch.equal(a, b) for a, b in zip(inputs, given)):
+                result.verdict = f"trial {trial}: the solution modified its inputs"
+                return result
+    result.ref_ms = statistics.median(ref_times)
+    result.solution_ms = statistics.median(sol_times)
+    result.max_abs_err = max_err
+    result.ok, result.verdict = True, "ok"
+    return result
+
+
+def _row(cells, widths) -> str:
+    return "  ".join(str(c).ljust(w) if i == 0 or i == len(cells) - 1 else str(c).rjust(w)
+                     for i, (c, w) in enumerate(zip(cells, widths)))
+
+
+def _fmt(x, spec) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def check_all(tasks: list[Task], device: str = "cpu", **kwargs) -> list[CheckResult]:
+    """check_task over `tasks` with a progress bar and a live table; errors become verdicts."""
+    from tqdm import tqdm
+
+    width = max([len(t.task_id) for t in tasks] + [7])
+    widths = [width, 5, 9, 9, 9, 7, 0]
+    tqdm.write(_row(["problem", "level", "ref ms", "sol ms", "max err", "build s", "verdict"], widths))
+    results = []
+    for task in tqdm(tasks, desc=f"checking on {device}", unit="task", leave=False):
+        try:
+            r = check_task(task, device=device, **kwargs)
+        except Exception as e:  # reported in the table and the exit code, never hidden
+            first_line = (str(e).strip().splitlines() or [""])[0][:200]
+            r = CheckResult(task.task_id, task.level, False, f"error: {type(e).__name__}: {first_line}")
+        results.append(r)
+        tqdm.write(_row([r.task_id, r.level, _fmt(r.ref_ms, ".3f"), _fmt(r.solution_ms, ".3f"),
+                         _fmt(r.max_abs_err, ".2e"), _fmt(r.build_s, ".1f"),
+                         r.verdict if r.ok else f"FAIL {r.verdict}"], widths))
+    return results
+
+
+def _device_name(device: str) -> str:
+    import platform
+    import torch
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"cpu {platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def write_times(results: list[CheckResult], path: str, device: str) -> None:
+    """`{"device", "torch", "ref_ms": {task_id: ms}}`; entries from the same device are kept."""
+    import torch
+    record = {"device": _device_name(device), "torch": torch.__version__, "ref_ms": {}}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("device") == record["device"]:
+            record["ref_ms"].update(old.get("ref_ms", {}))
+    record["ref_ms"].update({r.task_id: round(r.ref_ms, 4) for r in results if r.ok})
+    record["ref_ms"] = dict(sorted(record["ref_ms"].items()))
+    _atomic_write(path, json.dumps(record, indent=1) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="run every built-in reference and its solution")
+    check.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    check.add_argument("--root", default="tasks", help="built-in task directory")
+    check.add_argument("--only", default=None, help="check only task ids containing this")
+    check.add_argument("--trials", type=int, default=3, help="random input sets compared and timed")
+    check.add_argument("--atol", type=float, default=1e-2)
+    check.add_argument("--rtol", type=float, default=1e-2)
+    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--json", default=None, help="write the results here")
+    check.add_argument("--write-times", default=None, help="write {task_id: ref_ms} here")
+    export = sub.add_parser("export", help="write a task set as JSONL")
+    export.add_argument("--kernelbench", default=None, help="a KernelBench checkout (else built-in)")
+    export.add_argument("--levels", default="1,2")
+    export.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    if args.command == "export":
+        tasks = (load_kernelbench(args.kernelbench, [int(x) for x in args.levels.split(",")])
+                 if args.kernelbench else load_builtin())
+        export_jsonl(tasks, args.out)
+        print(f"wrote {len(tasks)} tasks to {args.out}")
+        return 0
+
+    tasks = [t for t in load_builtin(args.root) if args.only is None or args.only in t.task_id]
+    if not tasks:
+        print(f"no task id contains {args.only!r}", file=sys.stderr)
+        return 2
+    results = check_all(tasks, device=args.device, trials=args.trials, atol=args.atol,
+                        rtol=args.rtol, seed=args.seed)
+    failed = [r for r in results if not r.ok]
+    print(f"{len(results) - len(failed)}/{len(results)} problems ok on {_device_name(args.device)}")
+    if args.json:
+        _atomic_write(args.json, json.dumps([asdict(r) for r in results], indent=1) + "\n")
+    if args.write_times:
+        write_times(results, args.write_times, args.device)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except TaskError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
