@@ -369,12 +369,13 @@ class _Gate:
             self.fail(self.tree, "no torch.utils.cpp_extension.load_inline call found; the "
                                  "work must be done by a kernel you compile inline.")
         keywords = {k.arg for c in calls for k in c.keywords}
-        strings = self.string_constants()
         if self.language == "cuda":
             if "cuda_sources" not in keywords:
                 self.fail(calls[0], "load_inline has no cuda_sources=; pass your CUDA code there.")
-            if not any("__global__" in s for s in strings):
-                self.fail(calls[0], "no __global__ kernel found in the CUDA source.")
+            cuda = [s for c in calls for s in self.source_strings(c, "cuda_sources", 2)]
+            if not any(re.search(r"\b__global__\b", s) for s in cuda):
+                self.fail(calls[0], "no __global__ kernel found in the source passed as "
+                                    "cuda_sources.")
         else:
             if any(k.arg == "cuda_sources" and not (isinstance(k.value, (ast.List, ast.Tuple))
                                                   and not k.value.elts) for c in calls
@@ -383,8 +384,33 @@ class _Gate:
                                     "no cuda_sources.")
             if "cpp_sources" not in keywords and not any(len(c.args) >= 2 for c in calls):
                 self.fail(calls[0], "load_inline has no cpp_sources=; pass your C++ code there.")
-            if not any(_CPP_FUNCTION.search(s) for s in strings):
-                self.fail(calls[0], "no C++ function definition found in the source strings.")
+            cpp = [s for c in calls for s in self.source_strings(c, "cpp_sources", 1)]
+            if not any(_CPP_FUNCTION.search(s) for s in cpp):
+                self.fail(calls[0], "no C++ function definition found in the source passed "
+                                    "as cpp_sources.")
+
+    def source_strings(self, call: ast.Call, keyword: str, position: int) -> list[str]:
+        """The string literals that reach one load_inline argument, comments removed.
+
+        Follows names to their assignments (`cuda_sources=[src]`, `src = HEAD + r\"\"\"...\"\"\"`),
+        so a kernel named only in a docstring or comment does not count.
+        """
+        args = [k.value for k in call.keywords if k.arg == keyword]
+        if not args and len(call.args) > position:
+            args = [call.args[position]]
+        out, seen, stack = [], set(), list(args)
+        while stack:
+            expr = stack.pop()
+            for node in self.walk(expr):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    out.append(_CPP_COMMENTS.sub(" ", node.value))
+                elif isinstance(node, ast.Name) and node.id not in seen:
+                    seen.add(node.id)
+                    stack.extend(value for n in self.nodes
+                                 for targets, value in [self.simple_bindings(n)]
+                                 if value is not None and any(
+                                     isinstance(t, ast.Name) and t.id == node.id for t in targets))
+        return out
 
     # ----------------------------------------------------------------- compute scope
     def defs_named(self, name: str) -> list[ast.AST]:

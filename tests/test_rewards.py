@@ -279,6 +279,15 @@ def test_cuda_needs_global_kernel_and_cuda_sources():
     rejected(candidate(source=CUDA_SRC.replace("__global__", "__device__")), "cuda", "__global__")
     rejected(candidate(source=CUDA_SRC.replace("cuda_sources=cuda_src,", "")), "cuda",
              "cuda_sources")
+    # a __global__ mentioned only in a docstring or a C++ comment is no kernel
+    no_kernel = CUDA_SRC.replace("__global__", "__device__").replace(
+        "#include <torch/extension.h>", "#include <torch/extension.h>\n// a __global__ kernel")
+    rejected('"""Uses a __global__ kernel."""\n' + candidate(source=no_kernel), "cuda", "__global__")
+    # sources reached through names, lists and concatenation count
+    split = CUDA_SRC.replace('cuda_src = r"""', 'HEAD = "#include <cuda_runtime.h>\\n"\n'
+                             'cuda_src = HEAD + r"""').replace("cuda_sources=cuda_src",
+                                                            "cuda_sources=[cuda_src]")
+    assert split != CUDA_SRC and check_format(candidate(source=split)) is None
     rejected("import torch\nimport torch.nn as nn\nclass ModelNew(nn.Module):\n"
              "    def forward(self, x):\n        return x\n", "cuda", "load_inline")
 
