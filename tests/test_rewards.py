@@ -306,6 +306,12 @@ def test_modelnew_and_forward_required():
     rejected(candidate().replace("def forward", "def fwd"), "cuda", "forward")
 
 
+def test_oversized_code_is_refused_before_parsing():
+    code = candidate() + "\n# padding\n" * 20000
+    assert "over the limit" in check_format(code, "cuda")
+    assert check_format(code, "cuda", max_code_chars=len(code)) is None
+
+
 def test_bad_input():
     assert "not valid Python" in check_format("def (:\n", "cuda")
     assert check_format("", "cuda")
