@@ -1,0 +1,207 @@
+"""Throughput and latency of kernel_eval against a naive serial KernelBench-style evaluator.
+
+Candidates: the built-in CUDA solutions plus variants of them (a comment inserted before the first
+`__global__`, so each variant is a distinct source that must be rebuilt), all cold (a fresh cache).
+  kernel_eval   evaluate_batch: parallel compiles in fresh processes, isolated runs, one timed at a time
+  naive serial  in this process, one candidate after another: load_inline with the default build
+                dir, 5 correctness trials, then timing with CUDA events (what KernelBench does)
+Then one kernel (>= 1 ms) is evaluated --stability-runs times (reference re-timed each run) and
+the spread of its speedup is reported.
+
+    python bench/harness.py --device cuda --n-candidates 32 --baseline-n 3     # H200: ~6-8 min
+    python bench/harness.py --device cpu --n-candidates 4 --baseline-n 1       # smoke test, C++
+
+Prints a markdown table (docs/PERFORMANCE.md is written from it) and, with --json-out, the raw
+figures. The goal: >= 3x the baseline's unique candidates per minute, p50 latency <= 20 s,
+speedup spread <= 5% on a kernel >= 1 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import kernel_eval  # noqa: E402
+import tasks  # noqa: E402
+
+KERNEL_MARK = {"cuda": "__global__", "cpp": "torch::Tensor"}
+
+
+def make_candidates(task_list: list, language: str, n: int) -> list:
+    """(task_id, reference_src, candidate_src) for n distinct candidates: solutions, then variants."""
+    base = [(t.task_id, t.reference_src, t.solutions[language]) for t in task_list if language in t.solutions]
+    if not base:
+        raise SystemExit(f"no built-in {language} solutions under {ROOT}/tasks")
+    out = []
+    for k in range(n):
+        task_id, ref, src = base[k % len(base)]
+        if k >= len(base):  # a comment inside the kernel source: a new hash, a real rebuild
+            mark = KERNEL_MARK[language]
+            if mark not in src:
+                raise SystemExit(f"{task_id}: no {mark!r} to mark a variant at")
+            src = src.replace(mark, f"/* variant {k} */ {mark}", 1)
+        out.append((task_id, ref, src))
+    return out
+
+
+def naive_serial(candidates: list, device: str, build_root: str, trials: int, warmup: int) -> list:
+    """KernelBench-style: everything in this process, default build dirs, one after another."""
+    import torch
+    os.environ["TORCH_EXTENSIONS_DIR"] = build_root
+    dev = torch.device(device)
+    rows = []
+    for task_id, ref_src, cand_src in candidates:
+        t0 = time.monotonic()
+        status = "correct"
+        try:
+            ref_mod, cand_mod = types.ModuleType("ref_mod"), types.ModuleType("cand_mod")
+            exec(compile(ref_src, "reference.py", "exec"), ref_mod.__dict__)
+            exec(compile(cand_src, "candidate.py", "exec"), cand_mod.__dict__)  # builds here
+            compile_s = time.monotonic() - t0
+            init = ref_mod.get_init_inputs()
+            torch.manual_seed(0)
+            ref_model = ref_mod.Model(*init).to(dev)
+            torch.manual_seed(0)
+            cand_model = cand_mod.ModelNew(*init).to(dev)
+            with torch.no_grad():
+                for seed in range(5):
+                    torch.manual_seed(seed)
+                    xs = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in ref_mod.get_inputs()]
+                    if not torch.allclose(ref_model(*xs), cand_model(*xs), atol=1e-2, rtol=1e-2):
+                        status = "incorrect"
+                times = []
+                for model in (ref_model, cand_model):
+                    for _ in range(warmup):
+                        model(*xs)
+                    ts = []
+                    for _ in range(trials):
+                        if dev.type == "cuda":
+                            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                            start.record()
+                            model(*xs)
+                            end.record()
+                            torch.cuda.synchronize()
+                            ts.append(start.elapsed_time(end))
+                        else:
+                            s = time.perf_counter()
+                            model(*xs)
+                            ts.append((time.perf_counter() - s) * 1e3)
+                    times.append(statistics.median(ts))
+        except Exception as e:  # noqa: BLE001 - the baseline records failures like KernelBench does
+            status, compile_s, times = f"error: {type(e).__name__}", time.monotonic() - t0, [0.0, 0.0]
+        rows.append({"task": task_id, "status": status, "seconds": time.monotonic() - t0,
+                     "compile_s": compile_s, "ref_ms": times[0], "candidate_ms": times[1]})
+        print(f"  naive {task_id}: {status} in {rows[-1]['seconds']:.1f} s", flush=True)
+    return rows
+
+
+def percentile(values: list, q: float) -> float:
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--n-candidates", type=int, default=32)
+    p.add_argument("--baseline-n", type=int, default=3, help="candidates for the naive baseline (each ~50 s cold on H200)")
+    p.add_argument("--stability-runs", type=int, default=5)
+    p.add_argument("--trials", type=int, default=None, help="timed calls per candidate (default: kernel_eval's)")
+    p.add_argument("--max-parallel-compiles", type=int, default=os.cpu_count())
+    p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
+    p.add_argument("--json-out", default=None)
+    a = p.parse_args()
+    language = "cpp" if a.device == "cpu" else "cuda"
+    cfg = kernel_eval.EvalConfig()
+    trials = a.trials or (cfg.cpu_trials if a.device == "cpu" else cfg.gpu_trials)
+    warmup = cfg.cpu_warmup if a.device == "cpu" else cfg.gpu_warmup
+    cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
+    candidates = make_candidates(tasks.load_builtin(os.path.join(ROOT, "tasks")), language, a.n_candidates)
+    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles}
+    over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
+    print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
+
+    t0 = time.monotonic()
+    results = kernel_eval.evaluate_batch([(r, c) for _, r, c in candidates], device=a.device, progress=True, **over)
+    wall = time.monotonic() - t0
+    own = [sum(v for k, v in r.seconds.items() if k in ("compile", "load", "reference", "check", "time")) for r in results]
+    to_verdict = [r.seconds.get("run_wait", 0.0) for r in results]
+    compile_s = [r.seconds.get("compile", 0.0) for r in results]
+    n_correct = sum(r.status == "correct" for r in results)
+    for (task_id, _, _), r in zip(candidates, results):
+        if r.status != "correct":
+            print(f"  not correct: {task_id}: {r.status}: {r.message[:200]}", flush=True)
+
+    base_rows, base_wall = [], 0.0
+    if a.baseline_n > 0:
+        print(f"naive serial baseline: {a.baseline_n} candidates", flush=True)
+        t1 = time.monotonic()
+        base_rows = naive_serial(candidates[: a.baseline_n], a.device, tempfile.mkdtemp(prefix="bench-naive-"), trials, warmup)
+        base_wall = time.monotonic() - t1
+
+    stability = {}
+    timed = [(r.candidate_ms, i) for i, r in enumerate(results) if r.status == "correct" and r.timing_ok]
+    long_enough = [(ms, i) for ms, i in timed if ms >= 1.0] or timed
+    if a.stability_runs > 0 and long_enough:
+        _, i = max(long_enough)
+        task_id, ref, cand = candidates[i]
+        speedups = []
+        for _ in range(a.stability_runs):
+            ref_cache = os.path.join(cache_root, "ref_times.json")
+            if os.path.exists(ref_cache):
+                os.remove(ref_cache)  # re-time the reference too: the spread of the speedup, not of one side
+            r = kernel_eval.evaluate(ref, cand, device=a.device, **over)
+            speedups.append(r.speedup)
+            print(f"  stability {task_id}: {r.status} speedup {r.speedup:.4f} ({r.candidate_ms:.4g} ms)", flush=True)
+        spread = (max(speedups) - min(speedups)) / statistics.median(speedups) if min(speedups) > 0 else float("nan")
+        stability = {"task": task_id, "candidate_ms": results[i].candidate_ms, "speedups": speedups, "spread": spread}
+
+    n = len(candidates)
+    fig = {
+        "device": a.device, "n_candidates": n, "n_correct": n_correct, "wall_s": wall,
+        "per_min": n / wall * 60, "p50_latency_s": percentile(own, 0.5), "p90_latency_s": percentile(own, 0.9),
+        "p50_to_verdict_s": percentile(to_verdict, 0.5), "p50_compile_s": percentile(compile_s, 0.5),
+        "baseline_n": len(base_rows), "baseline_wall_s": base_wall,
+        "baseline_per_min": len(base_rows) / base_wall * 60 if base_wall else float("nan"),
+        "baseline_p50_latency_s": percentile([r["seconds"] for r in base_rows], 0.5),
+        "baseline_correct": sum(r["status"] == "correct" for r in base_rows),
+        "stability": stability,
+    }
+    ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows else float("nan")
+    print()
+    print(f"| {a.device} | kernel_eval | naive serial |")
+    print("|---|---|---|")
+    print(f"| candidates (distinct, cold) | {n} | {fig['baseline_n']} |")
+    print(f"| correct | {n_correct}/{n} | {fig['baseline_correct']}/{fig['baseline_n']} |")
+    print(f"| wall time (s) | {wall:.1f} | {base_wall:.1f} |")
+    print(f"| unique candidates / minute | {fig['per_min']:.2f} | {fig['baseline_per_min']:.2f} |")
+    print(f"| p50 latency, one candidate's compile+run (s) | {fig['p50_latency_s']:.1f} | {fig['baseline_p50_latency_s']:.1f} |")
+    print(f"| p90 latency (s) | {fig['p90_latency_s']:.1f} | |")
+    print(f"| p50 compile (s) | {fig['p50_compile_s']:.1f} | |")
+    print(f"| p50 batch start to verdict (s) | {fig['p50_to_verdict_s']:.1f} | |")
+    print(f"\nthroughput ratio kernel_eval / naive: {ratio:.2f}x (goal >= 3)")
+    if stability:
+        print(f"stability: {stability['task']} ({stability['candidate_ms']:.3g} ms), speedup over "
+              f"{len(stability['speedups'])} runs: {', '.join(f'{s:.4f}' for s in stability['speedups'])}; "
+              f"spread (max-min)/median = {100 * stability['spread']:.2f}% (goal <= 5% on kernels >= 1 ms)")
+    if a.json_out:
+        tmp = a.json_out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(dict(fig, ratio=ratio), f, indent=1)
+        os.replace(tmp, a.json_out)
+
+
+if __name__ == "__main__":
+    main()

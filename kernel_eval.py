@@ -1,0 +1,1213 @@
+"""kernel_eval: the reward harness. Compile a candidate kernel, run it isolated, check it, time it.
+
+Everything the policy learns is what this file believes (Kevin-32B, KernelBench; Sakana's
+AI CUDA Engineer and METR's o3 report show what a policy does with a harness that can be
+fooled). The verdict for a candidate C against a reference R is
+
+    correct  = for every trial t (>= 5, fresh inputs x_t from a secret seed):
+               shape, dtype equal; no NaN/Inf where R has none; |C(x_t) - R(x_t)| <= atol + rtol|R(x_t)|
+    speedup  = median_time(R) / median_time(C)   if correct and the timing cross-check agrees, else 0
+
+Usage
+    python kernel_eval.py REF.py CANDIDATE.py --device cpu --json       # one verdict, exit 0
+    evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
+
+How one evaluation runs, and why
+1. precheck (optional callable, e.g. rewards.check_format): a reason -> "format_error", no compile.
+2. compile, in a fresh process (its own session) that imports the candidate with
+   `torch.utils.cpp_extension.load_inline` wrapped: the build directory is forced to
+   cache_root/build/<sha256 of the call's sources, flags, torch version, python, arch>, so two
+   candidates that both name their extension `ext` never load each other's library and a repeated
+   kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag (load_inline alone builds
+   at -O0, which makes CPU speedups meaningless) and `use_pch=True` when the flags are the defaults
+   (torch keeps one precompiled header whose signature includes the flags, so mixed flags would
+   rebuild it for everyone). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the
+   compile worker. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
+   Import errors that are not build errors are deferred to the run phase, which reports them.
+3. run, in two fresh processes started side by side: a trusted reference worker and the candidate
+   worker. The reference worker draws inputs from seeds only the parent knows, computes the
+   reference outputs, and (once per (reference, device, timing config), cached on disk) times the
+   reference. The parent keeps the reference outputs; the candidate worker only ever receives
+   inputs and returns outputs, as data (length-prefixed torch.save frames on a pipe, loaded with
+   weights_only=True), never a verdict. All comparison happens in the parent. Outputs are poisoned
+   where unwritten: on GPU, blocks of each output's size are filled with NaN and freed just before
+   the call, so the caching allocator hands them to `torch.empty`; on CPU, MALLOC_PERTURB_ fills
+   every fresh allocation with 0x7f bytes (3.4e38 in fp32). Inputs are cloned per call and checked
+   unchanged. During the check trials a TorchDispatchMode records the aten operators the forward
+   runs (from Python or from inside the extension); a compute operator (mm, add, relu, conv, ...)
+   makes the verdict "incorrect" however it was spelled. That recorder lives in the candidate's
+   process, so it is defence in depth, not a boundary.
+4. time: warm-up, then `trials` calls; on GPU each call is preceded by an L2 flush and bracketed
+   by CUDA events with a device-wide synchronize before the end event (side-stream work counts);
+   on CPU by perf_counter. The median is the candidate's time. The inputs of the timed calls are
+   sent only when timing starts and alternate between `timing_input_sets` sets copied into the
+   same buffers, and the last timed output of each set is compared again, so caching outputs
+   across calls fails. Cross-check: the parent's own clock measures the whole timing request;
+   the reference, timed the same way, gives the loop's overhead; wall time not explained by the
+   claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed + slack) means the
+   candidate's clock was tampered with: status stays "correct", speedup is 0.0, timing_ok False,
+   candidate_ms is the parent's estimate, and the message says so.
+5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session.
+   Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
+   crash the supervisor kills the worker's process group, then every orphan that was reparented to
+   it (children that called setsid), and the parent finally sweeps /proc for processes carrying
+   the evaluation's tag in their environment. stdout/stderr go to files; only a bounded tail is
+   read. CPU workers get RLIMIT_AS; all workers get RLIMIT_FSIZE.
+
+What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
+processes of that uid, writing files outside its scratch dir (e.g. into the build cache), a cache
+keyed on sampled input values within the timing loop, lower precision that stays within the
+tolerance, and network access. Run the harness as an unprivileged user in a container for a hard
+boundary.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fcntl
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+_perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
+
+STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
+TAG_ENV = "KERNEL_EVAL_TAG"
+POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
+
+# aten ops a forward may run outside the extension: allocation, views, copies, metadata.
+ALLOWED_ATEN_OPS = frozenset("""
+empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like fill_ zero_
+copy_ clone _to_copy to contiguous view _unsafe_view reshape _reshape_alias view_as as_strided
+expand expand_as permute transpose t unsqueeze squeeze select slice narrow detach alias lift_fresh
+lift_fresh_copy resize_ split split_with_sizes chunk unbind flatten set_ _local_scalar_dense item
+is_same_size sym_size sym_stride sym_numel sym_storage_offset record_stream is_nonzero
+_has_compatible_shallow_copy_type unsafe_split dim size stride numel is_contiguous
+""".split())
+
+
+@dataclass
+class EvalConfig:
+    n_correct_trials: int = 5
+    gpu_warmup: int = 10
+    gpu_trials: int = 100
+    cpu_warmup: int = 1
+    cpu_trials: int = 5
+    timing_input_sets: int = 2
+    # (atol, rtol) per output dtype; KernelBench v0 and Kevin used 1e-2 in fp32.
+    tolerances: dict = field(default_factory=lambda: {
+        "float32": (1e-2, 1e-2), "float64": (1e-2, 1e-2), "float16": (1e-2, 1e-2),
+        "bfloat16": (2e-2, 2e-2)})
+    compile_timeout_s: float = 600.0
+    load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
+    check_timeout_s: float = 120.0
+    time_timeout_s: float = 300.0
+    cache_root: str = os.environ.get("KERNEL_EVAL_CACHE",
+                                     os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
+    scratch_root: str | None = None  # None: the system temp dir
+    max_parallel_compiles: int = os.cpu_count() or 1
+    max_parallel_runs: int | None = None  # None: 4 on cuda, 1 on cpu (boot overlaps, GPU work does not)
+    build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
+    default_cflags: tuple = ("-O3",)
+    use_pch: bool = True
+    cuda_arch: str | None = None  # None: the device's own, e.g. "9.0"
+    op_check: bool = True
+    time_candidate: bool = True
+    cpu_threads: int | None = 1  # torch threads in CPU workers: C++ candidates are single-threaded,
+    # and on a shared CI box several OpenMP threads per worker thrash; None: torch's default
+    cpu_memory_limit_gb: float = 16.0
+    max_file_bytes: int = 256 << 20  # RLIMIT_FSIZE of run workers (bounds stdout floods on disk)
+    max_build_file_bytes: int = 4 << 30  # compile workers write objects and torch's .gch header
+    max_message_bytes: int = 8 << 30
+    cross_check_rel: float = 1.0
+    cross_check_abs_ms: float = 50.0
+    cross_check_overhead_frac: float = 0.5
+    l2_flush_bytes: int = 256 << 20
+    message_chars: int = 1500
+    keep_scratch: bool = False
+
+
+@dataclass
+class EvalResult:
+    status: str
+    compiled: bool = False
+    correct: bool = False
+    speedup: float = 0.0
+    ref_ms: float = 0.0
+    candidate_ms: float = 0.0
+    message: str = ""
+    timing_ok: bool = True
+    claimed_ms: float = 0.0  # the candidate process's own median, before the cross-check
+    wall_ms: float = 0.0  # the parent's clock over the timing request
+    ops: list = field(default_factory=list)  # aten compute ops seen in forward (when flagged)
+    seconds: dict = field(default_factory=dict)  # per phase
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+def source_hash(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
+
+
+def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
+    """The first useful lines of a compiler/traceback dump, for the model's feedback."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    lines = [re.sub(r"/\S*/(build|torch_extensions|kevalrun-[^/]*)/\S*?/", "", ln) for ln in lines]
+    lines = [ln for ln in lines if not ln.startswith(("ninja: build stopped", "[", "FAILED:"))
+             and "c++ -MMD" not in ln and "nvcc --generate" not in ln and " -c " not in ln[:200]]
+    picked, seen = [], set()
+    for i, ln in enumerate(lines):
+        if _ERROR_LINE.search(ln):
+            for j in range(max(0, i - 1), min(len(lines), i + 3)):
+                if j not in seen:
+                    seen.add(j)
+                    picked.append(lines[j])
+        if len(picked) >= max_lines:
+            break
+    if not picked:
+        picked = lines[-max_lines:]
+    out = "\n".join(picked[:max_lines])
+    return out if len(out) <= max_chars else out[: max_chars - 3] + "..."
+
+
+def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
+    return tolerances.get(dtype_name, tolerances.get("float32", (1e-2, 1e-2)))
+
+
+def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
+    """None if `cand` matches `ref` (lists of CPU tensors), else a short reason."""
+    import torch
+    if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
+        got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
+        return f"expected {len(ref)} output tensor(s), got {got}"
+    for k, (r, c) in enumerate(zip(ref, cand)):
+        name = f"output {k}" if len(ref) > 1 else "output"
+        if not isinstance(c, torch.Tensor):
+            return f"{name} is {type(c).__name__}, expected a tensor"
+        if tuple(c.shape) != tuple(r.shape):
+            return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
+        if c.dtype != r.dtype:
+            return f"{name} dtype {str(c.dtype).replace('torch.', '')}, expected {str(r.dtype).replace('torch.', '')}"
+        if not r.is_floating_point() and not r.is_complex():
+            if not torch.equal(c, r):
+                return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
+            continue
+        r64, c64 = r.double(), c.double()
+        r_bad, c_bad = ~torch.isfinite(r64), ~torch.isfinite(c64)
+        extra = c_bad & ~r_bad
+        if extra.any():
+            kind = "NaN" if torch.isnan(c64[extra]).any() else "Inf"
+            return f"{name} has {kind} at {extra.sum().item()} of {r.numel()} positions (unwritten memory?)"
+        if r_bad.any() and not torch.equal(c64[r_bad].nan_to_num(), r64[r_bad].nan_to_num()):
+            return f"{name}: non-finite values differ from the reference"
+        atol, rtol = tolerance_for(str(r.dtype).replace("torch.", ""), tolerances)
+        ok = r_bad | ((c64 - r64).abs() <= atol + rtol * r64.abs())
+        if not ok.all():
+            diff = (c64 - r64).abs()[~ok]
+            return (f"{name}: {(~ok).sum().item()} of {r.numel()} values outside tolerance "
+                    f"(atol={atol}, rtol={rtol}); max abs diff {diff.max().item():.4g}")
+    return None
+
+
+def flag_ops(ops: list) -> list:
+    """The compute operators among recorded aten op names ('aten::add' etc.)."""
+    flagged = []
+    for op in ops:
+        ns, _, base = op.partition("::")
+        if ns == "aten" and base not in ALLOWED_ATEN_OPS and base.rstrip("_") not in ALLOWED_ATEN_OPS:
+            flagged.append(op)
+    return sorted(set(flagged))
+
+
+def cross_check(claimed_times_ms: list, wall_ms: float, overhead_ms: float, cfg: EvalConfig) -> str | None:
+    """None if the parent's clock agrees with the candidate's claimed times, else the reason."""
+    claimed_sum = sum(claimed_times_ms)
+    median = statistics.median(claimed_times_ms) if claimed_times_ms else 0.0
+    if not claimed_times_ms or not all(math.isfinite(t) and t > 0 for t in claimed_times_ms):
+        return "timing: the candidate's clock reported non-positive or non-finite times"
+    unexplained = wall_ms - max(overhead_ms, 0.0) - claimed_sum
+    slack = cfg.cross_check_rel * claimed_sum + cfg.cross_check_abs_ms + cfg.cross_check_overhead_frac * max(overhead_ms, 0.0)
+    if unexplained > slack:
+        return (f"timing cross-check failed: claimed {median:.4g} ms/call ({claimed_sum:.1f} ms total) "
+                f"but the harness clock saw {wall_ms - max(overhead_ms, 0.0):.1f} ms of work")
+    return None
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+# ----------------------------------------------------------------------------- framed channel
+
+class ChannelError(RuntimeError):
+    pass
+
+
+class ChannelTimeout(ChannelError):
+    pass
+
+
+def _tensors_to_bytes(obj) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _bytes_to_tensors(data: bytes):
+    import torch
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class Channel:
+    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits."""
+
+    def __init__(self, read_fd: int, write_fd: int, max_bytes: int):
+        self.read_fd, self.write_fd, self.max_bytes = read_fd, write_fd, max_bytes
+        self.buf = bytearray()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+
+    def _fill(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ChannelTimeout("deadline")
+        ready, _, _ = select.select([self.read_fd], [], [], left)
+        if not ready:
+            raise ChannelTimeout("deadline")
+        try:
+            chunk = os.read(self.read_fd, 1 << 20)
+        except BlockingIOError:
+            return
+        if not chunk:
+            raise ChannelError("closed")
+        self.buf += chunk
+
+    def recv(self, deadline: float) -> tuple:
+        while b"\n" not in self.buf:
+            if len(self.buf) > 1 << 16:
+                raise ChannelError("malformed header")
+            self._fill(deadline)
+        line, _, rest = bytes(self.buf).partition(b"\n")
+        self.buf = bytearray(rest)
+        try:
+            msg = json.loads(line)
+        except ValueError as e:
+            raise ChannelError(f"malformed header: {_cut(repr(line), 60)}") from e
+        if not isinstance(msg, dict):
+            raise ChannelError("malformed header")
+        n = msg.get("nbytes", 0)
+        if not isinstance(n, int) or n < 0 or n > self.max_bytes:
+            raise ChannelError(f"payload of {n} bytes refused")
+        while len(self.buf) < n:
+            self._fill(deadline)
+        payload = bytes(self.buf[:n])
+        del self.buf[:n]
+        return msg, payload
+
+    def send(self, msg: dict, payload: bytes = b"", deadline: float | None = None) -> None:
+        data = json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload
+        view, sent = memoryview(data), 0
+        while sent < len(data):
+            left = (deadline or time.monotonic() + 60) - time.monotonic()
+            if left <= 0:
+                raise ChannelTimeout("deadline")
+            _, ready, _ = select.select([], [self.write_fd], [], left)
+            if not ready:
+                raise ChannelTimeout("deadline")
+            try:
+                sent += os.write(self.write_fd, view[sent: sent + (1 << 20)])
+            except BlockingIOError:
+                continue
+            except BrokenPipeError as e:
+                raise ChannelError("closed") from e
+
+
+def _child_send(fd: int, msg: dict, payload: bytes = b"") -> None:
+    data = json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload
+    view, sent = memoryview(data), 0
+    while sent < len(data):
+        sent += os.write(fd, view[sent:])
+
+
+def _child_recv(f) -> tuple:
+    line = f.readline()
+    if not line:
+        raise EOFError("parent closed the channel")
+    msg = json.loads(line)
+    payload = f.read(msg.get("nbytes", 0))
+    return msg, payload
+
+
+# ----------------------------------------------------------------------------- processes
+
+def _kill_tree_by_tag(tag: str) -> int:
+    """SIGKILL every process whose initial environment carries the tag; returns how many."""
+    needle = f"{TAG_ENV}={tag}".encode()
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def _children_of(pid: int) -> list:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(pid):
+            kids.append(int(entry))
+    return kids
+
+
+def _supervise(spec_json: str) -> int:
+    """Child subreaper: run the worker, then kill it and every orphan reparented to us."""
+    spec = json.loads(spec_json)
+    libc = __import__("ctypes").CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+    def limits():
+        import resource
+        os.setpgid(0, 0)
+        if spec.get("as_bytes"):
+            resource.setrlimit(resource.RLIMIT_AS, (spec["as_bytes"], spec["as_bytes"]))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (spec["fsize"], spec["fsize"]))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
+    with open(spec["stdout"], "wb") as out, open(spec["stderr"], "wb") as err:
+        worker = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                  pass_fds=tuple(spec["fds"]), env=spec["env"], preexec_fn=limits)
+    for fd in spec["fds"]:
+        os.close(fd)
+    code = None
+    while code is None and not stop["flag"]:
+        try:
+            code = worker.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(worker.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    quiet = 0
+    while quiet < 3:  # orphans that called setsid are reparented to us: kill until none are left
+        kids = _children_of(os.getpid())
+        for pid in kids:
+            for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+                try:
+                    kill()
+                except (ProcessLookupError, PermissionError):
+                    pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        quiet = quiet + 1 if not kids else 0
+        time.sleep(0.02)
+    if code is None:
+        code = worker.returncode if worker.returncode is not None else -signal.SIGKILL
+    with open(spec["code_file"], "w") as f:
+        f.write(str(code))
+    return 0
+
+
+class Worker:
+    """A worker process under its supervisor, with a framed channel to it."""
+
+    def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, cfg: EvalConfig, cpu: bool,
+                 fsize: int | None = None):
+        os.makedirs(scratch, exist_ok=True)
+        self.scratch, self.tag = scratch, secrets.token_hex(8)
+        cmd_r, cmd_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        env = dict(os.environ)
+        env.update(env_extra)
+        env[TAG_ENV] = self.tag
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["MALLOC_PERTURB_"] = POISON_MALLOC_PERTURB
+        argv = [sys.executable, os.path.abspath(__file__), "--_worker", mode,
+                "--cmd-fd", str(cmd_r), "--reply-fd", str(rep_w)] + args
+        self.stdout, self.stderr = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
+        self.code_file = os.path.join(scratch, "exit_code")
+        spec = {"argv": argv, "env": env, "fds": [cmd_r, rep_w], "stdout": self.stdout,
+                "stderr": self.stderr, "code_file": self.code_file, "fsize": fsize or cfg.max_file_bytes,
+                "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0}
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise", json.dumps(spec)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     pass_fds=(cmd_r, rep_w), start_new_session=True, env=env)
+        os.close(cmd_r)
+        os.close(rep_w)
+        self.channel = Channel(rep_r, cmd_w, cfg.max_message_bytes)
+        self.fds = (rep_r, cmd_w)
+
+    def exit_code(self) -> int | None:
+        try:
+            with open(self.code_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        _kill_tree_by_tag(self.tag)
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = ()
+
+    def tail(self, n: int = 2000) -> str:
+        parts = []
+        for path in (self.stderr, self.stdout):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    size = f.tell()
+                    f.seek(max(0, size - n))
+                    parts.append(f.read().decode(errors="replace"))
+            except OSError:
+                continue
+        return "\n".join(p for p in parts if p.strip())
+
+    def death_reason(self, phase: str) -> str:
+        if self.proc.poll() is None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        code = self.exit_code()
+        if code is None:
+            how = "closed its channel"
+        elif code < 0:
+            how = f"was killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else f"died (signal {-code})"
+        else:
+            how = f"exited with code {code}"
+        tail = trim_error(self.tail(), max_lines=6, max_chars=600)
+        return f"process {how} during {phase}" + (f":\n{tail}" if tail else "")
+
+
+# ----------------------------------------------------------------------------- worker side
+
+def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_pch: bool, fast_load: bool) -> dict:
+    """Force load_inline/load into per-hash build dirs; inject -O3 and the precompiled header."""
+    import inspect
+    import torch
+    import torch.utils.cpp_extension as ce
+
+    state = {"builds": 0, "build_error": None}
+    base_key = (torch.__version__, sys.version_info[:2], arch)
+    inline, load = ce.load_inline, ce.load
+
+    def fix_flags(args: dict, cuda: bool) -> None:
+        flags = list(args.get("extra_cflags") or [])
+        if not any(f.startswith("-O") for f in flags):
+            flags = list(default_cflags) + flags
+        args["extra_cflags"] = flags
+        if cuda:
+            cflags = list(args.get("extra_cuda_cflags") or [])
+            if not any(f.startswith("-O") for f in cflags):
+                cflags = ["-O3"] + cflags
+            args["extra_cuda_cflags"] = cflags
+
+    def run(fn, args):
+        try:
+            return fn(**args)
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+            state["build_error"] = f"{e}\n{getattr(e, 'output', '') or ''}"
+            raise
+
+    def patched_inline(*a, **kw):
+        args = inspect.signature(inline).bind(*a, **kw).arguments
+        cuda = bool(args.get("cuda_sources"))
+        fix_flags(args, cuda)
+        pch = (use_pch and not cuda and "use_pch" in inspect.signature(inline).parameters
+               and list(args["extra_cflags"]) == list(default_cflags) and not args.get("extra_include_paths"))
+        args["use_pch"] = bool(pch)
+        key = source_hash(base_key, sorted((k, v) for k, v in args.items() if k not in ("build_directory", "verbose")))
+        args["build_directory"] = os.path.join(cache_root, "build", key[:32])
+        os.makedirs(args["build_directory"], exist_ok=True)
+        built = os.path.join(args["build_directory"], args["name"] + ".so")
+        if fast_load and os.path.exists(built):
+            # the compile phase built exactly these sources here: import, skip ninja and the .gch check
+            return ce._import_module_from_library(args["name"], args["build_directory"], args.get("is_python_module", True))
+        state["builds"] += 1
+        if pch:
+            # torch keeps one .gch next to its headers: (re)build it under a lock, compile outside it
+            os.makedirs(os.path.join(cache_root, "locks"), exist_ok=True)
+            with open(os.path.join(cache_root, "locks", "pch.lock"), "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                run(ce._check_and_build_extension_h_precompiler_headers,
+                    {"extra_cflags": args["extra_cflags"], "extra_include_paths": args.get("extra_include_paths")})
+        return run(inline, args)
+
+    def patched_load(*a, **kw):
+        args = inspect.signature(load).bind(*a, **kw).arguments
+        sources = args["sources"] if isinstance(args["sources"], list) else [args["sources"]]
+        cuda = any(s.endswith((".cu", ".cuh")) for s in sources)
+        fix_flags(args, cuda)
+        contents = []
+        for s in sources:
+            with open(s, "rb") as f:
+                contents.append(hashlib.sha256(f.read()).hexdigest())
+        key = source_hash(base_key, contents, sorted((k, v) for k, v in args.items()
+                                                     if k not in ("build_directory", "verbose", "sources")))
+        args["build_directory"] = os.path.join(cache_root, "build", key[:32])
+        os.makedirs(args["build_directory"], exist_ok=True)
+        state["builds"] += 1
+        return run(load, args)
+
+    ce.load_inline, ce.load = patched_inline, patched_load
+    # load_inline(use_pch=False) deletes torch's shared .gch, which concurrent builds are using
+    ce.remove_extension_h_precompiler_headers = lambda: None
+    return state
+
+
+def _import_source(path: str, module_name: str):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _as_list(out) -> list:
+    import torch
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def _to_cpu(outs: list) -> list:
+    import torch
+    return [o.detach().to("cpu") if isinstance(o, torch.Tensor) else o for o in outs]
+
+
+def _worker_compile(a) -> None:
+    state = _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=False)
+    try:
+        _import_source(a.source, "candidate_module")
+        _child_send(a.reply_fd, {"ok": True, "builds": state["builds"]})
+    except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
+        if state["build_error"] is not None:
+            _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(state["build_error"])})
+        else:
+            _child_send(a.reply_fd, {"ok": False, "kind": "import",
+                                     "message": trim_error(traceback.format_exc())})
+
+
+def _worker_serve(a) -> None:
+    """Reference or candidate worker: load, then answer init / gen / run / time commands."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    cuda = a.device == "cuda"
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    Event = torch.cuda.Event if cuda else None
+    if a.threads:
+        torch.set_num_threads(int(a.threads))
+    if cuda:
+        torch.cuda.set_device(dev)
+    cmd_in = os.fdopen(a.cmd_fd, "rb")
+    reply = a.reply_fd
+    _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=True)
+
+    class OpRecorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    def to_dev(xs):
+        return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in xs]
+
+    def error(phase, exc_text):
+        _child_send(reply, {"error": trim_error(exc_text, max_lines=10), "phase": phase})
+
+    try:
+        module = _import_source(a.source, "reference_module" if a.mode == "ref" else "candidate_module")
+        cls = getattr(module, "Model" if a.mode == "ref" else "ModelNew")
+    except BaseException:  # noqa: BLE001
+        error("load", traceback.format_exc())
+        return
+    _child_send(reply, {"loaded": True})
+    model, flush = None, None
+    while True:
+        try:
+            msg, payload = _child_recv(cmd_in)
+        except EOFError:
+            return
+        nonce = msg.get("nonce")
+        cmd = msg.get("cmd")
+        try:
+            if cmd == "exit":
+                return
+            if cmd == "init":
+                init = module.get_init_inputs() if a.mode == "ref" else _bytes_to_tensors(payload)
+                torch.manual_seed(msg["seed"])
+                model = cls(*init).to(dev)
+                _child_send(reply, {"nonce": nonce}, _tensors_to_bytes(_to_cpu(list(init))) if a.mode == "ref" else b"")
+            elif cmd == "gen" and a.mode == "ref":
+                sets, outs = [], []
+                for seed in msg["seeds"]:
+                    torch.manual_seed(seed)
+                    xs = list(module.get_inputs())
+                    with torch.no_grad():
+                        out = _as_list(model(*to_dev(xs)))
+                    sync()
+                    sets.append(_to_cpu(xs))
+                    outs.append(_to_cpu(out))
+                _child_send(reply, {"nonce": nonce}, _tensors_to_bytes({"inputs": sets, "outputs": outs}))
+            elif cmd == "run":
+                sets = _bytes_to_tensors(payload)
+                poison_bytes = msg.get("poison_bytes", [])
+                outs, changed, ops = [], [], set()
+                for xs in sets:
+                    pristine = to_dev(xs)
+                    call = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+                    if cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
+                        blocks = [torch.full(((n + 3) // 4,), float("nan"), device=dev) for n in poison_bytes for _ in range(2)]
+                        del blocks
+                    sync()
+                    recorder = OpRecorder() if msg.get("op_check") else None
+                    with torch.no_grad():
+                        if recorder is not None:
+                            with recorder:
+                                out = _as_list(model(*call))
+                            ops |= recorder.ops
+                        else:
+                            out = _as_list(model(*call))
+                    sync()
+                    changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
+                                    if isinstance(p, torch.Tensor) and not torch.equal(p, c)])
+                    outs.append(_to_cpu(out))
+                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)},
+                            _tensors_to_bytes(outs))
+            elif cmd == "time":
+                sets = [to_dev(xs) for xs in _bytes_to_tensors(payload)]
+                warmup, trials = msg["warmup"], msg["trials"]
+                bufs = [x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]]
+
+                def load_set(i):
+                    for b, s in zip(bufs, sets[i % len(sets)]):
+                        if isinstance(b, torch.Tensor):
+                            b.copy_(s)
+
+                if cuda and flush is None:
+                    flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=dev)
+                times, last = [], [None] * len(sets)
+                with torch.no_grad():
+                    for i in range(warmup):
+                        load_set(i)
+                        model(*bufs)
+                    sync()
+                    for i in range(trials):
+                        load_set(i)
+                        if cuda:
+                            flush.zero_()
+                            sync()
+                            start, end = Event(enable_timing=True), Event(enable_timing=True)
+                            start.record()
+                            out = model(*bufs)
+                            sync()  # device-wide: work left on side streams is counted
+                            end.record()
+                            end.synchronize()
+                            times.append(start.elapsed_time(end))
+                        else:
+                            t0 = _perf_counter()
+                            out = model(*bufs)
+                            times.append((_perf_counter() - t0) * 1e3)
+                        last[i % len(sets)] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]
+                    sync()
+                _child_send(reply, {"nonce": nonce, "times": times}, _tensors_to_bytes([_to_cpu(o) for o in last]))
+            else:
+                error(cmd or "?", f"unknown command {cmd!r}")
+        except BaseException:  # noqa: BLE001 - candidate failures become a runtime_error verdict
+            error(cmd or "?", traceback.format_exc())
+            if cuda:
+                return  # CUDA errors are sticky: nothing after this can be trusted
+
+
+def _worker_main(argv: list) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--_worker", dest="mode", required=True)
+    p.add_argument("--cmd-fd", type=int, required=True)
+    p.add_argument("--reply-fd", type=int, required=True)
+    p.add_argument("--source", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--cache-root", required=True)
+    p.add_argument("--arch", default="")
+    p.add_argument("--cflags", default='["-O3"]')
+    p.add_argument("--use-pch", type=int, default=1)
+    p.add_argument("--threads", default="")
+    a = p.parse_args(argv)
+    a.use_pch = bool(a.use_pch)
+    if a.mode == "compile":
+        _worker_compile(a)
+    else:
+        _worker_serve(a)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown: candidate atexit hooks and threads do not matter
+
+
+# ----------------------------------------------------------------------------- parent side
+
+_device_locks: dict = {}
+_device_locks_guard = threading.Lock()
+_ref_cache_guard = threading.Lock()
+
+
+class _DeviceLock:
+    """At most one evaluation's device work at a time, across threads and processes."""
+
+    def __init__(self, cache_root: str, device: str):
+        with _device_locks_guard:
+            self.thread_lock = _device_locks.setdefault(device, threading.Lock())
+        os.makedirs(os.path.join(cache_root, "locks"), exist_ok=True)
+        name = "cpu" if device == "cpu" else "cuda" + _visible_device(device)
+        self.path = os.path.join(cache_root, "locks", f"device-{name}.lock")
+
+    def __enter__(self):
+        self.thread_lock.acquire()
+        self.file = open(self.path, "w")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+        self.thread_lock.release()
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _device_arch(device: str, cfg: EvalConfig) -> str:
+    if device == "cpu":
+        return ""
+    if cfg.cuda_arch:
+        return cfg.cuda_arch
+    import torch
+    idx = torch.device(device).index or 0
+    major, minor = torch.cuda.get_device_capability(idx)
+    return f"{major}.{minor}"
+
+
+def _visible_device(device: str) -> str:
+    import torch
+    idx = torch.device(device).index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return ids[idx] if idx < len(ids) else str(idx)
+    return str(idx)
+
+
+def _worker_args(src_path: str, device: str, cfg: EvalConfig, arch: str) -> list:
+    args = ["--source", src_path, "--device", "cuda" if device != "cpu" else "cpu",
+            "--cache-root", cfg.cache_root, "--arch", arch,
+            "--cflags", json.dumps(list(cfg.default_cflags)), "--use-pch", str(int(cfg.use_pch))]
+    if cfg.cpu_threads and device == "cpu":
+        args += ["--threads", str(cfg.cpu_threads)]
+    return args
+
+
+def _build_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dict:
+    env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
+    if device == "cpu" or compiling:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    return env
+
+
+def _scratch(cfg: EvalConfig, prefix: str) -> str:
+    root = cfg.scratch_root or tempfile.gettempdir()
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
+
+
+def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dict:
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
+    import torch
+    key = source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__,
+                      list(cfg.default_cflags), cfg.use_pch)
+    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
+    cached = _read_json(record_path)
+    if cached and cached.get("status") in ("ok", "compile_error"):
+        return dict(cached, seconds=0.0, cached=True)
+    t0 = time.monotonic()
+    scratch = _scratch(cfg, "kevalbuild-")
+    src_path = os.path.join(scratch, "candidate.py")
+    with open(src_path, "w") as f:
+        f.write(candidate_src)
+    worker = Worker("compile", _worker_args(src_path, device, cfg, arch), os.path.join(scratch, "w"),
+                    _build_env(device, arch, cfg, compiling=True), cfg, cpu=device == "cpu",
+                    fsize=cfg.max_build_file_bytes)
+    try:
+        msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
+        if msg.get("ok"):
+            record = {"status": "ok", "message": ""}
+        elif msg.get("kind") == "build":
+            record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
+        else:
+            record = {"status": "deferred", "message": str(msg.get("message", ""))}
+    except ChannelTimeout:
+        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
+    except ChannelError:
+        record = {"status": "deferred", "message": worker.death_reason("compile")}
+    finally:
+        worker.stop()
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if record["status"] in ("ok", "compile_error"):
+        _atomic_write_json(record_path, record)
+    return dict(record, seconds=time.monotonic() - t0, cached=False)
+
+
+class _Failure(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
+         deadline: float | None = None) -> tuple:
+    """Send a command, wait for the reply with the same nonce; failures become _Failure."""
+    deadline = deadline or time.monotonic() + timeout_s
+    nonce = secrets.token_hex(8)
+    try:
+        if msg:
+            worker.channel.send(dict(msg, nonce=nonce), payload, deadline)
+        while True:
+            reply, data = worker.channel.recv(deadline)
+            if "error" in reply:
+                raise _Failure("runtime_error", f"{who} failed during {phase}: {reply['error']}")
+            if not msg or reply.get("nonce") == nonce:
+                return reply, data
+    except ChannelTimeout as e:
+        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.0f} s)") from e
+    except ChannelError as e:
+        if str(e) != "closed":
+            raise _Failure("runtime_error", f"{who} wrote malformed data on the result channel during {phase} ({e})") from e
+        raise _Failure("runtime_error", f"{who} {worker.death_reason(phase)}") from e
+
+
+def _ref_time_cache(cfg: EvalConfig, key: str, value: dict | None = None) -> dict | None:
+    path = os.path.join(cfg.cache_root, "ref_times.json")
+    with _ref_cache_guard:
+        table = _read_json(path) or {}
+        if value is None:
+            return table.get(key)
+        table[key] = value
+        _atomic_write_json(path, table)
+        return value
+
+
+def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConfig, result: EvalResult) -> None:
+    import torch
+    cpu = device == "cpu"
+    warmup, trials = (cfg.cpu_warmup, cfg.cpu_trials) if cpu else (cfg.gpu_warmup, cfg.gpu_trials)
+    device_name = "cpu" if cpu else torch.cuda.get_device_name(torch.device(device).index or 0)
+    ref_key = source_hash("ref-time", ref_src, device_name, warmup, trials, cfg.timing_input_sets,
+                          cfg.cpu_threads if cpu else None, torch.__version__)
+    scratch = _scratch(cfg, "kevalrun-")
+    paths = {}
+    for name, src in (("reference", ref_src), ("candidate", candidate_src)):
+        paths[name] = os.path.join(scratch, name, f"{name}.py")
+        os.makedirs(os.path.dirname(paths[name]))
+        with open(paths[name], "w") as f:
+            f.write(src)
+    env = _build_env(device, arch, cfg, compiling=False)
+    ref = Worker("ref", _worker_args(paths["reference"], device, cfg, arch), os.path.join(scratch, "reference"), env, cfg, cpu)
+    cand = Worker("cand", _worker_args(paths["candidate"], device, cfg, arch), os.path.join(scratch, "candidate"), env, cfg, cpu)
+    seeds = [secrets.randbits(62) for _ in range(cfg.n_correct_trials + cfg.timing_input_sets)]
+    init_seed = secrets.randbits(31)
+    t0 = time.monotonic()
+    try:
+        _ask(ref, "reference", "load", cfg.load_timeout_s, {})
+        _ask(cand, "candidate", "load", cfg.load_timeout_s, {})
+        result.seconds["load"] = time.monotonic() - t0
+        with _DeviceLock(cfg.cache_root, device):
+            t1 = time.monotonic()
+            _, init_bytes = _ask(ref, "reference", "init", cfg.load_timeout_s, {"cmd": "init", "seed": init_seed})
+            _, data = _ask(ref, "reference", "check", cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds})
+            gen = _bytes_to_tensors(data)
+            ref_outs = gen["outputs"]
+            check_inputs = gen["inputs"][: cfg.n_correct_trials]
+            timing_inputs = gen["inputs"][cfg.n_correct_trials:]
+            timing_ref_outs = ref_outs[cfg.n_correct_trials:]
+            ref_timing = _ref_time_cache(cfg, ref_key)
+            if ref_timing is None and cfg.time_candidate:
+                msg = {"cmd": "time", "warmup": warmup, "trials": trials, "l2_flush_bytes": cfg.l2_flush_bytes}
+                w0 = time.monotonic()
+                reply, _ = _ask(ref, "reference", "time", cfg.time_timeout_s, msg, _tensors_to_bytes(timing_inputs))
+                wall = (time.monotonic() - w0) * 1e3
+                ref_timing = _ref_time_cache(cfg, ref_key, {
+                    "ms": statistics.median(reply["times"]), "overhead_ms": wall - sum(reply["times"])})
+            ref.stop()  # the reference's process is done before the candidate sees any input
+            if ref_timing:
+                result.ref_ms = ref_timing["ms"]
+            result.seconds["reference"] = time.monotonic() - t1
+
+            t2 = time.monotonic()
+            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": init_seed}, init_bytes)
+            poison = [o.numel() * o.element_size() for o in ref_outs[0] if isinstance(o, torch.Tensor)]
+            reply, data = _ask(cand, "candidate", "check", cfg.check_timeout_s,
+                               {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": poison},
+                               _tensors_to_bytes(check_inputs))
+            try:
+                cand_outs = _bytes_to_tensors(data)
+            except Exception as e:  # noqa: BLE001 - a malformed payload from the candidate is its failure
+                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {type(e).__name__}") from e
+            result.seconds["check"] = time.monotonic() - t2
+            flagged = flag_ops(reply.get("ops", [])) if cfg.op_check else []
+            if flagged:
+                result.ops = flagged
+                raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+                               + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+            if not isinstance(cand_outs, list) or len(cand_outs) != len(check_inputs):
+                raise _Failure("runtime_error", "candidate returned a malformed set of outputs")
+            for t, (r, c) in enumerate(zip(ref_outs, cand_outs)):
+                changed = reply.get("changed", [[]] * len(check_inputs))[t]
+                reason = compare_outputs(r, c, cfg.tolerances)
+                if reason:
+                    raise _Failure("incorrect", f"trial {t + 1}/{len(check_inputs)}: {reason}")
+                if changed:
+                    raise _Failure("incorrect", f"forward modified its input(s) {changed} in place")
+            result.correct = True
+            if not cfg.time_candidate or not ref_timing:
+                return
+            t3 = time.monotonic()
+            msg = {"cmd": "time", "warmup": warmup, "trials": trials, "l2_flush_bytes": cfg.l2_flush_bytes}
+            w0 = time.monotonic()
+            reply, data = _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, _tensors_to_bytes(timing_inputs))
+            wall = (time.monotonic() - w0) * 1e3
+            result.seconds["time"] = time.monotonic() - t3
+        try:
+            timed_outs = _bytes_to_tensors(data)
+            times = [float(x) for x in reply["times"]]
+        except Exception as e:  # noqa: BLE001
+            raise _Failure("runtime_error", f"candidate returned unreadable timing: {type(e).__name__}") from e
+        if len(times) != trials:
+            raise _Failure("runtime_error", f"candidate returned {len(times)} timings, expected {trials}")
+        for s, (r, c) in enumerate(zip(timing_ref_outs, timed_outs)):
+            reason = compare_outputs(r, c, cfg.tolerances)
+            if reason:
+                result.correct = False
+                raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+        result.claimed_ms = statistics.median(times)
+        result.wall_ms = wall
+        problem = cross_check(times, wall, ref_timing["overhead_ms"], cfg)
+        if problem:
+            result.timing_ok = False
+            result.candidate_ms = max(wall - ref_timing["overhead_ms"], 0.0) / trials
+            result.speedup = 0.0
+            result.message = problem + "; speedup not rewarded"
+        else:
+            result.candidate_ms = result.claimed_ms
+            result.speedup = result.ref_ms / result.candidate_ms
+            result.message = f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms candidate ({result.speedup:.3g}x)"
+    finally:
+        ref.stop()
+        cand.stop()
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _evaluate_one(ref_src, candidate_src, device, arch, cfg, compile_record) -> EvalResult:
+    result = EvalResult(status="runtime_error")
+    result.seconds["compile"] = compile_record.get("seconds", 0.0)
+    if compile_record["status"] == "compile_error":
+        result.status, result.message = "compile_error", "compilation failed:\n" + compile_record["message"]
+        return result
+    if compile_record["status"] == "timeout":
+        result.status, result.message = "timeout", compile_record["message"]
+        return result
+    result.compiled = compile_record["status"] == "ok"
+    try:
+        _run(ref_src, candidate_src, device, arch, cfg, result)
+        result.compiled = True
+        result.status = "correct" if result.correct else "incorrect"
+        if result.correct and not result.message:
+            result.message = "correct (not timed)"
+    except _Failure as f:
+        result.status, result.message, result.correct, result.speedup = f.status, f.message, False, 0.0
+    if result.status != "correct":
+        result.speedup, result.correct = 0.0, False
+    result.message = _cut(result.message, cfg.message_chars)
+    return result
+
+
+def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, one device run at a time."""
+    config = cfg.pop("config", None) or EvalConfig(**cfg)
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    arch = _device_arch(device, config)
+    results: list = [None] * len(pairs)
+    todo = []
+    for i, (ref_src, cand_src) in enumerate(pairs):
+        reason = precheck(cand_src) if precheck else None
+        if reason:
+            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars))
+        else:
+            todo.append(i)
+    if not todo:
+        return results
+    compile_pool = ThreadPoolExecutor(max_workers=max(1, config.max_parallel_compiles))
+    compiles: dict = {}
+    for i in todo:  # identical candidates share one compile
+        src = pairs[i][1]
+        if src not in compiles:
+            compiles[src] = compile_pool.submit(_compile, src, device, arch, config)
+    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 4)
+    run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
+
+    def job(i):
+        t0 = time.monotonic()
+        record = compiles[pairs[i][1]].result()
+        res = _evaluate_one(pairs[i][0], pairs[i][1], device, arch, config, record)
+        res.seconds["run_wait"] = time.monotonic() - t0
+        return res
+
+    futures = {run_pool.submit(job, i): i for i in todo}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(futures), desc="kernel_eval")
+    try:
+        for fut in futures:
+            results[futures[fut]] = fut.result()
+            if bar:
+                bar.update(1)
+    finally:
+        if bar:
+            bar.close()
+        run_pool.shutdown()
+        compile_pool.shutdown()
+    return results
+
+
+def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
+    """One verdict; see the module docstring for the phases."""
+    return evaluate_batch([(ref_src, candidate_src)], device=device, precheck=precheck, **cfg)[0]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Evaluate a candidate kernel against a KernelBench-format reference.")
+    p.add_argument("reference")
+    p.add_argument("candidate")
+    p.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trials", type=int, default=None, help="timed calls (default: 100 on cuda, 5 on cpu)")
+    p.add_argument("--no-time", action="store_true", help="check correctness only")
+    p.add_argument("--cache-root", default=None)
+    a = p.parse_args(argv)
+    srcs = []
+    for path in (a.reference, a.candidate):
+        if not os.path.isfile(path):
+            p.error(f"no such file: {path}")
+        with open(path) as f:
+            srcs.append(f.read())
+    cfg = {"time_candidate": not a.no_time}
+    if a.cache_root:
+        cfg["cache_root"] = a.cache_root
+    if a.trials:
+        cfg["cpu_trials" if a.device == "cpu" else "gpu_trials"] = a.trials
+    result = evaluate(srcs[0], srcs[1], device=a.device, **cfg)
+    if a.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(f"status: {result.status}  compiled: {result.compiled}  correct: {result.correct}  "
+              f"speedup: {result.speedup:.3f}  ref_ms: {result.ref_ms:.4g}  candidate_ms: {result.candidate_ms:.4g}")
+        print(result.message)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--_supervise":
+        sys.exit(_supervise(sys.argv[2]))
+    if len(sys.argv) > 2 and sys.argv[1] == "--_worker":
+        _worker_main(sys.argv[1:])
+    sys.exit(main())
