@@ -181,27 +181,36 @@ class _ChunkedLinearTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
+        # Backward walks the vocabulary in blocks, each block over all tokens: the weight gradient of
+        # a block is then one matmul over every token (one rounding, no accumulator of the weight's
+        # size), and only the hidden gradient, tokens x d, is summed over blocks, in fp32.
         hidden, weight, targets, lse = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        # The weight gradient sums over every chunk: accumulate in fp32, or a bf16 accumulator
-        # would round once per chunk (hundreds of times for a long batch).
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        n, vocab = hidden.shape[0], weight.shape[0]
+        block = max(1, ctx.rows * vocab // max(n, 1))  # a (tokens x block) tile as big as a forward chunk
+        grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
         g = grad_logp.float()
-        for start in range(0, hidden.shape[0], ctx.rows):
-            end = min(start + ctx.rows, hidden.shape[0])
-            h = hidden[start:end]
-            g_chunk = g[start:end].unsqueeze(1)
-            p = (h @ weight.t()).float().sub_(lse[start:end].unsqueeze(1)).exp_()
-            p.mul_(-g_chunk).scatter_add_(1, targets[start:end].unsqueeze(1), g_chunk)
+        # Tokens sorted by target, so each block finds the tokens whose target it holds without a
+        # device sync per block.
+        order = torch.argsort(targets)
+        block_starts = torch.arange(0, vocab + block, block, device=targets.device)
+        bounds = torch.searchsorted(targets[order], block_starts).tolist()
+        for b, v0 in enumerate(range(0, vocab, block)):
+            v1 = min(v0 + block, vocab)
+            w = weight[v0:v1]
+            p = (hidden @ w.t()).float().sub_(lse.unsqueeze(1)).exp_()  # softmax over this block
+            p.mul_(-g.unsqueeze(1))
+            rows = order[bounds[b]:bounds[b + 1]]
+            p.index_put_((rows, targets[rows] - v0), g[rows], accumulate=True)  # + g at the target
             grad_logits = p.to(hidden.dtype)
             del p
-            if need_hidden:
-                grad_hidden[start:end] = grad_logits @ weight
             if need_weight:
-                grad_weight.add_(grad_logits.t() @ h)
-        if need_weight:
-            grad_weight = grad_weight.to(weight.dtype)
+                grad_weight[v0:v1] = grad_logits.t() @ hidden
+            if need_hidden:
+                grad_hidden.add_(grad_logits @ w)
+        if need_hidden:
+            grad_hidden = grad_hidden.to(hidden.dtype)
         return grad_hidden, grad_weight, None, None, None
 
 
@@ -212,8 +221,8 @@ def linear_token_logprobs(hidden, weight, targets, chunk_size=None, *, return_en
     whose next token is trained, weight (vocab, d) the LM head weight (no bias: Llama/Qwen heads
     have none), targets (...) the next tokens. Per chunk of tokens it computes the logits, their
     log-sum-exp and the target log-prob, and backward recomputes each chunk's logits; so the memory
-    is chunk-sized, plus, in backward, an fp32 accumulator of the weight's shape and one temporary
-    of the weight's shape and dtype per chunk. The result equals token_logprobs(hidden @ weight.T).
+    is tile-sized (as many elements as a token_logprobs chunk), plus, in backward, an fp32
+    accumulator of the hidden gradient's shape. The result equals token_logprobs(hidden @ weight.T).
     Under FSDP the call must run while the head's weight is unsharded (inside the root module's
     forward, or with the head not sharded on its own).
 
