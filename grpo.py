@@ -15,7 +15,7 @@ the variants named below):
   larger upper clip lets unlikely tokens gain probability, which keeps entropy from collapsing.
 - Z, `policy_loss(aggregation=...)`: "seq_mean" = G · |o_i| (GRPO: mean over each sequence's
   tokens, then over sequences), "token_mean" = Σ_i |o_i| (DAPO §3.3: every token weighs the same),
-  "dr_grpo" = G · max_tokens (Dr. GRPO §3.1: a constant, so neither short correct answers nor long
+  "dr_grpo" = G · max_tokens (Dr. GRPO: a constant, so neither short correct answers nor long
   wrong ones are favoured). Z is the one for the whole optimizer step, not per micro-batch.
 - KL3, `policy_loss(kl_coef=β)`: Schulman's k3 estimator of KL(π_θ || π_ref)
   (http://joschu.net/blog/kl-approx.html), exp(ref - logp) - (ref - logp) - 1: unbiased, >= 0.
@@ -40,7 +40,7 @@ def group_advantages(returns, group_ids, scale_by_std=True, eps=1e-6) -> torch.T
 
     g is the group of sample i: GRPO (DeepSeekMath §4.1.2) normalises within the G outputs of one
     question; Kevin-32B groups all trajectories x turns of one task (pass the task id per sample);
-    a per-(task, turn) grouping is the key (task_id, turn). Dr. GRPO (arXiv 2503.20783, §3.1)
+    a per-(task, turn) grouping is the key (task_id, turn). Dr. GRPO (arXiv 2503.20783)
     drops the division by std (scale_by_std=False).
 
     std is the population std (divide by n, not n - 1): the group is the whole set being
@@ -294,37 +294,48 @@ def policy_loss(logprobs, old_logprobs, advantages, loss_mask, *, clip_low=0.2, 
         raise ValueError("policy_loss: kl_coef > 0 needs ref_logprobs")
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"policy_loss: clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(f"policy_loss: advantages shape {tuple(advantages.shape)} is neither (batch,) = "
+                         f"{tuple(logprobs.shape[:1])} nor (batch, tokens) = {tuple(logprobs.shape)}")
     mask = loss_mask.bool()
     adv = advantages.to(torch.float32)
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)
-    logprobs = logprobs.float()
-    log_ratio = logprobs - old_logprobs.detach().float()
+    # Positions outside the mask may hold anything (padding: inf, NaN). Replace them before any
+    # math: a `where` applied only at the end keeps NaN out of the loss but not out of backward
+    # (0 * NaN), whereas `where` on the inputs hands those positions an exact zero gradient.
+    zero = torch.zeros((), dtype=torch.float32, device=logprobs.device)
+    logprobs = torch.where(mask, logprobs.float(), zero)
+    log_ratio = logprobs - torch.where(mask, old_logprobs.detach().float(), zero)
     ratio = torch.exp(log_ratio)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
     token_loss = -surrogate
     kl_ref = None
     if ref_logprobs is not None:
-        ref_minus_logp = ref_logprobs.detach().float() - logprobs
+        ref_minus_logp = torch.where(mask, ref_logprobs.detach().float(), zero) - logprobs
         kl_ref = torch.exp(ref_minus_logp) - ref_minus_logp - 1.0
         if kl_coef > 0:
             token_loss = token_loss + kl_coef * kl_ref
-    # where, not multiply: positions outside the mask may hold inf or NaN (padding) and must not leak.
-    token_loss = torch.where(mask, token_loss, torch.zeros_like(token_loss))
+    token_loss = torch.where(mask, token_loss, zero)
     if aggregation == "seq_mean":
         numerator = (token_loss.sum(1) / mask.sum(1).clamp(min=1)).sum()
     else:
         numerator = token_loss.sum()
     if total is None:
         total = loss_denominator(mask, aggregation, max_tokens)
-    loss = numerator / total
+    if float(total) > 0:
+        loss = numerator / total
+    elif bool(mask.any()):
+        raise ValueError(f"policy_loss: total={float(total)} but this batch has {int(mask.sum())} masked tokens")
+    else:
+        loss = numerator * 0.0  # nothing to train anywhere: a zero loss (and zero gradient), not 0/0
 
     with torch.no_grad():
         n_tokens = int(mask.sum())
         denom = max(n_tokens, 1)
 
         def masked_mean(x):
-            return float(torch.where(mask, x.float(), torch.zeros((), device=x.device)).sum()) / denom
+            return float(torch.where(mask, x.float(), zero).sum()) / denom
 
         metrics = {
             "loss": float(loss),

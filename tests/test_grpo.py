@@ -233,14 +233,19 @@ def test_policy_loss_matches_naive(aggregation, kl_coef, per_token_adv):
     assert metrics["kl_ref"] == pytest.approx((d.exp() - d - 1).mean().item(), rel=1e-4)
 
 
-def test_policy_loss_ignores_nonfinite_values_outside_the_mask():
-    logprobs, old, adv, mask, _ = random_batch(11)
-    garbage = logprobs.detach().clone()
-    garbage[~mask] = float("-inf")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_policy_loss_ignores_nonfinite_values_outside_the_mask(bad):
+    logprobs, old, adv, mask, ref = random_batch(11)
+    clean_loss, clean_metrics = grpo.policy_loss(logprobs, old, adv, mask, max_tokens=8, kl_coef=0.1, ref_logprobs=ref)
+    clean_grad, = torch.autograd.grad(clean_loss, logprobs)
+    garbage, old_garbage, ref_garbage = (x.detach().clone() for x in (logprobs, old, ref))
+    for x in (garbage, old_garbage, ref_garbage):
+        x[~mask] = bad
     garbage.requires_grad_()
-    loss, _ = grpo.policy_loss(garbage, old, adv, mask, max_tokens=8)
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(garbage.grad).all()
+    loss, metrics = grpo.policy_loss(garbage, old_garbage, adv, mask, max_tokens=8, kl_coef=0.1, ref_logprobs=ref_garbage)
+    grad, = torch.autograd.grad(loss, garbage)
+    assert loss.item() == clean_loss.item() and torch.equal(grad, clean_grad)
+    assert metrics == clean_metrics
 
 
 def test_policy_loss_clip_fraction_counts():
@@ -286,6 +291,17 @@ def test_policy_loss_errors_name_the_problem():
         grpo.policy_loss(logprobs, old, adv, mask, max_tokens=8, kl_coef=0.1)
     with pytest.raises(ValueError, match="aggregation"):
         grpo.policy_loss(logprobs, old, adv, mask, aggregation="mean")
+    with pytest.raises(ValueError, match="advantages shape"):
+        grpo.policy_loss(logprobs, old, adv[:3], mask, max_tokens=8)
+    with pytest.raises(ValueError, match="total"):
+        grpo.policy_loss(logprobs, old, adv, mask, aggregation="token_mean", total=0.0)
+
+
+def test_policy_loss_with_no_masked_token_is_zero_not_nan():
+    logprobs, old, adv, mask, _ = random_batch(14)
+    loss, metrics = grpo.policy_loss(logprobs, old, adv, torch.zeros_like(mask), aggregation="token_mean")
+    grad, = torch.autograd.grad(loss, logprobs)
+    assert loss.item() == 0 and (grad == 0).all() and metrics["tokens"] == 0
 
 
 # ---------------------------------------------------------------- split batches: micro-batches and ranks
@@ -407,7 +423,9 @@ def toy_reward(completion, mask):
 def completion_logprobs(model, prompts, completion):
     """Log-probs of the completion tokens, running the LM head over completion positions only."""
     n_new = completion.shape[1]
-    logits = model(input_ids=torch.cat([prompts, completion], 1), logits_to_keep=n_new + 1).logits[:, :-1]
+    # transformers >= 4.50 calls it logits_to_keep, 4.46-4.49 num_logits_to_keep.
+    keep_kw = "logits_to_keep" if "logits_to_keep" in inspect.signature(model.forward).parameters else "num_logits_to_keep"
+    logits = model(input_ids=torch.cat([prompts, completion], 1), **{keep_kw: n_new + 1}).logits[:, :-1]
     return grpo.token_logprobs(logits, completion)
 
 
