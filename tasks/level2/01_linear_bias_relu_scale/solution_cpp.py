@@ -54,10 +54,10 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor w, torch::Tensor b, double 
 """
 
 _ext = load_inline(
-    name="l2_01_linear_bias_relu_scale_cpp",
+    name="builtin_l2_01_linear_bias_relu_scale_cpp",
     cpp_sources=CPP_SRC,
     functions=["forward"],
-    extra_cflags=["-O3", "-march=native"],
+    extra_cflags=["-O3"],
 )
 
 

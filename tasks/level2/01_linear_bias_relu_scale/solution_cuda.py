@@ -55,7 +55,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor w, torch::Tensor b, double 
 CPP_SRC = "torch::Tensor forward(torch::Tensor x, torch::Tensor w, torch::Tensor b, double scale);"
 
 _ext = load_inline(
-    name="l2_01_linear_bias_relu_scale_cuda",
+    name="builtin_l2_01_linear_bias_relu_scale_cuda",
     cpp_sources=CPP_SRC,
     cuda_sources=CUDA_SRC,
     functions=["forward"],

@@ -46,10 +46,10 @@ torch::Tensor forward(torch::Tensor a, torch::Tensor b) {
 """
 
 _ext = load_inline(
-    name="l2_02_matmul_gelu_cpp",
+    name="builtin_l2_02_matmul_gelu_cpp",
     cpp_sources=CPP_SRC,
     functions=["forward"],
-    extra_cflags=["-O3", "-march=native"],
+    extra_cflags=["-O3"],
 )
 
 

@@ -48,7 +48,7 @@ torch::Tensor forward(torch::Tensor a, torch::Tensor b) {
 CPP_SRC = "torch::Tensor forward(torch::Tensor a, torch::Tensor b);"
 
 _ext = load_inline(
-    name="l2_02_matmul_gelu_cuda",
+    name="builtin_l2_02_matmul_gelu_cuda",
     cpp_sources=CPP_SRC,
     cuda_sources=CUDA_SRC,
     functions=["forward"],
