@@ -121,6 +121,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=None, help="timed calls per candidate (default: kernel_eval's)")
     p.add_argument("--max-parallel-compiles", type=int, default=os.cpu_count())
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
+    p.add_argument("--light-headers", action="store_true",
+                   help="kernel_eval's light_cuda_headers: ATen headers instead of torch/extension.h in .cu units")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     language = "cpp" if a.device == "cpu" else "cuda"
@@ -129,7 +131,8 @@ def main() -> None:
     warmup = cfg.cpu_warmup if a.device == "cpu" else cfg.gpu_warmup
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
     candidates = make_candidates(tasks.load_builtin(os.path.join(ROOT, "tasks")), language, a.n_candidates)
-    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles}
+    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
+            "light_cuda_headers": a.light_headers}
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
     print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
 
@@ -181,7 +184,7 @@ def main() -> None:
     }
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows else float("nan")
     print()
-    print(f"| {a.device} | kernel_eval | naive serial |")
+    print(f"| {a.device}{' (light headers)' if a.light_headers else ''} | kernel_eval | naive serial |")
     print("|---|---|---|")
     print(f"| candidates (distinct, cold) | {n} | {fig['baseline_n']} |")
     print(f"| correct | {n_correct}/{n} | {fig['baseline_correct']}/{fig['baseline_n']} |")

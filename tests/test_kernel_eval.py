@@ -198,6 +198,30 @@ def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tm
     assert "-O3" in calls[-1]["extra_cuda_cflags"] and calls[-1]["use_pch"] is False
 
 
+def test_light_cuda_headers_rewrite_and_fall_back(monkeypatch, tmp_path):
+    import functools
+    import torch.utils.cpp_extension as ce
+    calls = []
+
+    def fake(**kw):
+        calls.append(kw)
+        if "ATen/ATen.h" in kw["cuda_sources"][0] and "needs_full_header" in kw["cuda_sources"][0]:
+            raise RuntimeError("error: 'torch::nn' has not been declared")
+        return kw["build_directory"]
+
+    monkeypatch.setattr(ce, "load_inline", functools.wraps(ce.load_inline)(fake))
+    monkeypatch.setattr(ce, "load", ce.load)
+    monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
+    ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False, light_cuda_headers=True)
+    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n__global__ void k() {}")
+    assert len(calls) == 1 and "torch/extension.h" not in calls[0]["cuda_sources"][0]
+    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
+    assert len(calls) == 3 and "torch/extension.h" in calls[2]["cuda_sources"]  # fell back to the original
+    assert os.path.exists(os.path.join(calls[1]["build_directory"], "FAILED"))
+    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
+    assert len(calls) == 4  # the failed light build is remembered, not retried
+
+
 def test_precheck_rejects_without_compiling(tmp_path):
     t0 = time.monotonic()
     result = ke.evaluate(REFERENCE, "print('no kernel')", device="cpu", cache_root=str(tmp_path),
@@ -245,7 +269,7 @@ def test_escaped_grandchild_is_killed(cpp_results):
     assert cpp_results["escaped_child"].status == "runtime_error"
     time.sleep(0.5)
     assert leftover_processes(b"keval-escapee") == []
-    assert leftover_processes(ke.TAG_ENV.encode()) == []  # no worker or supervisor left either
+    assert ke._children_of(os.getpid()) == []  # no supervisor (and so no worker) left either
 
 
 @pytest.mark.slow
@@ -313,3 +337,30 @@ def test_builtin_solutions_are_accepted_on_cuda(cache_root):
     results = ke.evaluate_batch(pairs, device="cuda", cache_root=cache_root, gpu_trials=30)
     bad = {t.task_id: (r.status, r.message) for t, r in zip(builtin, results) if r.status != "correct"}
     assert not bad, bad
+
+
+BROKEN_CPP = '''
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+ext = load_inline(name="ext", cpp_sources="torch::Tensor f(torch::Tensor x) { return undefined_thing(x); }",
+                  functions=["f"])
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+
+    def forward(self, x):
+        return ext.f(x)
+'''
+
+
+@pytest.mark.slow
+def test_compile_error_is_trimmed_and_cached(cache_root):
+    result = ke.evaluate(REFERENCE, BROKEN_CPP, device="cpu", cache_root=cache_root, **FAST)
+    assert result.status == "compile_error" and not result.compiled and result.speedup == 0.0
+    assert "undefined_thing" in result.message and "was not declared" in result.message
+    assert len(result.message.splitlines()) <= 14 and "c++ -MMD" not in result.message
+    again = ke._compile(BROKEN_CPP, "cpu", "", ke.EvalConfig(cache_root=cache_root))
+    assert again["status"] == "compile_error" and again["cached"]

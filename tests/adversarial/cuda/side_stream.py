@@ -11,11 +11,14 @@ CUDA_SRC = r"""
 #include <cuda_runtime.h>
 
 // Shared by every CUDA candidate of the adversarial suite, so the suite compiles once.
-__global__ void body(const float* in, float* out, int64_t n, float s, int spin) {
+__global__ void body(const float* in, float* out, int64_t n, float s, long long spin_cycles) {
     int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
+    if (spin_cycles > 0) {  // optional busy wait: a slow kernel with the same result
+        long long start = clock64();
+        while (clock64() - start < spin_cycles) {}
+    }
     float v = in[i];
-    for (int k = 0; k < spin; ++k) v = v * 1.0000001f - 1e-30f;  // optional busy work
     out[i] = (v > 0.f ? v : 0.f) * s + v;
 }
 
@@ -28,7 +31,7 @@ __global__ void bad_address(float* out) {
     p[threadIdx.x] = out[0];
 }
 
-static void launch(torch::Tensor x, torch::Tensor y, double scale, int spin, int64_t n, cudaStream_t stream) {
+static void launch(torch::Tensor x, torch::Tensor y, double scale, long long spin, int64_t n, cudaStream_t stream) {
     const int threads = 256;
     const int blocks = (int)((n + threads - 1) / threads);
     body<<<blocks, threads, 0, stream>>>(x.data_ptr<float>(), y.data_ptr<float>(), n, (float)scale, spin);
@@ -55,14 +58,14 @@ torch::Tensor relu_scale_add_side_stream(torch::Tensor x, double scale) {
     if (!side) cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
-    launch(xc, y, scale, 20000, xc.numel(), side);
+    launch(xc, y, scale, 20000000LL, xc.numel(), side);  // ~10 ms
     return y;
 }
 
 torch::Tensor relu_scale_add_slow(torch::Tensor x, double scale) {
     auto xc = x.contiguous();
     auto y = torch::empty_like(xc);
-    launch(xc, y, scale, 20000, xc.numel(), at::cuda::getCurrentCUDAStream());
+    launch(xc, y, scale, 20000000LL, xc.numel(), at::cuda::getCurrentCUDAStream());  // ~10 ms
     return y;
 }
 
