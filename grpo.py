@@ -56,7 +56,8 @@ def group_advantages(returns, group_ids, scale_by_std=True, eps=1e-6) -> torch.T
         raise ValueError(f"group_advantages: returns must be 1-D, got shape {tuple(returns.shape)}")
     if isinstance(group_ids, torch.Tensor):
         if group_ids.shape != returns.shape:
-            raise ValueError(f"group_advantages: group_ids shape {tuple(group_ids.shape)} != returns shape {tuple(returns.shape)}")
+            raise ValueError(f"group_advantages: group_ids shape {tuple(group_ids.shape)} "
+                             f"!= returns shape {tuple(returns.shape)}")
         _, group_index = torch.unique(group_ids, return_inverse=True)
     else:
         group_ids = list(group_ids)
@@ -118,7 +119,8 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             # copy=True: for fp32 logits .float() would return the input itself, and the in-place
             # ops of _chunk_logprobs would overwrite it.
             x = logits[start:end].to(torch.float32, copy=True)
-            logp[start:end], lse[start:end] = _chunk_logprobs(x, targets[start:end], entropy[start:end] if want_entropy else None)
+            entropy_out = entropy[start:end] if want_entropy else None
+            logp[start:end], lse[start:end] = _chunk_logprobs(x, targets[start:end], entropy_out)
             del x  # before the next chunk is allocated, or two chunks are alive at once
         ctx.save_for_backward(logits, targets, lse)
         ctx.rows = rows
@@ -149,8 +151,9 @@ def token_logprobs(logits, targets, chunk_size=None, *, return_entropy=False):
     chunk_size: tokens per chunk; None picks CHUNK_ELEMENTS / vocab.
 
     Memory: backward keeps the input logits (no copy) and one fp32 number per token; the fp32
-    temporary is one chunk (chunk_size x vocab x 4 bytes). The gradient w.r.t. the logits is itself a logits-sized
-    tensor in their dtype, as for any function of materialised logits. A logits tensor that cannot
+    temporary is one chunk (chunk_size x vocab x 4 bytes). The gradient w.r.t. the logits is
+    itself a logits-sized tensor in their dtype, as for any function of materialised logits (the
+    fused linear_token_logprobs avoids both). A logits tensor that cannot
     be viewed as (tokens, vocab) (a slice along the sequence with batch > 1) is copied once by
     reshape; pass a contiguous one to avoid that.
 
@@ -158,7 +161,8 @@ def token_logprobs(logits, targets, chunk_size=None, *, return_entropy=False):
     entropy -Σ p log p (fp32, detached: a metric, not a loss term).
     """
     if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"token_logprobs: logits shape {tuple(logits.shape)} does not match targets shape {tuple(targets.shape)} + (vocab,)")
+        raise ValueError(f"token_logprobs: logits shape {tuple(logits.shape)} does not match "
+                         f"targets shape {tuple(targets.shape)} + (vocab,)")
     vocab = logits.shape[-1]
     logp, entropy = _ChunkedTokenLogprobs.apply(
         logits.reshape(-1, vocab), targets.reshape(-1).long(), _rows_per_chunk(chunk_size, vocab), return_entropy)
@@ -180,7 +184,8 @@ class _ChunkedLinearTokenLogprobs(torch.autograd.Function):
             # The matmul runs in the model's dtype, as the LM head would, so the result equals
             # token_logprobs(lm_head(hidden)); the upcast comes after.
             x = (hidden[start:end] @ weight.t()).float()
-            logp[start:end], lse[start:end] = _chunk_logprobs(x, targets[start:end], entropy[start:end] if want_entropy else None)
+            entropy_out = entropy[start:end] if want_entropy else None
+            logp[start:end], lse[start:end] = _chunk_logprobs(x, targets[start:end], entropy_out)
             del x  # before the next chunk is allocated, or two chunks are alive at once
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.rows = rows
@@ -229,18 +234,21 @@ def linear_token_logprobs(hidden, weight, targets, chunk_size=None, *, return_en
     The fused LM head + log-prob: hidden (..., d) are the final hidden states at the positions
     whose next token is trained, weight (vocab, d) the LM head weight (no bias: Llama/Qwen heads
     have none), targets (...) the next tokens. Per chunk of tokens it computes the logits, their
-    log-sum-exp and the target log-prob, and backward recomputes each chunk's logits; so the memory
-    is one fp32 tile (as many elements as a token_logprobs chunk) and its bf16 copy, plus, in
-    backward, an fp32 accumulator of the hidden gradient's shape (tokens x d x 4 bytes). The result equals token_logprobs(hidden @ weight.T).
+    log-sum-exp and the target log-prob; backward recomputes the logits one tile (all tokens x a
+    block of the vocabulary) at a time. So the memory is one fp32 tile (as many elements as a token_logprobs chunk) and its bf16 copy, plus, in
+    backward, an fp32 accumulator of the hidden gradient's shape (tokens x d x 4 bytes).
+    The result equals token_logprobs(hidden @ weight.T).
     Under FSDP the call must run while the head's weight is unsharded (inside the root module's
     forward, or with the head not sharded on its own).
 
     chunk_size: tokens per chunk; None picks CHUNK_ELEMENTS / vocab. Returns like token_logprobs.
     """
     if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"linear_token_logprobs: hidden shape {tuple(hidden.shape)} does not match targets shape {tuple(targets.shape)} + (d,)")
+        raise ValueError(f"linear_token_logprobs: hidden shape {tuple(hidden.shape)} does not match "
+                         f"targets shape {tuple(targets.shape)} + (d,)")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"linear_token_logprobs: weight shape {tuple(weight.shape)} is not (vocab, {hidden.shape[-1]})")
+        raise ValueError(f"linear_token_logprobs: weight shape {tuple(weight.shape)} "
+                         f"is not (vocab, {hidden.shape[-1]})")
     logp, entropy = _ChunkedLinearTokenLogprobs.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(),
         _rows_per_chunk(chunk_size, weight.shape[0]), return_entropy)
