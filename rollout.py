@@ -183,36 +183,33 @@ class _SamplingDistribution:
 class _FinishRecorder:
     """A stopping criterion that records, per row, how many tokens were sampled when the row
     finished (EOS or a stop string), and the log-prob of each sampled token. The cut is what
-    generate itself did, so nothing is inferred afterwards from pad ids."""
+    generate itself did, so nothing is inferred afterwards from pad ids. Without stop strings
+    it stays on the device (no host sync per step)."""
 
     def __init__(self, prompt_width: int, n_rows: int, eos_ids: set[int], stop: Sequence[str],
                  tokenizer, distribution: _SamplingDistribution, device):
         self.prompt_width = prompt_width
         self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
         self.stop = [s for s in stop if s]
-        self.tail_tokens = max((len(s) for s in self.stop), default=0) + 8
+        # A character is at most 4 tokens (byte-level vocabularies split UTF-8), so a stop
+        # string completed by the last token lies within this many trailing tokens.
+        self.tail_tokens = 4 * max((len(s) for s in self.stop), default=0) + 4
         self.tokenizer = tokenizer
         self.distribution = distribution
-        self.length = [-1] * n_rows
+        self.length = torch.full((n_rows,), -1, dtype=torch.long, device=device)
         self.step_logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
         last = input_ids[:, -1]
-        self.step_logprobs.append(
-            self.distribution.log_probs.gather(1, last[:, None]).squeeze(1).cpu())
-        n_generated = input_ids.shape[1] - self.prompt_width
-        ended = torch.isin(last, self.eos_ids).tolist()
-        for row in range(input_ids.shape[0]):
-            if self.length[row] >= 0:
-                continue
-            hit = ended[row]
-            if not hit and self.stop:
-                tail = input_ids[row, max(self.prompt_width, input_ids.shape[1] - self.tail_tokens):]
-                text = self.tokenizer.decode(tail.tolist(), skip_special_tokens=False)
-                hit = any(s in text for s in self.stop)
-            if hit:
-                self.length[row] = n_generated
-        return torch.tensor([n >= 0 for n in self.length], dtype=torch.bool, device=input_ids.device)
+        self.step_logprobs.append(self.distribution.log_probs.gather(1, last[:, None]).squeeze(1))
+        hit = torch.isin(last, self.eos_ids)
+        if self.stop:
+            start = max(self.prompt_width, input_ids.shape[1] - self.tail_tokens)
+            tails = self.tokenizer.batch_decode(input_ids[:, start:].tolist(), skip_special_tokens=False)
+            hit |= torch.tensor([any(s in t for s in self.stop) for t in tails], device=hit.device)
+        newly = hit & (self.length < 0)
+        self.length = torch.where(newly, input_ids.shape[1] - self.prompt_width, self.length)
+        return self.length >= 0
 
 
 @contextlib.contextmanager
@@ -311,11 +308,12 @@ class HFEngine:
             generation_config=config, logits_processor=LogitsProcessorList([distribution]),
             stopping_criteria=StoppingCriteriaList([recorder]))
         generated = sequences[:, width:].cpu()
-        step_logprobs = torch.stack(recorder.step_logprobs, dim=1)
+        step_logprobs = torch.stack(recorder.step_logprobs, dim=1).cpu()
+        lengths = recorder.length.tolist()
         out = []
         for r in range(len(rows)):
-            finished = recorder.length[r] >= 0
-            length = recorder.length[r] if finished else generated.shape[1]
+            finished = lengths[r] >= 0
+            length = lengths[r] if finished else generated.shape[1]
             ids = generated[r, :length].tolist()
             out.append(Completion(
                 token_ids=ids, logprobs=step_logprobs[r, :length].tolist(),
@@ -361,8 +359,13 @@ def _vllm_model(llm):
 
 
 class VLLMEngine:
-    """A colocated vLLM per rank (torchrun, `distributed_executor_backend="external_launcher"`
-    when world size > 1), sleeping while the trainer holds the GPU.
+    """A colocated vLLM per rank, sleeping while the trainer holds the GPU. Under torchrun
+    pass `distributed_executor_backend="external_launcher"` and `seed=rank` (else every rank
+    samples the same completions) through the keyword arguments. One training step:
+
+        engine.wake_up(["weights"]); engine.sync_weights(model); engine.wake_up(["kv_cache"])
+        samples, stats = rollout(...)      # engine.generate inside
+        engine.sleep()                     # then the optimizer steps
 
     vLLM reports log-probs of the raw model distribution unless `logprobs_mode` (vLLM >= 0.10)
     says otherwise; pass it through `llm_kwargs` to match HFEngine's processed ones."""
@@ -399,8 +402,12 @@ class VLLMEngine:
         """Free the GPU for training: level 1 offloads weights to CPU, drops the KV cache."""
         self.llm.sleep(level=1)
 
-    def wake_up(self) -> None:
-        self.llm.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Waking the weights alone first lets sync_weights run before the KV cache returns."""
+        if tags:
+            self.llm.wake_up(tags=tags)
+        else:
+            self.llm.wake_up()
 
     def sync_weights(self, model: torch.nn.Module) -> int:
         """Stream the training model's full tensors into vLLM, one at a time; then drop the
@@ -519,13 +526,19 @@ ORACLE_RESPONSE = ("<think>\nOkay, the oracle answers with the task's own soluti
 
 def corrupt_solution(code: str) -> str:
     """A solution that still compiles and runs but computes the wrong numbers: every store
-    into the kernel's output gets +1 (`out[i] = v;` -> `out[i] = (v) + 1;`). Raises when the
-    source has no such store, rather than hand back something that may still be right."""
-    pattern = re.compile(r"(\b\w*(?:out|result|dst|y)\w*\s*\[[^\]]+\]\s*=(?!=))\s*([^;]+);", re.I)
-    corrupted, count = pattern.subn(r"\1 (\2) + 1;", code)
+    into an output-like array gets +1 (`out[i] = v;` -> `out[i] = (v) + 1;`), one line at a
+    time, comment lines left alone. Raises when there is no such store, rather than hand
+    back something that may still be right."""
+    store = re.compile(r"(\b\w*(?:out|result|dst|y)\w*\s*\[[^\]\n]+\]\s*=(?!=))\s*([^;\n]+);", re.I)
+    lines, count = [], 0
+    for line in code.split("\n"):
+        if not line.lstrip().startswith(("//", "#")):
+            line, n = store.subn(r"\1 (\2) + 1;", line)
+            count += n
+        lines.append(line)
     if count == 0:
         raise ValueError("corrupt_solution: found no output store like `out[i] = ...;` to corrupt")
-    return corrupted
+    return "\n".join(lines)
 
 
 class OracleEngine:
