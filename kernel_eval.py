@@ -135,7 +135,7 @@ class EvalConfig:
     cpu_memory_limit_gb: float = 16.0
     max_file_bytes: int = 256 << 20  # RLIMIT_FSIZE of run workers (bounds stdout floods on disk)
     max_build_file_bytes: int = 4 << 30  # compile workers write objects and torch's .gch header
-    max_message_bytes: int = 8 << 30
+    max_message_bytes: int = 2 << 30  # largest frame the parent accepts from a worker
     cross_check_rel: float = 1.0
     cross_check_abs_ms: float = 50.0
     cross_check_overhead_frac: float = 0.5
@@ -211,6 +211,8 @@ def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
         name = f"output {k}" if len(ref) > 1 else "output"
         if not isinstance(c, torch.Tensor):
             return f"{name} is {type(c).__name__}, expected a tensor"
+        if c.device.type != "cpu" or c.layout != torch.strided or type(c) is not torch.Tensor:
+            return f"{name} is not a plain dense tensor"
         if tuple(c.shape) != tuple(r.shape):
             return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
         if c.dtype != r.dtype:
@@ -607,19 +609,26 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
             # the compile phase built exactly these sources here: import, skip ninja and the .gch check
             return ce._import_module_from_library(args["name"], args["build_directory"], args.get("is_python_module", True))
         state["builds"] += 1
+        lock = None
         if pch:
-            # torch keeps one .gch next to its headers: (re)build it under a lock, compile outside it
-            os.makedirs(os.path.join(cache_root, "locks"), exist_ok=True)
-            with open(os.path.join(cache_root, "locks", "pch.lock"), "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                run(ce._check_and_build_extension_h_precompiler_headers,
-                    {"extra_cflags": args["extra_cflags"], "extra_include_paths": args.get("extra_include_paths")})
+            # torch keeps one .gch next to its own headers, for every user of this torch install:
+            # (re)build it holding an exclusive lock, then compile holding a shared one so that no
+            # kernel_eval process rewrites it while a build reads it.
+            lock = open(os.path.join(tempfile.gettempdir(), "kernel_eval-pch-"
+                                     + source_hash(os.path.dirname(torch.__file__))[:16] + ".lock"), "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            run(ce._check_and_build_extension_h_precompiler_headers,
+                {"extra_cflags": args["extra_cflags"], "extra_include_paths": args.get("extra_include_paths")})
+            fcntl.flock(lock, fcntl.LOCK_SH)
         try:
             return run(inline, args)
         except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
             if remember_failure:
                 open(failed_marker, "w").close()
             raise
+        finally:
+            if lock is not None:
+                lock.close()
 
     def patched_load(*a, **kw):
         args = inspect.signature(load).bind(*a, **kw).arguments
@@ -975,7 +984,11 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dic
         worker.stop()
         if not cfg.keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    if record["status"] in ("ok", "compile_error"):
+    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
+    deterministic = record["status"] == "ok" or (
+        record["status"] == "compile_error" and "error:" in record["message"]
+        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
+    if deterministic:
         _atomic_write_json(record_path, record)
     return dict(record, seconds=time.monotonic() - t0, cached=False)
 
@@ -1076,7 +1089,12 @@ def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConf
             except Exception as e:  # noqa: BLE001 - a malformed payload from the candidate is its failure
                 raise _Failure("runtime_error", f"candidate returned unreadable outputs: {type(e).__name__}") from e
             result.seconds["check"] = time.monotonic() - t2
-            flagged = flag_ops(reply.get("ops", [])) if cfg.op_check else []
+            ops, changed = reply.get("ops", []), reply.get("changed")
+            if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
+                    or not isinstance(changed, list) or len(changed) != len(check_inputs)
+                    or not all(isinstance(c, list) for c in changed)):
+                raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+            flagged = flag_ops(ops) if cfg.op_check else []
             if flagged:
                 result.ops = flagged
                 raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
@@ -1084,12 +1102,11 @@ def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConf
             if not isinstance(cand_outs, list) or len(cand_outs) != len(check_inputs):
                 raise _Failure("runtime_error", "candidate returned a malformed set of outputs")
             for t, (r, c) in enumerate(zip(ref_outs, cand_outs)):
-                changed = reply.get("changed", [[]] * len(check_inputs))[t]
                 reason = compare_outputs(r, c, cfg.tolerances)
                 if reason:
                     raise _Failure("incorrect", f"trial {t + 1}/{len(check_inputs)}: {reason}")
-                if changed:
-                    raise _Failure("incorrect", f"forward modified its input(s) {changed} in place")
+                if changed[t]:
+                    raise _Failure("incorrect", f"forward modified its input(s) {_cut(str(changed[t]), 40)} in place")
             result.correct = True
             if not cfg.time_candidate or not ref_timing:
                 return
@@ -1104,8 +1121,8 @@ def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConf
             times = [float(x) for x in reply["times"]]
         except Exception as e:  # noqa: BLE001
             raise _Failure("runtime_error", f"candidate returned unreadable timing: {type(e).__name__}") from e
-        if len(times) != trials:
-            raise _Failure("runtime_error", f"candidate returned {len(times)} timings, expected {trials}")
+        if len(times) != trials or not isinstance(timed_outs, list) or len(timed_outs) != len(timing_ref_outs):
+            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
         for s, (r, c) in enumerate(zip(timing_ref_outs, timed_outs)):
             reason = compare_outputs(r, c, cfg.tolerances)
             if reason:

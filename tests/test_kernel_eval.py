@@ -123,6 +123,8 @@ def test_compare_outputs_rejects_poison_shape_dtype_and_count():
     assert "dtype" in ke.compare_outputs([ref], [ref.half()], tol)
     assert "expected 1 output" in ke.compare_outputs([ref], [ref, ref], tol)
     assert "tensor" in ke.compare_outputs([ref], ["not a tensor"], tol)
+    assert "dense" in ke.compare_outputs([ref], [torch.empty(4, 8, device="meta")], tol)
+    assert "dense" in ke.compare_outputs([ref], [ref.to_sparse()], tol)
     assert ke.compare_outputs([ref], [ref.clone()], tol) is None
     ints = torch.arange(10)
     assert ke.compare_outputs([ints], [ints.clone()], tol) is None
