@@ -334,6 +334,38 @@ def _load_built(name: str, build_directory: str):
     return module
 
 
+def _private_pch(root: str, cflags: list[str], include_paths) -> str:
+    """A precompiled torch/extension.h for these flags, in our cache; returns the header to -include.
+
+    Same idea as load_inline(use_pch=True), but torch keeps one .gch inside its install and
+    rebuilds it (about a minute) whenever any process on the machine asks for other flags;
+    a header per flag set never thrashes. A .gch whose flags do not match is ignored by
+    gcc, so a mismatch costs time, never correctness.
+    """
+    import subprocess
+    import sysconfig
+
+    import torch
+    torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
+    compiler = os.environ.get("CXX", "c++")
+    flags = (["-I", torch_include, "-I", sysconfig.get_path("include"),
+              "-I", os.path.join(torch_include, "torch", "csrc", "api", "include")]
+             + [f"-I{p}" for p in include_paths or []]
+             + list(cflags) + ["-DTORCH_API_INCLUDE_EXTENSION_H", "-std=c++20", "-fPIC"])
+    key = hashlib.sha256(json.dumps([compiler, torch.__version__, flags]).encode()).hexdigest()[:16]
+    directory = os.path.join(root, "pch", key)
+    header = os.path.join(directory, "torch_extension.h")
+    if not os.path.isfile(header + ".gch"):
+        os.makedirs(directory, exist_ok=True)
+        with open(header, "w") as f:
+            f.write("#include <torch/extension.h>\n")
+        tmp = f"{header}.gch.{os.getpid()}.tmp"
+        subprocess.run([compiler, "-x", "c++-header", header, "-o", tmp] + flags, check=True,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        os.replace(tmp, header + ".gch")  # concurrent builders each write whole files
+    return header
+
+
 _patch_lock = threading.Lock()
 _patch = {"depth": 0, "original": None}
 
@@ -345,8 +377,8 @@ def fast_load_inline(device: str, root: str | None = None):
     Each distinct source gets its own build directory keyed by a hash of everything that
     changes the binary, so a rerun loads in milliseconds and two sources never share one;
     C++ gets -O3 when the source names no -O level (load_inline's default is -O0, which makes
-    CPU speedups meaningless); C++-only builds on CPU use the precompiled torch header.
-    Re-entrant across threads: the outermost entry installs the patch (with its device and
+    CPU speedups meaningless); C++-only builds on CPU include a precompiled torch header
+    (`_private_pch`) unless the source asks for torch's own `use_pch`. Re-entrant across threads: the outermost entry installs the patch (with its device and
     root), the last exit restores the original.
     """
     from torch.utils import cpp_extension
@@ -379,8 +411,9 @@ def _fast_wrapper(original, device: str, root: str | None):
         if not any(flag.startswith("-O") for flag in cflags):
             cflags.append("-O3")
         a["extra_cflags"] = cflags
-        if device == "cpu" and not a.get("cuda_sources"):
-            a["use_pch"] = True
+        if device == "cpu" and not a.get("cuda_sources") and not a.get("use_pch"):
+            header = _private_pch(root or cache_root(), cflags, a.get("extra_include_paths"))
+            cflags += ["-include", header]
         if a.get("build_directory") is None:
             key_fields = {k: v for k, v in a.items() if k not in ("verbose", "build_directory")}
             key_fields["torch"] = torch.__version__
@@ -585,6 +618,9 @@ def check_task(task: Task, device: str = "cpu", trials: int = 3, atol: float = 1
             got, sol_ms = timer(candidate, *given)
             ref_times.append(ref_ms)
             sol_times.append(sol_ms)
+            if len(_outputs(expected)) != len(_outputs(got)):
+                result.verdict = f"trial {trial}: {len(_outputs(got))} outputs, expected {len(_outputs(expected))}"
+                return result
             for x, y in zip(_outputs(expected), _outputs(got)):
                 if not torch.is_tensor(y) or x.shape != y.shape:
                     result.verdict = f"trial {trial}: output shape {getattr(y, 'shape', type(y))} != {tuple(x.shape)}"
@@ -614,18 +650,22 @@ def _fmt(x, spec) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def check_all(tasks: list[Task], device: str = "cpu", **kwargs) -> list[CheckResult]:
-    """check_task over `tasks` with a progress bar and a live table; errors become verdicts."""
+def check_all(tasks: list[Task], device: str = "cpu", build_workers: int = 1, **kwargs) -> list[CheckResult]:
+    """check_task over `tasks` with a progress bar and a live table; errors become verdicts.
+
+    `build_workers` solutions compile at once, ahead of the runs (a CUDA build is ~50 s of
+    mostly single-threaded nvcc, so a GPU host wants several; a 2-core CPU machine wants 1).
+    """
     from tqdm import tqdm
 
     width = max([len(t.task_id) for t in tasks] + [7])
     widths = [width, 5, 9, 9, 9, 7, 0]
     tqdm.write(_row(["problem", "level", "ref ms", "sol ms", "max err", "build s", "verdict"], widths))
-    # Solutions build on a background thread, ahead of the task being run: the compiler
+    # Solutions build on background threads, ahead of the task being run: the compiler
     # then overlaps the reference runs instead of adding to them. Only module-level code
     # runs there (load_inline); seeds, models and timing stay on this thread.
     cache_dir = kwargs.get("cache_dir")
-    with ThreadPoolExecutor(max_workers=1) as builder:
+    with ThreadPoolExecutor(max_workers=build_workers) as builder:
         builds = [builder.submit(build_solution, t, device, cache_dir) for t in tasks]
         return _check_in_order(tasks, builds, device, widths, kwargs)
 
@@ -681,6 +721,8 @@ def main(argv=None) -> int:
     check.add_argument("--atol", type=float, default=1e-2)
     check.add_argument("--rtol", type=float, default=1e-2)
     check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--build-workers", type=int, default=None,
+                       help="solutions compiled at once (default: 1 on cpu, 8 on cuda)")
     check.add_argument("--json", default=None, help="write the results here")
     check.add_argument("--write-times", default=None, help="write {task_id: ref_ms} here")
     export = sub.add_parser("export", help="write a task set as JSONL")
@@ -700,8 +742,9 @@ def main(argv=None) -> int:
     if not tasks:
         print(f"no task id contains {args.only!r}", file=sys.stderr)
         return 2
-    results = check_all(tasks, device=args.device, trials=args.trials, atol=args.atol,
-                        rtol=args.rtol, seed=args.seed)
+    workers = args.build_workers or (8 if args.device == "cuda" else 1)
+    results = check_all(tasks, device=args.device, build_workers=workers, trials=args.trials,
+                        atol=args.atol, rtol=args.rtol, seed=args.seed)
     failed = [r for r in results if not r.ok]
     print(f"{len(results) - len(failed)}/{len(results)} problems ok on {_device_name(args.device)}")
     if args.json:

@@ -6,11 +6,10 @@ cuda_source = r"""
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
 
-// float4 loads for the bulk, a scalar loop for the tail, grid-stride so any size works.
-__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n) {
+// float4 loads for the first n4 groups of four, scalar for the rest, grid-stride for any size.
+__global__ void relu_kernel(const float* __restrict__ x, float* __restrict__ y, int64_t n, int64_t n4) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t n4 = n / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     float4* y4 = reinterpret_cast<float4*>(y);
     for (int64_t i = start; i < n4; i += stride) {
@@ -31,9 +30,13 @@ torch::Tensor relu_forward(torch::Tensor x) {
     const int64_t n = x.numel();
     if (n == 0) return y;
     const int threads = 256;
-    const int64_t blocks = std::min<int64_t>((n / 4 + threads - 1) / threads + 1, 1 << 20);
+    // float4 access needs 16-byte alignment; a view with an odd offset takes the scalar path
+    const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr<float>()) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(y.data_ptr<float>()) % 16 == 0;
+    const int64_t n4 = aligned ? n / 4 : 0;
+    const int64_t blocks = std::min<int64_t>((std::max<int64_t>(n4, n - n4 * 4) + threads - 1) / threads, 1 << 20);
     relu_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        x.data_ptr<float>(), y.data_ptr<float>(), n);
+        x.data_ptr<float>(), y.data_ptr<float>(), n, n4);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return y;
 }
