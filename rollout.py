@@ -627,6 +627,11 @@ def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[s
     trajectory, then turn) and one stats dict per turn. `tasks` need `.task_id` and
     `.reference_src`; `evaluate_batch(pairs)` returns one result per (reference, candidate)
     pair with status/correct/speedup/message (kernel_eval.EvalResult or its dict)."""
+    if config.n_trajectories < 1 or config.n_turns < 1:
+        raise ValueError(f"RolloutConfig needs n_trajectories >= 1 and n_turns >= 1, got "
+                         f"{config.n_trajectories} and {config.n_turns}")
+    if config.return_mode not in ("sum", "max"):
+        raise ValueError(f"RolloutConfig.return_mode must be 'sum' or 'max', got {config.return_mode!r}")
     trajectories = [_Trajectory(t, g) for t in range(len(tasks)) for g in range(config.n_trajectories)]
     stats = []
     for turn in range(config.n_turns):
