@@ -2,7 +2,7 @@
 import torch
 import torch.nn as nn
 
-ROWS = 8192
+ROWS = 4096
 HIDDEN = 4096
 
 
