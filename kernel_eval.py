@@ -19,9 +19,9 @@ How one evaluation runs, and why
    cache_root/build/<sha256 of the call's sources, flags, torch version, python, arch>, so two
    candidates that both name their extension `ext` never load each other's library and a repeated
    kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag (load_inline alone builds
-   at -O0, which makes CPU speedups meaningless) and `use_pch=True` when the flags are the defaults
-   (torch keeps one precompiled header whose signature includes the flags, so mixed flags would
-   rebuild it for everyone). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the
+   at -O0, which makes CPU speedups meaningless), and, with `use_pch` on, torch's precompiled
+   header when the flags are the defaults (torch keeps one .gch whose signature includes the
+   flags, so mixed flags would rebuild it for everyone; off by default, see EvalConfig). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the
    compile worker. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
    Import errors that are not build errors are deferred to the run phase, which reports them.
 3. run, in two fresh processes started side by side: a trusted reference worker and the candidate
@@ -53,6 +53,18 @@ How one evaluation runs, and why
    it (children that called setsid), and the parent finally sweeps /proc for processes carrying
    the evaluation's tag in their environment. stdout/stderr go to files; only a bounded tail is
    read. CPU workers get RLIMIT_AS; all workers get RLIMIT_FSIZE.
+
+Verdicts: format_error (precheck), compile_error (a compiler diagnostic, trimmed to its first
+error lines), timeout (which phase), runtime_error (exception, crash signal, exit, malformed data
+on the channel, resource limit), incorrect (wrong values/shape/dtype, NaN or Inf, inputs written,
+a torch compute operator in forward, a wrong result from a timed call), correct. A timing
+cross-check failure keeps "correct" (the outputs were right) but pays no speedup.
+
+Shared state: torch keeps one precompiled header (.gch) per install; kernel_eval rebuilds it only
+under an exclusive file lock and compiles under a shared one, and disables torch's habit of
+deleting it on every build without use_pch. Compile results are cached per candidate hash
+(a compiler diagnostic too, but not a killed compiler), reference times per (reference, device,
+timing config) in cache_root/ref_times.json.
 
 What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
 processes of that uid, writing files outside its scratch dir (e.g. into the build cache), a cache
@@ -125,7 +137,10 @@ class EvalConfig:
     max_parallel_runs: int | None = None  # None: 4 on cuda, 1 on cpu (boot overlaps, GPU work does not)
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     default_cflags: tuple = ("-O3",)
-    use_pch: bool = True
+    # torch's precompiled header is one file per torch install that any other load_inline user
+    # deletes or rebuilds with other flags (seen on the shared CI box: builds stalled for minutes);
+    # turn on only where kernel_eval is the only builder (then C++ builds take ~15 s instead of ~30 s)
+    use_pch: bool = False
     light_cuda_headers: bool = False  # rewrite torch/extension.h in .cu sources to ATen headers (falls back)
     cuda_arch: str | None = None  # None: the device's own, e.g. "9.0"
     op_check: bool = True
@@ -135,7 +150,7 @@ class EvalConfig:
     cpu_memory_limit_gb: float = 16.0
     max_file_bytes: int = 256 << 20  # RLIMIT_FSIZE of run workers (bounds stdout floods on disk)
     max_build_file_bytes: int = 4 << 30  # compile workers write objects and torch's .gch header
-    max_message_bytes: int = 2 << 30  # largest frame the parent accepts from a worker
+    max_message_bytes: int = 16 << 30  # cap on a candidate's frame (also: 2x what the reference returned)
     cross_check_rel: float = 1.0
     cross_check_abs_ms: float = 50.0
     cross_check_overhead_frac: float = 0.5
@@ -1048,6 +1063,7 @@ def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConf
             f.write(src)
     env = _build_env(device, arch, cfg, compiling=False)
     ref = Worker("ref", _worker_args(paths["reference"], device, cfg, arch), os.path.join(scratch, "reference"), env, cfg, cpu)
+    ref.channel.max_bytes = 1 << 42  # the reference is trusted: its frames hold every trial's inputs and outputs
     cand = Worker("cand", _worker_args(paths["candidate"], device, cfg, arch), os.path.join(scratch, "candidate"), env, cfg, cpu)
     seeds = [secrets.randbits(62) for _ in range(cfg.n_correct_trials + cfg.timing_input_sets)]
     init_seed = secrets.randbits(31)
@@ -1081,6 +1097,9 @@ def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConf
             t2 = time.monotonic()
             _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": init_seed}, init_bytes)
             poison = [o.numel() * o.element_size() for o in ref_outs[0] if isinstance(o, torch.Tensor)]
+            # the candidate may send back what the reference did, with room for pickling overhead
+            cand.channel.max_bytes = min(cfg.max_message_bytes,
+                                         2 * max(len(check_inputs), len(timing_inputs)) * sum(poison) + (16 << 20))
             reply, data = _ask(cand, "candidate", "check", cfg.check_timeout_s,
                                {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": poison},
                                _tensors_to_bytes(check_inputs))
