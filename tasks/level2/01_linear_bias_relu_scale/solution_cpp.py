@@ -20,10 +20,13 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor w, torch::Tensor b, double 
     const float* wp = w.data_ptr<float>();
     const float* bp = b.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    std::vector<float> wt(K * N);  // wt[k, n] = w[n, k]
+    // wt[k, n] = w[n, k]; rows padded by 16 floats so a power-of-two N does not map
+    // every row of a block onto the same cache sets.
+    const int64_t ldw = N + 16;
+    std::vector<float> wt(K * ldw);
     for (int64_t n = 0; n < N; ++n)
-        for (int64_t k = 0; k < K; ++k) wt[k * N + n] = wp[n * K + k];
-    const int64_t BM = 64, BK = 256, BN = 512;
+        for (int64_t k = 0; k < K; ++k) wt[k * ldw + n] = wp[n * K + k];
+    const int64_t BM = 64, BK = 128, BN = 256;  // a 128 KB weight block stays in L2
     const float s = (float)scale;
     for (int64_t i0 = 0; i0 < M; i0 += BM) {
         const int64_t i1 = std::min(i0 + BM, M);
@@ -37,7 +40,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor w, torch::Tensor b, double 
                     float* yr = yp + i * N;
                     for (int64_t k = k0; k < k1; ++k) {
                         const float a = xp[i * K + k];
-                        const float* wr = wt.data() + k * N;
+                        const float* wr = wt.data() + k * ldw;
                         for (int64_t j = j0; j < j1; ++j) yr[j] += a * wr[j];
                     }
                 }

@@ -18,7 +18,7 @@ torch::Tensor forward(torch::Tensor a, torch::Tensor b) {
     const float* ap = a.data_ptr<float>();
     const float* bp = b.data_ptr<float>();
     float* cp = c.data_ptr<float>();
-    const int64_t BM = 64, BK = 256, BN = 512;
+    const int64_t BM = 64, BK = 128, BN = 256;  // a 128 KB weight block stays in L2
     for (int64_t i0 = 0; i0 < M; i0 += BM) {
         const int64_t i1 = std::min(i0 + BM, M);
         for (int64_t i = i0 * N; i < i1 * N; ++i) cp[i] = 0.f;

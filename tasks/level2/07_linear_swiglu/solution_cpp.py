@@ -21,13 +21,16 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2) {
     const float* w1p = w1.data_ptr<float>();
     const float* w2p = w2.data_ptr<float>();
     float* yp = y.data_ptr<float>();
-    std::vector<float> w1t(K * N), w2t(K * N);  // w?t[k, n] = w?[n, k]
+    // w?t[k, n] = w?[n, k]; rows padded by 16 floats so a power-of-two N does not map
+    // every row of a block onto the same cache sets.
+    const int64_t ldw = N + 16;
+    std::vector<float> w1t(K * ldw), w2t(K * ldw);
     for (int64_t n = 0; n < N; ++n)
         for (int64_t k = 0; k < K; ++k) {
-            w1t[k * N + n] = w1p[n * K + k];
-            w2t[k * N + n] = w2p[n * K + k];
+            w1t[k * ldw + n] = w1p[n * K + k];
+            w2t[k * ldw + n] = w2p[n * K + k];
         }
-    const int64_t BM = 32, BK = 128, BN = 256;  // two 128x256 weight tiles fit in L2
+    const int64_t BM = 32, BK = 128, BN = 256;  // both 128 KB weight blocks stay in L2
     std::vector<float> gate(BM * N), up(BM * N);
     for (int64_t i0 = 0; i0 < M; i0 += BM) {
         const int64_t i1 = std::min(i0 + BM, M);
@@ -42,8 +45,8 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor w1, torch::Tensor w2) {
                     float* ur = up.data() + (i - i0) * N;
                     for (int64_t k = k0; k < k1; ++k) {
                         const float a = xp[i * K + k];
-                        const float* b1 = w1t.data() + k * N;
-                        const float* b2 = w2t.data() + k * N;
+                        const float* b1 = w1t.data() + k * ldw;
+                        const float* b2 = w2t.data() + k * ldw;
                         for (int64_t j = j0; j < j1; ++j) {
                             gr[j] += a * b1[j];
                             ur[j] += a * b2[j];

@@ -15,10 +15,13 @@ CPP_SRC = r"""
 // y[m, n] = act(sum_k x[m, k] * w[n, k] + b[n]) for row-major x (M, K), w (N, K), y (M, N).
 static void linear(const float* x, const float* w, const float* b, float* y,
                    int64_t M, int64_t N, int64_t K, bool relu) {
-    std::vector<float> wt(K * N);  // wt[k, n] = w[n, k]
+    // wt[k, n] = w[n, k]; rows padded by 16 floats so a power-of-two N does not map
+    // every row of a block onto the same cache sets.
+    const int64_t ldw = N + 16;
+    std::vector<float> wt(K * ldw);
     for (int64_t n = 0; n < N; ++n)
-        for (int64_t k = 0; k < K; ++k) wt[k * N + n] = w[n * K + k];
-    const int64_t BM = 64, BK = 256, BN = 512;
+        for (int64_t k = 0; k < K; ++k) wt[k * ldw + n] = w[n * K + k];
+    const int64_t BM = 64, BK = 128, BN = 256;  // a 128 KB weight block stays in L2
     for (int64_t i0 = 0; i0 < M; i0 += BM) {
         const int64_t i1 = std::min(i0 + BM, M);
         for (int64_t i = i0; i < i1; ++i)
@@ -31,7 +34,7 @@ static void linear(const float* x, const float* w, const float* b, float* y,
                     float* yr = y + i * N;
                     for (int64_t k = k0; k < k1; ++k) {
                         const float a = x[i * K + k];
-                        const float* wr = wt.data() + k * N;
+                        const float* wr = wt.data() + k * ldw;
                         for (int64_t j = j0; j < j1; ++j) yr[j] += a * wr[j];
                     }
                 }

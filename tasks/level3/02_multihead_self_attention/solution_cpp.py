@@ -16,7 +16,7 @@ CPP_SRC = r"""
 // c[M, N] += a[M, K] @ b[K, N], all row-major with row strides lda, ldb, ldc.
 static void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                      int64_t M, int64_t N, int64_t K) {
-    const int64_t BM = 64, BK = 256, BN = 512;
+    const int64_t BM = 64, BK = 128, BN = 256;  // a 128 KB weight block stays in L2
     for (int64_t i0 = 0; i0 < M; i0 += BM)
         for (int64_t k0 = 0; k0 < K; k0 += BK)
             for (int64_t j0 = 0; j0 < N; j0 += BN) {
@@ -34,12 +34,15 @@ static void gemm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, f
 
 // y[M, N] = x[M, K] @ w[N, K]^T + bias[N]
 static void linear(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K) {
-    std::vector<float> wt(K * N);  // wt[k, n] = w[n, k]
+    // wt[k, n] = w[n, k]; rows padded by 16 floats so a power-of-two N does not map
+    // every row of a block onto the same cache sets.
+    const int64_t ldw = N + 16;
+    std::vector<float> wt(K * ldw);
     for (int64_t n = 0; n < N; ++n)
-        for (int64_t k = 0; k < K; ++k) wt[k * N + n] = w[n * K + k];
+        for (int64_t k = 0; k < K; ++k) wt[k * ldw + n] = w[n * K + k];
     for (int64_t i = 0; i < M; ++i)
         for (int64_t n = 0; n < N; ++n) y[i * N + n] = bias[n];
-    gemm_acc(x, K, wt.data(), N, y, N, M, N, K);
+    gemm_acc(x, K, wt.data(), ldw, y, N, M, N, K);
 }
 
 torch::Tensor forward(torch::Tensor x, torch::Tensor w_qkv, torch::Tensor b_qkv,
