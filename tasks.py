@@ -17,8 +17,8 @@ imported, and a loader never skips a file silently: a malformed file raises `Tas
 `split_tasks` gives the deterministic train / held-out split; Kevin-32B trains on 180 of the
 200 KernelBench level-1 and level-2 problems and holds out 20 (`n_heldout=20`).
 
-The checker proves each built-in problem is a fair benchmark: the reference runs, is slow
-enough to measure, its output is not degenerate (finite, spread well above the tolerance, not
+The checker proves each built-in problem is a fair benchmark: the reference runs and is timed,
+its output is not degenerate (finite, spread well above the tolerance, not
 zeros, and visibly changed when the tail of an input is zeroed, so a kernel that skips its
 last block fails), and the stored solution matches it on fresh random inputs:
 
@@ -378,7 +378,8 @@ def fast_load_inline(device: str, root: str | None = None):
     changes the binary, so a rerun loads in milliseconds and two sources never share one;
     C++ gets -O3 when the source names no -O level (load_inline's default is -O0, which makes
     CPU speedups meaningless); C++-only builds on CPU include a precompiled torch header
-    (`_private_pch`) unless the source asks for torch's own `use_pch`. Re-entrant across threads: the outermost entry installs the patch (with its device and
+    (`_private_pch`) unless the source asks for torch's own `use_pch`.
+    Re-entrant across threads: the outermost entry installs the patch (with its device and
     root), the last exit restores the original.
     """
     from torch.utils import cpp_extension

@@ -379,6 +379,9 @@ def test_fast_load_inline_rewrites_build_arguments(tmp_path, monkeypatch):
         return name
 
     monkeypatch.setattr(cpp_extension, "load_inline", fake_load_inline)
+    pch_requests = []
+    monkeypatch.setattr(tasks, "_private_pch", lambda root, cflags, include_paths: pch_requests.append(
+        (root, list(cflags))) or f"{root}/pch/{cflags[0]}/torch_extension.h")
     with tasks.fast_load_inline("cpu", str(tmp_path)):
         cpp_extension.load_inline(name="a", cpp_sources="int f();")
         cpp_extension.load_inline(name="a", cpp_sources="int g();")
@@ -388,8 +391,11 @@ def test_fast_load_inline_rewrites_build_arguments(tmp_path, monkeypatch):
         cpp_extension.load_inline(name="a", cpp_sources="int f();", cuda_sources="__global__ void k() {}")
     assert cpp_extension.load_inline is fake_load_inline
     f, g, o2, f_again, cuda = calls
-    assert f["cflags"] == ["-O3"] and o2["cflags"] == ["-O2"] and cuda["cflags"] == ["-O3"]
-    assert f["use_pch"] and not cuda["use_pch"]
+    # C++ on CPU includes a precompiled header built for exactly its flags; CUDA builds do not
+    assert f["cflags"] == ["-O3", "-include", f"{tmp_path}/pch/-O3/torch_extension.h"]
+    assert o2["cflags"] == ["-O2", "-include", f"{tmp_path}/pch/-O2/torch_extension.h"]
+    assert cuda["cflags"] == ["-O3"] and not any(c["use_pch"] for c in calls)
+    assert pch_requests[0] == (str(tmp_path), ["-O3"]) and len(pch_requests) == 4
     dirs = [c["build_directory"] for c in calls]
     assert all(d.startswith(os.path.join(str(tmp_path), "builds", "a_")) and os.path.isdir(d) for d in dirs)
     assert f_again["build_directory"] == f["build_directory"] and len(set(dirs)) == 4
