@@ -75,6 +75,7 @@ boundary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -629,19 +630,27 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
             # torch keeps one .gch next to its own headers, for every user of this torch install:
             # (re)build it holding an exclusive lock, then compile holding a shared one so that no
             # kernel_eval process rewrites it while a build reads it.
-            lock = open(os.path.join(tempfile.gettempdir(), "kernel_eval-pch-"
+            lock = open(os.path.join(PCH_LOCK_DIR or tempfile.gettempdir(), "kernel_eval-pch-"
                                      + source_hash(os.path.dirname(torch.__file__))[:16] + ".lock"), "a")
             fcntl.flock(lock, fcntl.LOCK_EX)
             run(ce._check_and_build_extension_h_precompiler_headers,
                 {"extra_cflags": args["extra_cflags"], "extra_include_paths": args.get("extra_include_paths")})
             fcntl.flock(lock, fcntl.LOCK_SH)
+        # torch's own lock in a build dir is a file that a killed build leaves behind, and every later
+        # build of that dir then waits forever; an flock dies with its holder, so hold one instead and
+        # clear a baton left by a build that no longer runs.
+        dir_lock = open(os.path.join(args["build_directory"], ".kernel_eval.lock"), "a")
         try:
+            fcntl.flock(dir_lock, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(args["build_directory"], "lock"))
             return run(inline, args)
         except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
             if remember_failure:
                 open(failed_marker, "w").close()
             raise
         finally:
+            dir_lock.close()
             if lock is not None:
                 lock.close()
 
@@ -667,6 +676,7 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
     return state
 
 
+PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)
 FULL_HEADER = "#include <torch/extension.h>"
 # What a .cu unit usually needs from torch/extension.h, without torch/all.h (nn, optim, autograd
 # API) and pybind11: DESIGN.md measured 16-18 s for slim ATen headers vs 49-51 s for the full one.

@@ -188,10 +188,13 @@ def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tm
     monkeypatch.setattr(ce, "load", ce.load)
     monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
     monkeypatch.setattr(ce, "_check_and_build_extension_h_precompiler_headers", lambda *a, **k: None)
+    monkeypatch.setattr(ke, "PCH_LOCK_DIR", str(tmp_path))
     ke._patch_cpp_extension(str(tmp_path), "", ["-O3"], use_pch=True, fast_load=False)
     dir_a = ce.load_inline("ext", "int a;", functions=["f"])
     dir_b = ce.load_inline("ext", "int b;", functions=["f"])
+    open(os.path.join(dir_a, "lock"), "w").close()  # torch's baton, left by a killed build
     dir_a2 = ce.load_inline("ext", "int a;", functions=["f"])
+    assert not os.path.exists(os.path.join(dir_a, "lock"))
     assert dir_a != dir_b and dir_a == dir_a2  # same name, different code: never the same library
     assert calls[0]["extra_cflags"] == ["-O3"] and calls[0]["use_pch"] is True
     ce.load_inline("ext", "int a;", extra_cflags=["-O1", "-march=native"])
@@ -214,6 +217,7 @@ def test_light_cuda_headers_rewrite_and_fall_back(monkeypatch, tmp_path):
     monkeypatch.setattr(ce, "load_inline", functools.wraps(ce.load_inline)(fake))
     monkeypatch.setattr(ce, "load", ce.load)
     monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
+    monkeypatch.setattr(ke, "PCH_LOCK_DIR", str(tmp_path))
     ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False, light_cuda_headers=True)
     ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n__global__ void k() {}")
     assert len(calls) == 1 and "torch/extension.h" not in calls[0]["cuda_sources"][0]
