@@ -21,32 +21,39 @@ How one evaluation runs, and why
    kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag (load_inline alone builds
    at -O0, which makes CPU speedups meaningless), and, with `use_pch` on, torch's precompiled
    header when the flags are the defaults (torch keeps one .gch whose signature includes the
-   flags, so mixed flags would rebuild it for everyone; off by default, see EvalConfig). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the
-   compile worker. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
+   flags, so mixed flags would rebuild it for everyone; off by default, see EvalConfig). TORCH_CUDA_ARCH_LIST is the
+   device's own arch; CUDA is hidden from the compile worker. With `light_cuda_headers` (the
+   default), .cu units are built first with slim ATen headers instead of torch/extension.h (most
+   of nvcc's time), and as written if that fails. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
    Import errors that are not build errors are deferred to the run phase, which reports them.
-3. run, in two fresh processes started side by side: a trusted reference worker and the candidate
-   worker. The reference worker draws inputs from seeds only the parent knows, computes the
-   reference outputs, and (once per (reference, device, timing config), cached on disk) times the
-   reference. The parent keeps the reference outputs; the candidate worker only ever receives
-   inputs and returns outputs, as data (length-prefixed torch.save frames on a pipe, loaded with
-   weights_only=True), never a verdict. All comparison happens in the parent. Outputs are poisoned
-   where unwritten: on GPU, blocks of each output's size are filled with NaN and freed just before
-   the call, so the caching allocator hands them to `torch.empty`; on CPU, MALLOC_PERTURB_ fills
-   every fresh allocation with 0x7f bytes (3.4e38 in fp32). Inputs are cloned per call and checked
-   unchanged. During the check trials a TorchDispatchMode records the aten operators the forward
-   runs (from Python or from inside the extension); a compute operator (mm, add, relu, conv, ...)
-   makes the verdict "incorrect" however it was spelled. That recorder lives in the candidate's
-   process, so it is defence in depth, not a boundary.
+3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
+   running only the task's own code): it draws inputs from seeds only the parent knows, shared by
+   every candidate of that task in the batch, writes them to two memory files (memfd: correctness
+   trials, timing sets) that the parent then seals read-only (F_SEAL_WRITE: no process, whatever
+   its uid, can change them afterwards), keeps the reference outputs on the device, and times the
+   reference once per (reference, device, timing config), cached on disk. Each candidate runs in
+   its own fresh worker, started (torch imported, CUDA context created) while its kernel compiles.
+   The candidate worker only ever receives inputs and writes outputs, as raw tensor bytes in a
+   memory file of its own (no pickle); the parent seals that file and hands it to the reference
+   session, which validates it and compares it with its own outputs on the device. Reference
+   outputs never exist in a candidate's process, and no verdict is computed there. Outputs are
+   poisoned where unwritten: on GPU, blocks of each output's size are filled with NaN and freed
+   just before the call, so the caching allocator hands them to `torch.empty`; on CPU,
+   MALLOC_PERTURB_ fills every fresh allocation with 0x7f bytes (3.4e38 in fp32). Inputs are cloned
+   per call and checked unchanged. During the check trials a TorchDispatchMode records the aten
+   operators the forward runs (from Python or from inside the extension); a compute operator (mm,
+   add, relu, conv, ...) makes the verdict "incorrect" however it was spelled. That recorder lives
+   in the candidate's process, so it is defence in depth, not a boundary.
 4. time: warm-up, then `trials` calls; on GPU each call is preceded by an L2 flush and bracketed
    by CUDA events with a device-wide synchronize before the end event (side-stream work counts);
-   on CPU by perf_counter. The median is the candidate's time. The inputs of the timed calls are
-   sent only when timing starts and alternate between `timing_input_sets` sets copied into the
-   same buffers, and the last timed output of each set is compared again, so caching outputs
-   across calls fails. Cross-check: the parent's own clock measures the whole timing request;
-   the reference, timed the same way, gives the loop's overhead; wall time not explained by the
-   claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed + slack) means the
-   candidate's clock was tampered with: status stays "correct", speedup is 0.0, timing_ok False,
-   candidate_ms is the parent's estimate, and the message says so.
+   on CPU by perf_counter. The median is the candidate's time. The timing sets' file is handed to
+   the candidate only when timing starts; the calls alternate between `timing_input_sets` sets
+   copied into the same buffers, and the last timed output of each set is compared again, so
+   caching outputs across calls fails. Cross-check: the parent's own clock measures the whole
+   timing request; the reference, timed the same way, gives the loop's overhead; wall time not
+   explained by the claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed +
+   slack) means the candidate's clock was tampered with: status stays "correct", speedup is 0.0,
+   timing_ok False, candidate_ms is the parent's estimate, and the message says so.
 5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session.
    Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
    crash the supervisor kills the worker's process group, then every orphan that was reparented to
@@ -88,6 +95,7 @@ import secrets
 import select
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -134,7 +142,9 @@ class EvalConfig:
     cache_root: str = os.environ.get("KERNEL_EVAL_CACHE",
                                      os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
     scratch_root: str | None = None  # None: the system temp dir
-    max_parallel_compiles: int = os.cpu_count() or 1
+    # None: every core on cpu (one C++ unit per build); cores / build_jobs on cuda (a build is a host
+    # unit and a .cu unit compiled side by side: more builds at once only slow each one down)
+    max_parallel_compiles: int | None = None
     max_parallel_runs: int | None = None  # None: 4 on cuda, 1 on cpu (boot overlaps, GPU work does not)
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     default_cflags: tuple = ("-O3",)
@@ -142,16 +152,16 @@ class EvalConfig:
     # deletes or rebuilds with other flags (seen on the shared CI box: builds stalled for minutes);
     # turn on only where kernel_eval is the only builder (then C++ builds take ~15 s instead of ~30 s)
     use_pch: bool = False
-    light_cuda_headers: bool = False  # rewrite torch/extension.h in .cu sources to ATen headers (falls back)
+    light_cuda_headers: bool = True  # .cu units with slim ATen headers first (falls back to the source as written)
     cuda_arch: str | None = None  # None: the device's own, e.g. "9.0"
     op_check: bool = True
     time_candidate: bool = True
     cpu_threads: int | None = 1  # torch threads in CPU workers: C++ candidates are single-threaded,
     # and on a shared CI box several OpenMP threads per worker thrash; None: torch's default
     cpu_memory_limit_gb: float = 16.0
-    max_file_bytes: int = 256 << 20  # RLIMIT_FSIZE of run workers (bounds stdout floods on disk)
+    max_file_bytes: int = 256 << 20  # stdout + stderr kept per worker; a worker that writes more is killed
     max_build_file_bytes: int = 4 << 30  # compile workers write objects and torch's .gch header
-    max_message_bytes: int = 16 << 30  # cap on a candidate's frame (also: 2x what the reference returned)
+    max_message_bytes: int = 16 << 30  # cap on a worker's files: RLIMIT_FSIZE, and outputs (also 2x the reference's)
     cross_check_rel: float = 1.0
     cross_check_abs_ms: float = 50.0
     cross_check_overhead_frac: float = 0.5
@@ -218,7 +228,8 @@ def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
 
 
 def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
-    """None if `cand` matches `ref` (lists of CPU tensors), else a short reason."""
+    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a
+    short reason."""
     import torch
     if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
         got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
@@ -233,6 +244,7 @@ def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
             return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
         if c.dtype != r.dtype:
             return f"{name} dtype {str(c.dtype).replace('torch.', '')}, expected {str(r.dtype).replace('torch.', '')}"
+        c = c.to(r.device)
         if not r.is_floating_point() and not r.is_complex():
             if not torch.equal(c, r):
                 return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
@@ -368,6 +380,115 @@ class Channel:
                 raise ChannelError("closed") from e
 
 
+# ----------------------------------------------------------------------------- tensor files
+# Bulk tensors (inputs, reference and candidate outputs: hundreds of MB per call on real tasks) do
+# not go through the pipe. They go through memory files (memfd): raw tensor bytes at 64-byte
+# aligned offsets, then a JSON index, its length and a magic tag. Readers map the file and view the
+# bytes in place (no copy, no pickle), and validate every offset, size and dtype first: a candidate
+# writes its own output file and may put anything in it. Input files are sealed read-only
+# (F_SEAL_WRITE) by the parent once written, so one copy serves every candidate of a task and no
+# candidate can change what a later one is given. Files are handed to workers over a Unix socket.
+
+TENSOR_FILE_MAGIC = b"KEVALTS1"
+TENSOR_FILE_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128",
+                      "int8", "int16", "int32", "int64", "uint8", "bool")
+TENSOR_FILE_ALIGN = 64
+
+
+def _write_all(fd: int, data) -> None:
+    view, sent = memoryview(data).cast("B"), 0
+    while sent < len(view):
+        sent += os.write(fd, view[sent: sent + (1 << 30)])
+
+
+def write_tensor_sets(fd: int, sets: list) -> None:
+    """Write lists of tensors (or JSON values such as ints) to an empty file, streaming."""
+    import torch
+    pos, index = 0, []
+    for values in sets:
+        entries = []
+        for v in values:
+            if not isinstance(v, torch.Tensor):
+                json.dumps(v)  # a value the index cannot hold fails here, loudly
+                entries.append({"value": v})
+                continue
+            t = v.detach().to("cpu").contiguous()
+            pad = -pos % TENSOR_FILE_ALIGN
+            _write_all(fd, bytes(pad))
+            pos += pad
+            nbytes = t.numel() * t.element_size()
+            if nbytes:
+                _write_all(fd, t.reshape(-1).view(torch.uint8).numpy())
+            entries.append({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
+                            "offset": pos, "nbytes": nbytes})
+            pos += nbytes
+        index.append(entries)
+    footer = json.dumps({"sets": index}).encode()
+    _write_all(fd, footer + len(footer).to_bytes(8, "little") + TENSOR_FILE_MAGIC)
+
+
+def read_tensor_sets(fd: int, max_bytes: int) -> list:
+    """The sets a tensor file holds, as CPU tensors viewing the mapped file (read-only: copy to
+    write). Raises ValueError on anything malformed."""
+    import mmap
+    import warnings
+    import torch
+    size = os.fstat(fd).st_size
+    if size < 16 or size > max_bytes:
+        raise ValueError(f"tensor file of {size} bytes (limit {max_bytes})")
+    mapped = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    if mapped[size - 8:] != TENSOR_FILE_MAGIC:
+        raise ValueError("not a tensor file")
+    n = int.from_bytes(mapped[size - 16: size - 8], "little")
+    data_end = size - 16 - n
+    if not 0 < n <= min(size - 16, 1 << 26):
+        raise ValueError("bad index length")
+    try:
+        index = json.loads(mapped[data_end: size - 16])
+    except ValueError as e:
+        raise ValueError("unreadable index") from e
+    sets = index.get("sets") if isinstance(index, dict) else None
+    if not isinstance(sets, list) or not all(isinstance(s, list) for s in sets):
+        raise ValueError("bad index")
+    out = []
+    for entries in sets:
+        values = []
+        for e in entries:
+            if not isinstance(e, dict):
+                raise ValueError("bad index entry")
+            if "value" in e:
+                values.append(e["value"])
+                continue
+            dtype, shape, offset, nbytes = e.get("dtype"), e.get("shape"), e.get("offset"), e.get("nbytes")
+            if (dtype not in TENSOR_FILE_DTYPES or not isinstance(shape, list) or len(shape) > 16
+                    or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape)
+                    or not isinstance(offset, int) or not isinstance(nbytes, int)
+                    or offset < 0 or offset % TENSOR_FILE_ALIGN or offset + nbytes > data_end):
+                raise ValueError("bad tensor entry")
+            dt = getattr(torch, dtype)
+            if nbytes != math.prod(shape) * torch.empty((), dtype=dt).element_size():
+                raise ValueError("tensor size does not match its shape")
+            if nbytes == 0:
+                values.append(torch.empty(shape, dtype=dt))
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "non-writable buffer": readers copy before writing
+                flat = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
+            values.append(flat.view(dt).view(shape))
+        out.append(values)
+    return out
+
+
+def _memfd(name: str) -> int:
+    return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+
+
+def _seal(fd: int) -> None:
+    """Make a memory file immutable for every holder; fails (EBUSY) while anyone maps it writable."""
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+
+
 def _child_send(fd: int, msg: dict, payload: bytes = b"") -> None:
     data = json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload
     view, sent = memoryview(data), 0
@@ -439,11 +560,37 @@ def _supervise(spec_json: str) -> int:
 
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
-    with open(spec["stdout"], "wb") as out, open(spec["stderr"], "wb") as err:
-        worker = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                  pass_fds=tuple(spec["fds"]), env=spec["env"], preexec_fn=limits)
-    for fd in spec["fds"]:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    worker = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                              pass_fds=tuple(spec["fds"]), env=spec["env"], preexec_fn=limits)
+    for fd in spec["fds"] + [out_w, err_w]:
         os.close(fd)
+    # stdout and stderr through pipes: kept up to a limit, and a worker that floods them is killed
+    # (RLIMIT_FSIZE cannot do this: it would also cap the memory files that carry tensors)
+    flooded = threading.Event()
+    written = [0]
+    guard = threading.Lock()
+
+    def drain(fd: int, path: str) -> None:
+        with open(path, "wb") as f:
+            while chunk := os.read(fd, 1 << 16):
+                with guard:
+                    keep = chunk[: max(0, spec["output_bytes"] - written[0])]
+                    written[0] += len(chunk)
+                if keep:
+                    f.write(keep)
+                    f.flush()
+                if len(keep) < len(chunk) and not flooded.is_set():
+                    flooded.set()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(worker.pid, signal.SIGKILL)
+        os.close(fd)
+
+    drains = [threading.Thread(target=drain, args=(out_r, spec["stdout"]), daemon=True),
+              threading.Thread(target=drain, args=(err_r, spec["stderr"]), daemon=True)]
+    for t in drains:
+        t.start()
     code = None
     while code is None and not stop["flag"]:
         try:
@@ -474,8 +621,10 @@ def _supervise(spec_json: str) -> int:
         time.sleep(0.02)
     if code is None:
         code = worker.returncode if worker.returncode is not None else -signal.SIGKILL
+    for t in drains:  # every writer is dead now: the pipes end
+        t.join(timeout=2)
     with open(spec["code_file"], "w") as f:
-        f.write(str(code))
+        f.write(f"{code}\n{'flooded' if flooded.is_set() else ''}")
     return 0
 
 
@@ -488,32 +637,45 @@ class Worker:
         self.scratch, self.tag = scratch, secrets.token_hex(8)
         cmd_r, cmd_w = os.pipe()
         rep_r, rep_w = os.pipe()
+        # file descriptors (memory files of tensors) travel over a socket, next to the command pipe
+        self.fd_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.fd_sock.settimeout(30)
         env = dict(os.environ)
         env.update(env_extra)
         env[TAG_ENV] = self.tag
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["MALLOC_PERTURB_"] = POISON_MALLOC_PERTURB
         argv = [sys.executable, os.path.abspath(__file__), "--_worker", mode,
-                "--cmd-fd", str(cmd_r), "--reply-fd", str(rep_w)] + args
+                "--cmd-fd", str(cmd_r), "--reply-fd", str(rep_w), "--fd-sock", str(child_sock.fileno())] + args
         self.stdout, self.stderr = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
         self.code_file = os.path.join(scratch, "exit_code")
-        spec = {"argv": argv, "env": env, "fds": [cmd_r, rep_w], "stdout": self.stdout,
-                "stderr": self.stderr, "code_file": self.code_file, "fsize": fsize or cfg.max_file_bytes,
+        self.output_bytes = cfg.max_file_bytes
+        spec = {"argv": argv, "env": env, "fds": [cmd_r, rep_w, child_sock.fileno()], "stdout": self.stdout,
+                "stderr": self.stderr, "code_file": self.code_file, "fsize": fsize or cfg.max_message_bytes,
+                "output_bytes": cfg.max_file_bytes,
                 "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0}
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise", json.dumps(spec)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     pass_fds=(cmd_r, rep_w), start_new_session=True, env=env)
+                                     pass_fds=(cmd_r, rep_w, child_sock.fileno()), start_new_session=True, env=env)
         os.close(cmd_r)
         os.close(rep_w)
+        child_sock.close()
         self.channel = Channel(rep_r, cmd_w, cfg.max_message_bytes)
         self.fds = (rep_r, cmd_w)
 
     def exit_code(self) -> int | None:
         try:
             with open(self.code_file) as f:
-                return int(f.read().strip())
-        except (OSError, ValueError):
+                return int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
             return None
+
+    def flooded(self) -> bool:
+        try:
+            with open(self.code_file) as f:
+                return "flooded" in f.read()
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -533,6 +695,13 @@ class Worker:
             except OSError:
                 pass
         self.fds = ()
+        self.fd_sock.close()
+
+    def send_fds(self, fds: list) -> None:
+        try:
+            socket.send_fds(self.fd_sock, [b"f"], fds)
+        except OSError as e:  # includes a timeout: a worker that stopped reading
+            raise ChannelError("closed") from e
 
     def tail(self, n: int = 2000) -> str:
         parts = []
@@ -554,7 +723,9 @@ class Worker:
             except subprocess.TimeoutExpired:
                 pass
         code = self.exit_code()
-        if code is None:
+        if self.flooded():
+            how = f"wrote more than {self.output_bytes >> 20} MiB to stdout/stderr and was killed"
+        elif code is None:
             how = "closed its channel"
         elif code < 0:
             how = f"was killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else f"died (signal {-code})"
@@ -599,15 +770,20 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
         args = inspect.signature(inline).bind(*a, **kw).arguments
         cuda = bool(args.get("cuda_sources"))
         fix_flags(args, cuda)
-        if light_cuda_headers and cuda:
-            light = dict(args)
-            sources = [light["cuda_sources"]] if isinstance(light["cuda_sources"], str) else list(light["cuda_sources"])
-            light["cuda_sources"] = [src.replace(FULL_HEADER, LIGHT_CUDA_HEADERS) for src in sources]
-            if light["cuda_sources"] != sources:
-                try:
-                    return build(light, cuda, remember_failure=True)
-                except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
-                    state["build_error"] = None  # the full header may still build it: fall back
+        if (light_cuda_headers and cuda and not args.get("no_implicit_headers")
+                and "no_implicit_headers" in inspect.signature(inline).parameters):
+            # no_implicit_headers: load_inline would put torch/types.h (autograd, library) at the top
+            # of every .cu unit; the host unit keeps torch/extension.h, which pybind11 needs
+            light = dict(args, no_implicit_headers=True)
+            cpp = [args["cpp_sources"]] if isinstance(args["cpp_sources"], str) else list(args["cpp_sources"])
+            cu = [args["cuda_sources"]] if isinstance(args["cuda_sources"], str) else list(args["cuda_sources"])
+            light["cpp_sources"] = [FULL_HEADER] + cpp
+            light["cuda_sources"] = [LIGHT_CUDA_HEADERS] + [
+                s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in cu]
+            try:
+                return build(light, cuda, remember_failure=True)
+            except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
+                state["build_error"] = None  # the full header may still build it: fall back
         return build(args, cuda)
 
     def build(args, cuda, remember_failure=False):
@@ -678,12 +854,28 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
 
 PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)
 FULL_HEADER = "#include <torch/extension.h>"
+TYPES_HEADER = "#include <torch/types.h>"
 # What a .cu unit usually needs from torch/extension.h, without torch/all.h (nn, optim, autograd
-# API) and pybind11: DESIGN.md measured 16-18 s for slim ATen headers vs 49-51 s for the full one.
-LIGHT_CUDA_HEADERS = """#include <ATen/ATen.h>
+# API) and pybind11 (DESIGN.md: slim ATen headers 16-18 s vs 49-51 s for the full header), plus the
+# torch:: names torch/types.h would give it. A unit that needs more fails and is rebuilt as written.
+LIGHT_CUDA_HEADERS = """#include <cuda.h>
+#include <cuda_runtime.h>
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-namespace torch { using namespace at; }"""
+namespace torch {
+using namespace at;
+using Dtype = at::ScalarType;
+constexpr auto kUInt8 = at::kByte;
+constexpr auto kInt8 = at::kChar;
+constexpr auto kInt16 = at::kShort;
+constexpr auto kInt32 = at::kInt;
+constexpr auto kInt64 = at::kLong;
+constexpr auto kFloat16 = at::kHalf;
+constexpr auto kFloat32 = at::kFloat;
+constexpr auto kFloat64 = at::kDouble;
+}
+"""
 
 
 def _import_source(path: str, module_name: str):
@@ -724,19 +916,20 @@ def _worker_compile(a) -> None:
 
 
 def _worker_serve(a) -> None:
-    """Reference or candidate worker: load, then answer init / gen / run / time commands."""
+    """Reference or candidate worker: boot, then answer load / init / gen / run / time / judge."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     cuda = a.device == "cuda"
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    Event = torch.cuda.Event if cuda else None
     if a.threads:
         torch.set_num_threads(int(a.threads))
     if cuda:
         torch.cuda.set_device(dev)
+        torch.empty(1, device=dev)  # create the context now: this boot overlaps the compile
     cmd_in = os.fdopen(a.cmd_fd, "rb")
+    fd_sock = socket.socket(fileno=a.fd_sock)
     reply = a.reply_fd
     _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=True,
                          light_cuda_headers=bool(a.light_cuda_headers))
@@ -753,45 +946,70 @@ def _worker_serve(a) -> None:
     def to_dev(xs):
         return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in xs]
 
-    def error(phase, exc_text):
-        _child_send(reply, {"error": trim_error(exc_text, max_lines=10), "phase": phase})
+    def receive_fds(n):
+        _, fds, _, _ = socket.recv_fds(fd_sock, 16, n)
+        if len(fds) != n:
+            raise RuntimeError(f"expected {n} file descriptors, got {len(fds)}")
+        return fds
 
-    try:
-        module = _import_source(a.source, "reference_module" if a.mode == "ref" else "candidate_module")
-        cls = getattr(module, "Model" if a.mode == "ref" else "ModelNew")
-    except BaseException:  # noqa: BLE001
-        error("load", traceback.format_exc())
-        return
-    _child_send(reply, {"loaded": True})
-    model, flush = None, None
+    _child_send(reply, {"ready": True})
+    module, model, flush, ref_outs = None, None, None, {}
     while True:
         try:
             msg, payload = _child_recv(cmd_in)
         except EOFError:
             return
-        nonce = msg.get("nonce")
-        cmd = msg.get("cmd")
+        nonce, cmd = msg.get("nonce"), msg.get("cmd")
+        fds = receive_fds(msg["fds"]) if msg.get("fds") else []
         try:
-            if cmd == "exit":
-                return
-            if cmd == "init":
+            if cmd == "load":
+                module = _import_source(a.source, "reference_module" if a.mode == "ref" else "candidate_module")
+                cls = getattr(module, "Model" if a.mode == "ref" else "ModelNew")
+                _child_send(reply, {"nonce": nonce})
+            elif cmd == "init":
                 init = module.get_init_inputs() if a.mode == "ref" else _bytes_to_tensors(payload)
                 torch.manual_seed(msg["seed"])
                 model = cls(*init).to(dev)
                 _child_send(reply, {"nonce": nonce}, _tensors_to_bytes(_to_cpu(list(init))) if a.mode == "ref" else b"")
             elif cmd == "gen" and a.mode == "ref":
-                sets, outs = [], []
-                for seed in msg["seeds"]:
-                    torch.manual_seed(seed)
-                    xs = list(module.get_inputs())
-                    with torch.no_grad():
-                        out = _as_list(model(*to_dev(xs)))
-                    sync()
-                    sets.append(_to_cpu(xs))
-                    outs.append(_to_cpu(out))
-                _child_send(reply, {"nonce": nonce}, _tensors_to_bytes({"inputs": sets, "outputs": outs}))
+                # inputs from the parent's secret seeds go to the two input files; outputs stay here
+                sizes = []
+                for fd, part in zip(fds, ("check", "time")):
+                    sets, ref_outs[part] = [], []
+                    for seed in msg["seeds"][part]:
+                        torch.manual_seed(seed)
+                        xs = list(module.get_inputs())
+                        with torch.no_grad():
+                            ref_outs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o
+                                                   for o in _as_list(model(*to_dev(xs)))])
+                        sets.append(xs)
+                    write_tensor_sets(fd, sets)
+                    sizes.append(sum(o.numel() * o.element_size() for outs in ref_outs[part] for o in outs
+                                     if isinstance(o, torch.Tensor)))
+                sync()
+                first = ref_outs["check"][0]
+                _child_send(reply, {"nonce": nonce, "out_bytes": [o.numel() * o.element_size() for o in first
+                                                                  if isinstance(o, torch.Tensor)],
+                                    "total_out_bytes": sizes})
+            elif cmd == "judge" and a.mode == "ref":
+                expected = ref_outs[msg["part"]]
+                try:
+                    cand = read_tensor_sets(fds[0], msg["max_bytes"])
+                except ValueError as e:  # the candidate wrote this file: its failure, not ours
+                    _child_send(reply, {"nonce": nonce, "unreadable": str(e)})
+                    continue
+                if len(cand) != len(expected):
+                    reason = f"expected {len(expected)} output sets, got {len(cand)}"
+                else:
+                    reason = None
+                    for t, (r, c) in enumerate(zip(expected, cand)):
+                        reason = compare_outputs(r, c, msg["tolerances"])
+                        if reason:
+                            reason = (f"trial {t + 1}/{len(expected)}: " if msg["part"] == "check" else "") + reason
+                            break
+                _child_send(reply, {"nonce": nonce, "reason": reason})
             elif cmd == "run":
-                sets = _bytes_to_tensors(payload)
+                sets = read_tensor_sets(fds[0], 1 << 46)
                 poison_bytes = msg.get("poison_bytes", [])
                 outs, changed, ops = [], [], set()
                 for xs in sets:
@@ -813,51 +1031,65 @@ def _worker_serve(a) -> None:
                     changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
                                     if isinstance(p, torch.Tensor) and not torch.equal(p, c)])
                     outs.append(_to_cpu(out))
-                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)},
-                            _tensors_to_bytes(outs))
+                write_tensor_sets(fds[1], outs)
+                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)})
             elif cmd == "time":
-                sets = [to_dev(xs) for xs in _bytes_to_tensors(payload)]
-                warmup, trials = msg["warmup"], msg["trials"]
-                bufs = [x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]]
-
-                def load_set(i):
-                    for b, s in zip(bufs, sets[i % len(sets)]):
-                        if isinstance(b, torch.Tensor):
-                            b.copy_(s)
-
+                sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], 1 << 46)]
                 if cuda and flush is None:
                     flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=dev)
-                times, last = [], [None] * len(sets)
-                with torch.no_grad():
-                    for i in range(warmup):
-                        load_set(i)
-                        model(*bufs)
-                    sync()
-                    for i in range(trials):
-                        load_set(i)
-                        if cuda:
-                            flush.zero_()
-                            sync()
-                            start, end = Event(enable_timing=True), Event(enable_timing=True)
-                            start.record()
-                            out = model(*bufs)
-                            sync()  # device-wide: work left on side streams is counted
-                            end.record()
-                            end.synchronize()
-                            times.append(start.elapsed_time(end))
-                        else:
-                            t0 = _perf_counter()
-                            out = model(*bufs)
-                            times.append((_perf_counter() - t0) * 1e3)
-                        last[i % len(sets)] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]
-                    sync()
-                _child_send(reply, {"nonce": nonce, "times": times}, _tensors_to_bytes([_to_cpu(o) for o in last]))
+                times, last = _time_calls(model, sets, msg["warmup"], msg["trials"], flush, cuda, sync)
+                if len(fds) > 1:  # the candidate's timed outputs go back to be checked again
+                    write_tensor_sets(fds[1], [_to_cpu(o) for o in last])
+                _child_send(reply, {"nonce": nonce, "times": times})
             else:
-                error(cmd or "?", f"unknown command {cmd!r}")
+                error = f"unknown command {cmd!r}"
+                _child_send(reply, {"error": error, "phase": cmd or "?"})
         except BaseException:  # noqa: BLE001 - candidate failures become a runtime_error verdict
-            error(cmd or "?", traceback.format_exc())
+            _child_send(reply, {"error": trim_error(traceback.format_exc(), max_lines=10), "phase": cmd or "?"})
             if cuda:
                 return  # CUDA errors are sticky: nothing after this can be trusted
+        finally:
+            for fd in fds:  # closed once, after the reply: the parent seals output files then
+                os.close(fd)
+
+
+def _time_calls(model, sets: list, warmup: int, trials: int, flush, cuda: bool, sync) -> tuple:
+    """Per-call times (ms) and each input set's last output. Every call runs on the same buffers,
+    refilled from alternating input sets; on GPU each call is preceded by an L2 flush and ends with
+    a device-wide sync before the end event, so work left on other streams is counted."""
+    import torch
+    bufs = [x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]]
+
+    def load_set(i):
+        for b, s in zip(bufs, sets[i % len(sets)]):
+            if isinstance(b, torch.Tensor):
+                b.copy_(s)
+
+    times, last = [], [None] * len(sets)
+    with torch.no_grad():
+        for i in range(warmup):
+            load_set(i)
+            model(*bufs)
+        sync()
+        for i in range(trials):
+            load_set(i)
+            if cuda:
+                flush.zero_()
+                sync()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = model(*bufs)
+                sync()  # device-wide: work left on side streams is counted
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = _perf_counter()
+                out = model(*bufs)
+                times.append((_perf_counter() - t0) * 1e3)
+            last[i % len(sets)] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]
+        sync()
+    return times, last
 
 
 def _worker_main(argv: list) -> None:
@@ -865,6 +1097,7 @@ def _worker_main(argv: list) -> None:
     p.add_argument("--_worker", dest="mode", required=True)
     p.add_argument("--cmd-fd", type=int, required=True)
     p.add_argument("--reply-fd", type=int, required=True)
+    p.add_argument("--fd-sock", type=int, default=-1)
     p.add_argument("--source", required=True)
     p.add_argument("--device", default="cpu")
     p.add_argument("--cache-root", required=True)
@@ -984,7 +1217,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dic
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = _read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
-        return dict(cached, seconds=0.0, cached=True)
+        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
     t0 = time.monotonic()
     scratch = _scratch(cfg, "kevalbuild-")
     src_path = os.path.join(scratch, "candidate.py")
@@ -1015,7 +1248,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dic
         and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
     if deterministic:
         _atomic_write_json(record_path, record)
-    return dict(record, seconds=time.monotonic() - t0, cached=False)
+    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
 
 
 class _Failure(Exception):
@@ -1025,13 +1258,16 @@ class _Failure(Exception):
 
 
 def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
-         deadline: float | None = None) -> tuple:
-    """Send a command, wait for the reply with the same nonce; failures become _Failure."""
+         deadline: float | None = None, fds: tuple = ()) -> tuple:
+    """Send a command (and file descriptors), wait for the reply with the same nonce; failures
+    become _Failure. With an empty `msg`, wait for the worker's next message (its boot)."""
     deadline = deadline or time.monotonic() + timeout_s
     nonce = secrets.token_hex(8)
     try:
         if msg:
-            worker.channel.send(dict(msg, nonce=nonce), payload, deadline)
+            if fds:
+                worker.send_fds(list(fds))
+            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), payload, deadline)
         while True:
             reply, data = worker.channel.recv(deadline)
             if "error" in reply:
@@ -1057,70 +1293,189 @@ def _ref_time_cache(cfg: EvalConfig, key: str, value: dict | None = None) -> dic
         return value
 
 
-def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConfig, result: EvalResult) -> None:
-    import torch
-    cpu = device == "cpu"
-    warmup, trials = (cfg.cpu_warmup, cfg.cpu_trials) if cpu else (cfg.gpu_warmup, cfg.gpu_trials)
-    device_name = "cpu" if cpu else torch.cuda.get_device_name(torch.device(device).index or 0)
-    ref_key = source_hash("ref-time", ref_src, device_name, warmup, trials, cfg.timing_input_sets,
-                          cfg.cpu_threads if cpu else None, torch.__version__)
-    scratch = _scratch(cfg, "kevalrun-")
-    paths = {}
-    for name, src in (("reference", ref_src), ("candidate", candidate_src)):
-        paths[name] = os.path.join(scratch, name, f"{name}.py")
-        os.makedirs(os.path.dirname(paths[name]))
-        with open(paths[name], "w") as f:
-            f.write(src)
-    env = _build_env(device, arch, cfg, compiling=False)
-    ref = Worker("ref", _worker_args(paths["reference"], device, cfg, arch), os.path.join(scratch, "reference"), env, cfg, cpu)
-    ref.channel.max_bytes = 1 << 42  # the reference is trusted: its frames hold every trial's inputs and outputs
-    cand = Worker("cand", _worker_args(paths["candidate"], device, cfg, arch), os.path.join(scratch, "candidate"), env, cfg, cpu)
-    seeds = [secrets.randbits(62) for _ in range(cfg.n_correct_trials + cfg.timing_input_sets)]
-    init_seed = secrets.randbits(31)
-    t0 = time.monotonic()
-    try:
-        _ask(ref, "reference", "load", cfg.load_timeout_s, {})
-        _ask(cand, "candidate", "load", cfg.load_timeout_s, {})
-        result.seconds["load"] = time.monotonic() - t0
-        with _DeviceLock(cfg.cache_root, device):
-            t1 = time.monotonic()
-            _, init_bytes = _ask(ref, "reference", "init", cfg.load_timeout_s, {"cmd": "init", "seed": init_seed})
-            _, data = _ask(ref, "reference", "check", cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds})
-            gen = _bytes_to_tensors(data)
-            ref_outs = gen["outputs"]
-            check_inputs = gen["inputs"][: cfg.n_correct_trials]
-            timing_inputs = gen["inputs"][cfg.n_correct_trials:]
-            timing_ref_outs = ref_outs[cfg.n_correct_trials:]
-            ref_timing = _ref_time_cache(cfg, ref_key)
-            if ref_timing is None and cfg.time_candidate:
-                msg = {"cmd": "time", "warmup": warmup, "trials": trials, "l2_flush_bytes": cfg.l2_flush_bytes}
-                w0 = time.monotonic()
-                reply, _ = _ask(ref, "reference", "time", cfg.time_timeout_s, msg, _tensors_to_bytes(timing_inputs))
-                wall = (time.monotonic() - w0) * 1e3
-                ref_timing = _ref_time_cache(cfg, ref_key, {
-                    "ms": statistics.median(reply["times"]), "overhead_ms": wall - sum(reply["times"])})
-            ref.stop()  # the reference's process is done before the candidate sees any input
-            if ref_timing:
-                result.ref_ms = ref_timing["ms"]
-            result.seconds["reference"] = time.monotonic() - t1
+def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
+    return (cfg.cpu_warmup, cfg.cpu_trials) if device == "cpu" else (cfg.gpu_warmup, cfg.gpu_trials)
 
-            t2 = time.monotonic()
-            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": init_seed}, init_bytes)
-            poison = [o.numel() * o.element_size() for o in ref_outs[0] if isinstance(o, torch.Tensor)]
-            # the candidate may send back what the reference did, with room for pickling overhead
-            cand.channel.max_bytes = min(cfg.max_message_bytes,
-                                         2 * max(len(check_inputs), len(timing_inputs)) * sum(poison) + (16 << 20))
-            reply, data = _ask(cand, "candidate", "check", cfg.check_timeout_s,
-                               {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": poison},
-                               _tensors_to_bytes(check_inputs))
+
+def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str) -> Worker:
+    path = os.path.join(scratch, mode, f"{mode}.py")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write(src)
+    worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
+                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu")
+    # replies are small (tensors go through memory files); the trusted reference also sends init inputs
+    worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
+    return worker
+
+
+class _ReferenceSession:
+    """The trusted side of every evaluation of one reference within a batch: one worker that holds
+    the reference model, draws the batch's inputs from seeds only the parent knows (shared by all
+    candidates of the task, so a group is judged on the same inputs), writes them to two sealed
+    memory files (correctness trials, timing sets), keeps the reference outputs on the device, times
+    the reference once, and compares candidates' outputs with its own. Reference outputs never
+    leave this process. A worker that dies (say on a candidate's malformed output file) is started
+    again on the same seeds; a reference that fails on its own fails every candidate of the task.
+
+    Locks: `lock` serialises requests; callers that need the device take the device lock first."""
+
+    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int):
+        self.ref_src, self.device, self.arch, self.cfg = ref_src, device, arch, cfg
+        self.users = users
+        self.lock = threading.Lock()
+        self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
+                      "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
+        self.init_seed = secrets.randbits(31)
+        self.worker = self.scratch = None
+        self.files = {}  # part -> sealed memory file of input sets
+        self.generated = False
+        self.failure: _Failure | None = None
+        self.init_bytes, self.out_bytes, self.total_out_bytes = b"", [], [0, 0]
+        self.timing = None
+
+    def boot(self) -> None:
+        """Start the worker, load and build the reference model (no device lock needed)."""
+        with self.lock:
+            self._boot()
+
+    def _boot(self) -> None:
+        if self.failure or self.worker is not None:
+            return
+        cfg = self.cfg
+        self.scratch = _scratch(cfg, "kevalref-")
+        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch)
+        try:
+            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {})
+            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {"cmd": "load"})
+            _, self.init_bytes = _ask(self.worker, "reference", "init", cfg.load_timeout_s,
+                                      {"cmd": "init", "seed": self.init_seed})
+        except _Failure as f:
+            self.failure = _Failure(f.status, f.message)
+            self._stop()
+
+    def ready(self) -> None:
+        """Inputs written and sealed, reference outputs held, reference timed. Hold the device lock."""
+        with self.lock:
+            self._boot()
+            if self.failure:
+                raise self.failure
+            if self.generated:
+                return
+            cfg = self.cfg
             try:
-                cand_outs = _bytes_to_tensors(data)
-            except Exception as e:  # noqa: BLE001 - a malformed payload from the candidate is its failure
-                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {type(e).__name__}") from e
-            result.seconds["check"] = time.monotonic() - t2
+                self.files = {part: _memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+                reply, _ = _ask(self.worker, "reference", "check", cfg.check_timeout_s,
+                                {"cmd": "gen", "seeds": self.seeds}, fds=(self.files["check"], self.files["time"]))
+                for fd in self.files.values():
+                    _seal(fd)
+                self.out_bytes, self.total_out_bytes = reply["out_bytes"], reply["total_out_bytes"]
+                self.generated = True
+                warmup, trials = _timing_counts(self.device, cfg)
+                key = self._timing_key(warmup, trials)
+                self.timing = _ref_time_cache(cfg, key)
+                if self.timing is None and cfg.time_candidate:
+                    msg = {"cmd": "time", "warmup": warmup, "trials": trials, "l2_flush_bytes": cfg.l2_flush_bytes}
+                    w0 = time.monotonic()
+                    reply, _ = _ask(self.worker, "reference", "time", cfg.time_timeout_s, msg, fds=(self.files["time"],))
+                    wall = (time.monotonic() - w0) * 1e3
+                    self.timing = _ref_time_cache(cfg, key, {
+                        "ms": statistics.median(reply["times"]), "overhead_ms": wall - sum(reply["times"])})
+            except _Failure as f:
+                self.failure = _Failure(f.status, f.message)
+                self._stop()
+                raise self.failure from None
+
+    def _timing_key(self, warmup: int, trials: int) -> str:
+        import torch
+        cfg = self.cfg
+        cpu = self.device == "cpu"
+        device_name = "cpu" if cpu else torch.cuda.get_device_name(torch.device(self.device).index or 0)
+        return source_hash("ref-time", self.ref_src, device_name, warmup, trials, cfg.timing_input_sets,
+                           cfg.cpu_threads if cpu else None, torch.__version__)
+
+    def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
+        """The first difference between the candidate's output file and the reference outputs, or
+        None. An unreadable file, or one that kills this worker, is the candidate's runtime_error."""
+        cfg = self.cfg
+        with self.lock:
+            if self.failure or not self.generated:
+                raise _Failure("runtime_error", "internal: the reference session is not ready")
+            try:
+                reply, _ = _ask(self.worker, "reference", "judge", cfg.check_timeout_s,
+                                {"cmd": "judge", "part": part, "max_bytes": max_bytes,
+                                 "tolerances": cfg.tolerances}, fds=(out_fd,))
+            except _Failure as f:
+                self._stop()  # the next candidate gets a fresh worker on the same seeds
+                self.generated = False
+                raise _Failure("runtime_error", "the candidate's outputs could not be compared (they "
+                               f"stopped the harness's reader: {_cut(f.message, 200)})") from None
+            if reply.get("unreadable"):
+                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
+            return reply.get("reason")
+
+    def _stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+        for fd in self.files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.files = {}
+        if self.scratch and not self.cfg.keep_scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch = None
+
+    def release(self) -> None:
+        """One candidate of this reference is done; the last one stops the worker."""
+        with self.lock:
+            self.users -= 1
+            if self.users <= 0:
+                self._stop()
+
+    def close(self) -> None:
+        with self.lock:
+            self._stop()
+
+
+def _seal_output(fd: int, max_bytes: int) -> None:
+    try:
+        _seal(fd)
+    except OSError as e:
+        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
+    size = os.fstat(fd).st_size
+    if size > max_bytes:
+        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
+
+
+def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
+    cpu = device == "cpu"
+    warmup, trials = _timing_counts(device, cfg)
+    t0 = time.monotonic()
+    _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
+    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
+    result.seconds["load"] = time.monotonic() - t0
+    with _DeviceLock(cfg.cache_root, device):
+        t1 = time.monotonic()
+        session.ready()
+        ref_timing = session.timing
+        if ref_timing:
+            result.ref_ms = ref_timing["ms"]
+        result.seconds["reference"] = time.monotonic() - t1
+
+        t2 = time.monotonic()
+        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
+        # the candidate may write what the reference did, with room for the file's own overhead
+        check_limit = min(cfg.max_message_bytes, 2 * session.total_out_bytes[0] + (16 << 20))
+        out_fd = _memfd("kernel_eval-candidate-outputs")
+        try:
+            reply, _ = _ask(cand, "candidate", "check", cfg.check_timeout_s,
+                            {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes},
+                            fds=(session.files["check"], out_fd))
+            _seal_output(out_fd, check_limit)
             ops, changed = reply.get("ops", []), reply.get("changed")
             if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                    or not isinstance(changed, list) or len(changed) != len(check_inputs)
+                    or not isinstance(changed, list) or len(changed) != cfg.n_correct_trials
                     or not all(isinstance(c, list) for c in changed)):
                 raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
             flagged = flag_ops(ops) if cfg.op_check else []
@@ -1128,55 +1483,55 @@ def _run(ref_src: str, candidate_src: str, device: str, arch: str, cfg: EvalConf
                 result.ops = flagged
                 raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
                                + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
-            if not isinstance(cand_outs, list) or len(cand_outs) != len(check_inputs):
-                raise _Failure("runtime_error", "candidate returned a malformed set of outputs")
-            for t, (r, c) in enumerate(zip(ref_outs, cand_outs)):
-                reason = compare_outputs(r, c, cfg.tolerances)
-                if reason:
-                    raise _Failure("incorrect", f"trial {t + 1}/{len(check_inputs)}: {reason}")
-                if changed[t]:
-                    raise _Failure("incorrect", f"forward modified its input(s) {_cut(str(changed[t]), 40)} in place")
-            result.correct = True
-            if not cfg.time_candidate or not ref_timing:
-                return
-            t3 = time.monotonic()
+            reason = session.judge(out_fd, "check", check_limit)
+        finally:
+            os.close(out_fd)
+        result.seconds["check"] = time.monotonic() - t2
+        if reason:
+            raise _Failure("incorrect", reason)
+        for t, c in enumerate(changed):
+            if c:
+                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {_cut(str(c), 40)} in place")
+        result.correct = True
+        if not cfg.time_candidate or not ref_timing:
+            return
+        t3 = time.monotonic()
+        time_limit = min(cfg.max_message_bytes, 2 * session.total_out_bytes[1] + (16 << 20))
+        out_fd = _memfd("kernel_eval-candidate-timed-outputs")
+        try:
             msg = {"cmd": "time", "warmup": warmup, "trials": trials, "l2_flush_bytes": cfg.l2_flush_bytes}
             w0 = time.monotonic()
-            reply, data = _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, _tensors_to_bytes(timing_inputs))
+            reply, _ = _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=(session.files["time"], out_fd))
             wall = (time.monotonic() - w0) * 1e3
-            result.seconds["time"] = time.monotonic() - t3
-        try:
-            timed_outs = _bytes_to_tensors(data)
-            times = [float(x) for x in reply["times"]]
-        except Exception as e:  # noqa: BLE001
-            raise _Failure("runtime_error", f"candidate returned unreadable timing: {type(e).__name__}") from e
-        if len(times) != trials or not isinstance(timed_outs, list) or len(timed_outs) != len(timing_ref_outs):
-            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
-        for s, (r, c) in enumerate(zip(timing_ref_outs, timed_outs)):
-            reason = compare_outputs(r, c, cfg.tolerances)
-            if reason:
-                result.correct = False
-                raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
-        result.claimed_ms = statistics.median(times)
-        result.wall_ms = wall
-        problem = cross_check(times, wall, ref_timing["overhead_ms"], cfg)
-        if problem:
-            result.timing_ok = False
-            result.candidate_ms = max(wall - ref_timing["overhead_ms"], 0.0) / trials
-            result.speedup = 0.0
-            result.message = problem + "; speedup not rewarded"
-        else:
-            result.candidate_ms = result.claimed_ms
-            result.speedup = result.ref_ms / result.candidate_ms
-            result.message = f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms candidate ({result.speedup:.3g}x)"
-    finally:
-        ref.stop()
-        cand.stop()
-        if not cfg.keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+            _seal_output(out_fd, time_limit)
+            times = reply.get("times")
+            if (not isinstance(times, list) or len(times) != trials
+                    or not all(isinstance(x, (int, float)) for x in times)):
+                raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+            reason = session.judge(out_fd, "time", time_limit)
+        finally:
+            os.close(out_fd)
+        result.seconds["time"] = time.monotonic() - t3
+    if reason:
+        result.correct = False
+        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+    times = [float(x) for x in times]
+    result.claimed_ms = statistics.median(times)
+    result.wall_ms = wall
+    problem = cross_check(times, wall, ref_timing["overhead_ms"], cfg)
+    if problem:
+        result.timing_ok = False
+        result.candidate_ms = max(wall - ref_timing["overhead_ms"], 0.0) / trials
+        result.speedup = 0.0
+        result.message = problem + "; speedup not rewarded"
+    else:
+        result.candidate_ms = result.claimed_ms
+        result.speedup = result.ref_ms / result.candidate_ms
+        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
+                          f"candidate ({result.speedup:.3g}x)")
 
 
-def _evaluate_one(ref_src, candidate_src, device, arch, cfg, compile_record) -> EvalResult:
+def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
     if compile_record["status"] == "compile_error":
@@ -1187,7 +1542,7 @@ def _evaluate_one(ref_src, candidate_src, device, arch, cfg, compile_record) -> 
         return result
     result.compiled = compile_record["status"] == "ok"
     try:
-        _run(ref_src, candidate_src, device, arch, cfg, result)
+        _run(session, cand, device, cfg, result)
         result.compiled = True
         result.status = "correct" if result.correct else "incorrect"
         if result.correct and not result.message:
@@ -1201,10 +1556,14 @@ def _evaluate_one(ref_src, candidate_src, device, arch, cfg, compile_record) -> 
 
 
 def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, one device run at a time."""
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, one device run at a time.
+
+    Each candidate's worker process starts (imports torch, creates its CUDA context) while its
+    kernel compiles; each distinct reference gets one trusted session for the whole batch."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)
     todo = []
@@ -1216,20 +1575,43 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
             todo.append(i)
     if not todo:
         return results
-    compile_pool = ThreadPoolExecutor(max_workers=max(1, config.max_parallel_compiles))
+    cores = os.cpu_count() or 1
+    n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // max(1, config.build_jobs))
+    compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
     compiles: dict = {}
     for i in todo:  # identical candidates share one compile
         src = pairs[i][1]
         if src not in compiles:
             compiles[src] = compile_pool.submit(_compile, src, device, arch, config)
+    sessions: dict = {}
+    for i in todo:
+        ref_src = pairs[i][0]
+        if ref_src not in sessions:
+            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
+        sessions[ref_src].users += 1
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 4)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
 
     def job(i):
         t0 = time.monotonic()
-        record = compiles[pairs[i][1]].result()
-        res = _evaluate_one(pairs[i][0], pairs[i][1], device, arch, config, record)
-        res.seconds["run_wait"] = time.monotonic() - t0
+        ref_src, cand_src = pairs[i]
+        session, compiling = sessions[ref_src], compiles[cand_src]
+        scratch, cand = _scratch(config, "kevalrun-"), None
+        try:
+            if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
+                cand = _spawn("cand", cand_src, device, arch, config, scratch)
+            session.boot()
+            record = compiling.result()
+            res = _evaluate_one(session, cand, device, config, record)
+        finally:
+            if cand is not None:
+                cand.stop()
+            session.release()
+            if not config.keep_scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+        # latency: from this candidate's compile start (or its job's start, when cached) to verdict
+        res.seconds["latency"] = time.monotonic() - record.get("started", t0)
+        res.seconds["since_batch_start"] = time.monotonic() - batch_start
         return res
 
     futures = {run_pool.submit(job, i): i for i in todo}
@@ -1247,6 +1629,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
             bar.close()
         run_pool.shutdown()
         compile_pool.shutdown()
+        for session in sessions.values():
+            session.close()
     return results
 
 

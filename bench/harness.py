@@ -8,7 +8,7 @@ Candidates: the built-in CUDA solutions plus variants of them (a comment inserte
 Then one kernel (>= 1 ms) is evaluated --stability-runs times (reference re-timed each run) and
 the spread of its speedup is reported.
 
-    python bench/harness.py --device cuda --n-candidates 32 --baseline-n 3     # H200: ~6-8 min
+    python bench/harness.py --device cuda --n-candidates 32 --baseline-n 3     # H200: ~6 min
     python bench/harness.py --device cpu --n-candidates 4 --baseline-n 1       # smoke test, C++
 
 Prints a markdown table (docs/PERFORMANCE.md is written from it) and, with --json-out, the raw
@@ -119,10 +119,10 @@ def main() -> None:
     p.add_argument("--baseline-n", type=int, default=3, help="candidates for the naive baseline (each ~50 s cold on H200)")
     p.add_argument("--stability-runs", type=int, default=5)
     p.add_argument("--trials", type=int, default=None, help="timed calls per candidate (default: kernel_eval's)")
-    p.add_argument("--max-parallel-compiles", type=int, default=os.cpu_count())
+    p.add_argument("--max-parallel-compiles", type=int, default=None, help="default: kernel_eval's")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
-    p.add_argument("--light-headers", action="store_true",
-                   help="kernel_eval's light_cuda_headers: ATen headers instead of torch/extension.h in .cu units")
+    p.add_argument("--full-headers", action="store_true",
+                   help="turn off kernel_eval's light_cuda_headers (slim ATen headers in .cu units)")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     language = "cpp" if a.device == "cpu" else "cuda"
@@ -132,15 +132,18 @@ def main() -> None:
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
     candidates = make_candidates(tasks.load_builtin(os.path.join(ROOT, "tasks")), language, a.n_candidates)
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
-            "light_cuda_headers": a.light_headers}
+            "light_cuda_headers": not a.full_headers}
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
     print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
 
     t0 = time.monotonic()
     results = kernel_eval.evaluate_batch([(r, c) for _, r, c in candidates], device=a.device, progress=True, **over)
     wall = time.monotonic() - t0
-    own = [sum(v for k, v in r.seconds.items() if k in ("compile", "load", "reference", "check", "time")) for r in results]
-    to_verdict = [r.seconds.get("run_wait", 0.0) for r in results]
+    # latency: one candidate's compile start to its verdict (waits for the device included)
+    own = [r.seconds.get("latency", 0.0) for r in results]
+    to_verdict = [r.seconds.get("since_batch_start", 0.0) for r in results]
+    phases = {k: percentile([r.seconds.get(k, 0.0) for r in results], 0.5)
+              for k in ("compile", "load", "reference", "check", "time")}
     compile_s = [r.seconds.get("compile", 0.0) for r in results]
     n_correct = sum(r.status == "correct" for r in results)
     for (task_id, _, _), r in zip(candidates, results):
@@ -176,7 +179,7 @@ def main() -> None:
         "device": a.device, "n_candidates": n, "n_correct": n_correct, "wall_s": wall,
         "per_min": n / wall * 60, "p50_latency_s": percentile(own, 0.5), "p90_latency_s": percentile(own, 0.9),
         "p50_to_verdict_s": percentile(to_verdict, 0.5), "p50_compile_s": percentile(compile_s, 0.5),
-        "baseline_n": len(base_rows), "baseline_wall_s": base_wall,
+        "p50_phase_s": phases, "baseline_n": len(base_rows), "baseline_wall_s": base_wall,
         "baseline_per_min": len(base_rows) / base_wall * 60 if base_wall else float("nan"),
         "baseline_p50_latency_s": percentile([r["seconds"] for r in base_rows], 0.5),
         "baseline_correct": sum(r["status"] == "correct" for r in base_rows),
@@ -184,16 +187,17 @@ def main() -> None:
     }
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows else float("nan")
     print()
-    print(f"| {a.device}{' (light headers)' if a.light_headers else ''} | kernel_eval | naive serial |")
+    print(f"| {a.device}{' (full headers)' if a.full_headers else ''} | kernel_eval | naive serial |")
     print("|---|---|---|")
     print(f"| candidates (distinct, cold) | {n} | {fig['baseline_n']} |")
     print(f"| correct | {n_correct}/{n} | {fig['baseline_correct']}/{fig['baseline_n']} |")
     print(f"| wall time (s) | {wall:.1f} | {base_wall:.1f} |")
     print(f"| unique candidates / minute | {fig['per_min']:.2f} | {fig['baseline_per_min']:.2f} |")
-    print(f"| p50 latency, one candidate's compile+run (s) | {fig['p50_latency_s']:.1f} | {fig['baseline_p50_latency_s']:.1f} |")
+    print(f"| p50 latency, one candidate's compile start to verdict (s) | {fig['p50_latency_s']:.1f} | {fig['baseline_p50_latency_s']:.1f} |")
     print(f"| p90 latency (s) | {fig['p90_latency_s']:.1f} | |")
     print(f"| p50 compile (s) | {fig['p50_compile_s']:.1f} | |")
     print(f"| p50 batch start to verdict (s) | {fig['p50_to_verdict_s']:.1f} | |")
+    print("| p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + " | | |")
     print(f"\nthroughput ratio kernel_eval / naive: {ratio:.2f}x (goal >= 3)")
     if stability:
         print(f"stability: {stability['task']} ({stability['candidate_ms']:.3g} ms), speedup over "

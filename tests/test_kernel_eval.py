@@ -179,6 +179,92 @@ def test_channel_frames_deadlines_and_limits():
         os.close(fd)
 
 
+def _tensor_file(sets) -> int:
+    fd = ke._memfd("test")
+    ke.write_tensor_sets(fd, sets)
+    return fd
+
+
+def test_tensor_files_round_trip_every_dtype_and_value():
+    sets = [[torch.randn(3, 5), torch.randn(4, dtype=torch.float64), 7, 2.5],
+            [torch.randn(2, 3).to(torch.bfloat16), torch.tensor([True, False, True]), torch.tensor(3.5),
+             torch.empty(0, 4), torch.arange(6, dtype=torch.int64).view(2, 3)[:, 1:],  # a non-contiguous view
+             torch.randn(2, 2, dtype=torch.complex64), torch.randint(-5, 5, (3,), dtype=torch.int8)]]
+    fd = _tensor_file(sets)
+    back = ke.read_tensor_sets(fd, 1 << 30)
+    os.close(fd)
+    assert len(back) == 2 and [len(s) for s in back] == [4, 7]
+    for want, got in zip(sets[0] + sets[1], back[0] + back[1]):
+        if isinstance(want, torch.Tensor):
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want.contiguous())
+        else:
+            assert got == want
+
+
+def test_sealed_tensor_file_cannot_be_changed_by_any_holder():
+    import mmap
+    fd = _tensor_file([[torch.ones(1000)]])
+    other = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # what another process of this uid could open
+    ke._seal(fd)
+    for holder in (fd, other):
+        with pytest.raises(PermissionError):
+            os.pwrite(holder, b"x" * 8, 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(holder, 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(holder, 0, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    assert torch.equal(ke.read_tensor_sets(other, 1 << 20)[0][0], torch.ones(1000))
+    os.close(other)
+    os.close(fd)
+
+
+def test_output_file_mapped_writable_cannot_be_sealed():
+    import mmap
+    fd = _tensor_file([[torch.ones(10)]])
+    live = mmap.mmap(fd, 0)  # a candidate that keeps a writable mapping could rewrite it after the check
+    with pytest.raises(ke._Failure, match="mapped writable"):
+        ke._seal_output(fd, 1 << 20)
+    live.close()
+    ke._seal_output(fd, 1 << 20)
+    os.close(fd)
+    fd = _tensor_file([[torch.ones(10)]])
+    with pytest.raises(ke._Failure, match="limit"):
+        ke._seal_output(fd, 16)
+    os.close(fd)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "magic", "offset", "size", "dtype", "index", "huge"])
+def test_malformed_tensor_files_are_refused(damage):
+    fd = _tensor_file([[torch.arange(16, dtype=torch.float32).view(4, 4)]])
+    data = bytearray(os.pread(fd, 1 << 20, 0))
+    os.close(fd)
+    n = int.from_bytes(data[-16:-8], "little")
+    index = json.loads(data[-16 - n: -16])
+    entry = index["sets"][0][0]
+    if damage == "truncated":
+        data = data[:-3]
+    elif damage == "magic":
+        data[-1:] = b"X"
+    elif damage == "offset":
+        entry["offset"] = len(data) * 4
+    elif damage == "size":
+        entry["nbytes"] = 8
+    elif damage == "dtype":
+        entry["dtype"] = "object"
+    elif damage == "index":
+        index = {"sets": "nope"}
+    elif damage == "huge":
+        entry["shape"] = [1 << 41, 4]
+    if damage in ("offset", "size", "dtype", "index", "huge"):
+        footer = json.dumps(index).encode()
+        data = data[: -16 - n] + footer + len(footer).to_bytes(8, "little") + ke.TENSOR_FILE_MAGIC
+    fd = ke._memfd("damaged")
+    os.write(fd, bytes(data))
+    with pytest.raises(ValueError):
+        ke.read_tensor_sets(fd, 1 << 20)
+    os.close(fd)
+
+
 def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tmp_path):
     import torch.utils.cpp_extension as ce
     import functools
@@ -210,7 +296,7 @@ def test_light_cuda_headers_rewrite_and_fall_back(monkeypatch, tmp_path):
 
     def fake(**kw):
         calls.append(kw)
-        if "ATen/ATen.h" in kw["cuda_sources"][0] and "needs_full_header" in kw["cuda_sources"][0]:
+        if kw.get("no_implicit_headers") and "needs_full_header" in kw["cuda_sources"][-1]:
             raise RuntimeError("error: 'torch::nn' has not been declared")
         return kw["build_directory"]
 
@@ -219,10 +305,15 @@ def test_light_cuda_headers_rewrite_and_fall_back(monkeypatch, tmp_path):
     monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
     monkeypatch.setattr(ke, "PCH_LOCK_DIR", str(tmp_path))
     ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False, light_cuda_headers=True)
-    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n__global__ void k() {}")
-    assert len(calls) == 1 and "torch/extension.h" not in calls[0]["cuda_sources"][0]
+    ce.load_inline("ext", "torch::Tensor f(torch::Tensor x);",
+                   cuda_sources="#include <torch/extension.h>\n__global__ void k() {}")
+    assert len(calls) == 1 and calls[0]["no_implicit_headers"]
+    cu, cpp = calls[0]["cuda_sources"], calls[0]["cpp_sources"]
+    assert "torch/extension.h" not in "".join(cu) and "ATen/ATen.h" in cu[0] and "__global__ void k" in cu[-1]
+    assert cpp[0] == "#include <torch/extension.h>" and "torch::Tensor f" in cpp[-1]  # pybind11 needs it
     ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
-    assert len(calls) == 3 and "torch/extension.h" in calls[2]["cuda_sources"]  # fell back to the original
+    assert len(calls) == 3 and calls[2]["cuda_sources"] == "#include <torch/extension.h>\n// needs_full_header"
+    assert not calls[2].get("no_implicit_headers")  # fell back to the call as written
     assert os.path.exists(os.path.join(calls[1]["build_directory"], "FAILED"))
     ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
     assert len(calls) == 4  # the failed light build is remembered, not retried
@@ -287,6 +378,18 @@ def _is_kernel_eval_process(pid: int) -> bool:
             return b"kernel_eval.py" in f.read()
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_one_reference_worker_serves_every_candidate_of_a_task(cpp_results, cache_root, tmp_path, monkeypatch):
+    log = tmp_path / "reference_loads"
+    monkeypatch.setenv("KEVAL_TEST_REFERENCE_LOG", str(log))
+    counting_ref = REFERENCE + '\nimport os\nopen(os.environ["KEVAL_TEST_REFERENCE_LOG"], "a").write("load\\n")\n'
+    benign = open(CPP_CASES["benign"]).read()
+    variants = [benign, benign + "\n# another candidate\n", open(CPP_CASES["half_output"]).read()]
+    results = ke.evaluate_batch([(counting_ref, c) for c in variants], device="cpu", cache_root=cache_root, **FAST)
+    assert [r.status for r in results] == ["correct", "correct", "incorrect"], [r.message for r in results]
+    assert log.read_text() == "load\n"  # one trusted reference process for the batch, not one per candidate
 
 
 @pytest.mark.slow

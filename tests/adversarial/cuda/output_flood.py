@@ -1,6 +1,6 @@
 # expect: runtime_error
-# Floods stdout and stderr without end: the file-size limit stops it (Python ignores SIGXFSZ,
-# so the write fails with EFBIG and forward raises); the caller is unharmed.
+# Floods stdout and stderr without end: the supervisor kills a worker past max_file_bytes of
+# output; the caller is unharmed.
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
