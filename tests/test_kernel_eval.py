@@ -147,6 +147,12 @@ def test_cross_check_accepts_honest_and_rejects_faked_times():
     assert ke.cross_check(honest, wall_ms=50.0 + 80.0 + 5.0, overhead_ms=80.0, cfg=cfg) is None
     faked = [1e-6] * 5  # the candidate's clock says nothing happened; the parent saw 200 ms of work
     assert "cross-check" in ke.cross_check(faked, wall_ms=200.0 + 80.0, overhead_ms=80.0, cfg=cfg)
+    # the bound: wall - overhead - claimed <= rel * claimed + abs + frac * overhead (GPU abs 10 ms)
+    bound = cfg.cross_check_rel * 50.0 + cfg.cross_check_abs_ms + cfg.cross_check_overhead_frac * 80.0
+    assert ke.cross_check(honest, wall_ms=80.0 + 50.0 + bound - 0.1, overhead_ms=80.0, cfg=cfg) is None
+    assert ke.cross_check(honest, wall_ms=80.0 + 50.0 + bound + 0.1, overhead_ms=80.0, cfg=cfg)
+    # the CPU allowance is looser: there the loop shares the cores with everything else
+    assert ke.cross_check(honest, wall_ms=80.0 + 50.0 + bound + 0.1, overhead_ms=80.0, cfg=cfg, cpu=True) is None
     assert "non-positive" in ke.cross_check([0.0] * 5, wall_ms=80.0, overhead_ms=80.0, cfg=cfg)
     assert "non-positive" in ke.cross_check([float("nan")] * 5, wall_ms=80.0, overhead_ms=80.0, cfg=cfg)
 
