@@ -184,6 +184,8 @@ def main() -> None:
         "baseline_p50_latency_s": percentile([r["seconds"] for r in base_rows], 0.5),
         "baseline_correct": sum(r["status"] == "correct" for r in base_rows),
         "stability": stability,
+        "candidates": [{"task": t, "status": r.status, "speedup": r.speedup, "timing_ok": r.timing_ok,
+                        "seconds": r.seconds} for (t, _, _), r in zip(candidates, results)],
     }
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows else float("nan")
     print()
