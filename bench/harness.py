@@ -150,6 +150,15 @@ def main() -> None:
         if r.status != "correct":
             print(f"  not correct: {task_id}: {r.status}: {r.message[:200]}", flush=True)
 
+    # kernel_eval's figures now, before the slow baseline: a run cut short still reports them
+    print(f"kernel_eval: {n_correct}/{len(results)} correct, wall {wall:.1f} s, {len(results) / wall * 60:.2f} "
+          f"candidates/min, p50 latency {percentile(own, 0.5):.1f} s, p90 {percentile(own, 0.9):.1f} s, "
+          f"p50 batch start to verdict {percentile(to_verdict, 0.5):.1f} s", flush=True)
+    print("  p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
+    for (task_id, _, _), r in zip(candidates, results):
+        print(f"  {task_id:42s} {r.status:8s} {r.speedup:6.3f}x timing_ok={r.timing_ok} "
+              + " ".join(f"{k}={v:.1f}" for k, v in r.seconds.items()), flush=True)
+
     base_rows, base_wall = [], 0.0
     if a.baseline_n > 0:
         print(f"naive serial baseline: {a.baseline_n} candidates", flush=True)
