@@ -76,10 +76,12 @@ deleting it on every build without use_pch. Compile results are cached per candi
 timing config) in cache_root/ref_times.json.
 
 What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
-processes of that uid, writing files outside its scratch dir (e.g. into the build cache), a cache
-keyed on sampled input values within the timing loop, lower precision that stays within the
-tolerance, and network access. Run the harness as an unprivileged user in a container for a hard
-boundary.
+processes of that uid (the reference session's memory included), opening the timing inputs early
+through /proc, writing files outside its scratch dir (e.g. into the build cache), a cache keyed on
+sampled input values within the timing loop, lower precision that stays within the tolerance, a
+clock patched to under-report by less than the cross-check's slack (loose for sub-millisecond
+kernels: the slack includes 10 ms and a quarter of the loop's overhead), and network access. Run
+the harness as an unprivileged user in a container for a hard boundary.
 """
 from __future__ import annotations
 
