@@ -334,6 +334,58 @@ def test_precheck_rejects_without_compiling(tmp_path):
     assert time.monotonic() - t0 < 5 and not os.path.exists(os.path.join(tmp_path, "compiled"))
 
 
+def _reference_outputs(session, part: str) -> list:
+    """What the reference session holds, recomputed here from the session's own seeds and files."""
+    import types
+    module = types.ModuleType("adversarial_reference")
+    exec(compile(REFERENCE, "reference.py", "exec"), module.__dict__)
+    torch.manual_seed(session.init_seed)
+    model = module.Model(*module.get_init_inputs())
+    with torch.no_grad():
+        return [[model(*xs)] for xs in ke.read_tensor_sets(session.files[part], 1 << 30)]
+
+
+def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
+    cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2)
+    session = ke._ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
+    session.boot()
+    session.ready()
+    assert session.timing and session.timing["ms"] > 0 and len(session.out_bytes) == 1
+    inputs_before = ke.read_tensor_sets(session.files["check"], 1 << 30)
+    right = _reference_outputs(session, "check")
+    assert len(right) == cfg.n_correct_trials
+
+    def judge(sets):
+        fd = _tensor_file(sets)
+        try:
+            return session.judge(fd, "check", 1 << 30)
+        finally:
+            os.close(fd)
+
+    assert judge(right) is None
+    wrong = [[o.clone() for o in outs] for outs in right]
+    wrong[3][0][0, 0] += 1.0
+    assert judge(wrong).startswith("trial 4/5: output: 1 of")
+    assert "expected 5 output sets" in judge(right[:4])
+    fd = ke._memfd("garbage")
+    os.write(fd, b"not a tensor file" * 10)
+    with pytest.raises(ke._Failure, match="unreadable outputs"):
+        session.judge(fd, "check", 1 << 30)
+    os.close(fd)
+    # the reference worker dies (say a candidate's file crashed it): that candidate's verdict is a
+    # runtime_error, and the next one gets a fresh worker on the same secret seeds
+    for pid in ke._children_of(session.worker.proc.pid):
+        os.kill(pid, 9)
+    with pytest.raises(ke._Failure, match="could not be compared"):
+        judge(right)
+    session.ready()
+    inputs_after = ke.read_tensor_sets(session.files["check"], 1 << 30)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_after))
+    assert judge(right) is None
+    session.release()
+    assert session.worker is None and session.files == {}
+
+
 # ----------------------------------------------------------------------------- CPU suite (slow)
 
 @pytest.fixture(scope="module")
