@@ -10,6 +10,8 @@ the spread of its speedup is reported.
 
     python bench/harness.py --device cuda --n-candidates 32 --baseline-n 3     # H200: ~6 min
     python bench/harness.py --device cpu --n-candidates 4 --baseline-n 1       # smoke test, C++
+    python bench/harness.py --device cuda --n-candidates 0 --baseline-n 0 \
+        --stability-task builtin/level1/11_conv2d                                # stability alone
 
 Prints a markdown table (docs/PERFORMANCE.md is written from it) and, with --json-out, the raw
 figures. The goal: >= 3x the baseline's unique candidates per minute, p50 latency <= 20 s,
@@ -118,6 +120,8 @@ def main() -> None:
     p.add_argument("--n-candidates", type=int, default=32)
     p.add_argument("--baseline-n", type=int, default=3, help="candidates for the naive baseline (each ~50 s cold on H200)")
     p.add_argument("--stability-runs", type=int, default=5)
+    p.add_argument("--stability-task", default=None,
+                   help="a built-in task id whose solution is re-evaluated (default: the batch's slowest correct kernel)")
     p.add_argument("--trials", type=int, default=None, help="timed calls per candidate (default: kernel_eval's)")
     p.add_argument("--max-parallel-compiles", type=int, default=None, help="default: kernel_eval's")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
@@ -130,65 +134,75 @@ def main() -> None:
     trials = a.trials or (cfg.cpu_trials if a.device == "cpu" else cfg.gpu_trials)
     warmup = cfg.cpu_warmup if a.device == "cpu" else cfg.gpu_warmup
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
-    candidates = make_candidates(tasks.load_builtin(os.path.join(ROOT, "tasks")), language, a.n_candidates)
+    pool = make_candidates(tasks.load_builtin(os.path.join(ROOT, "tasks")), language,
+                           max(a.n_candidates, a.baseline_n, 1))
+    candidates = pool[: a.n_candidates]
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
             "light_cuda_headers": not a.full_headers}
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
-    print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
 
-    t0 = time.monotonic()
-    results = kernel_eval.evaluate_batch([(r, c) for _, r, c in candidates], device=a.device, progress=True, **over)
-    wall = time.monotonic() - t0
-    # latency: one candidate's compile start to its verdict (waits for the device included)
-    own = [r.seconds.get("latency", 0.0) for r in results]
-    to_verdict = [r.seconds.get("since_batch_start", 0.0) for r in results]
-    phases = {k: percentile([r.seconds.get(k, 0.0) for r in results], 0.5)
-              for k in ("compile", "load", "reference", "check", "time")}
-    compile_s = [r.seconds.get("compile", 0.0) for r in results]
+    results, wall, own, to_verdict, compile_s, phases = [], float("nan"), [], [], [], {}
+    if candidates:
+        print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
+        t0 = time.monotonic()
+        results = kernel_eval.evaluate_batch([(r, c) for _, r, c in candidates], device=a.device, progress=True, **over)
+        wall = time.monotonic() - t0
+        # latency: one candidate's compile start to its verdict (waits for the device included)
+        own = [r.seconds.get("latency", 0.0) for r in results]
+        to_verdict = [r.seconds.get("since_batch_start", 0.0) for r in results]
+        phases = {k: percentile([r.seconds.get(k, 0.0) for r in results], 0.5)
+                  for k in ("compile", "load", "reference", "check", "time")}
+        compile_s = [r.seconds.get("compile", 0.0) for r in results]
+        # kernel_eval's figures now, before the slow baseline: a run cut short still reports them
+        print(f"kernel_eval: {sum(r.status == 'correct' for r in results)}/{len(results)} correct, wall {wall:.1f} s, "
+              f"{len(results) / wall * 60:.2f} candidates/min, p50 latency {percentile(own, 0.5):.1f} s, "
+              f"p90 {percentile(own, 0.9):.1f} s, p50 batch start to verdict {percentile(to_verdict, 0.5):.1f} s", flush=True)
+        print("  p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
+        for (task_id, _, _), r in zip(candidates, results):
+            print(f"  {task_id:42s} {r.status:8s} {r.speedup:6.3f}x timing_ok={r.timing_ok} "
+                  + " ".join(f"{k}={v:.1f}" for k, v in r.seconds.items())
+                  + ("" if r.status == "correct" else f"  {r.message[:200]!r}"), flush=True)
     n_correct = sum(r.status == "correct" for r in results)
-    for (task_id, _, _), r in zip(candidates, results):
-        if r.status != "correct":
-            print(f"  not correct: {task_id}: {r.status}: {r.message[:200]}", flush=True)
-
-    # kernel_eval's figures now, before the slow baseline: a run cut short still reports them
-    print(f"kernel_eval: {n_correct}/{len(results)} correct, wall {wall:.1f} s, {len(results) / wall * 60:.2f} "
-          f"candidates/min, p50 latency {percentile(own, 0.5):.1f} s, p90 {percentile(own, 0.9):.1f} s, "
-          f"p50 batch start to verdict {percentile(to_verdict, 0.5):.1f} s", flush=True)
-    print("  p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
-    for (task_id, _, _), r in zip(candidates, results):
-        print(f"  {task_id:42s} {r.status:8s} {r.speedup:6.3f}x timing_ok={r.timing_ok} "
-              + " ".join(f"{k}={v:.1f}" for k, v in r.seconds.items()), flush=True)
 
     base_rows, base_wall = [], 0.0
     if a.baseline_n > 0:
         print(f"naive serial baseline: {a.baseline_n} candidates", flush=True)
         t1 = time.monotonic()
-        base_rows = naive_serial(candidates[: a.baseline_n], a.device, tempfile.mkdtemp(prefix="bench-naive-"), trials, warmup)
+        base_rows = naive_serial(pool[: a.baseline_n], a.device, tempfile.mkdtemp(prefix="bench-naive-"), trials, warmup)
         base_wall = time.monotonic() - t1
 
     stability = {}
-    timed = [(r.candidate_ms, i) for i, r in enumerate(results) if r.status == "correct" and r.timing_ok]
-    long_enough = [(ms, i) for ms, i in timed if ms >= 1.0] or timed
-    if a.stability_runs > 0 and long_enough:
-        _, i = max(long_enough)
-        task_id, ref, cand = candidates[i]
-        speedups = []
+    chosen = None
+    if a.stability_task:  # a named built-in solution: no batch needed
+        chosen = next((c for c in pool if c[0] == a.stability_task), None)
+        if chosen is None:
+            raise SystemExit(f"--stability-task: no built-in {language} solution {a.stability_task!r}")
+    else:  # the slowest correct candidate of the batch, preferring kernels >= 1 ms
+        timed = [(r.candidate_ms, i) for i, r in enumerate(results) if r.status == "correct" and r.timing_ok]
+        long_enough = [(ms, i) for ms, i in timed if ms >= 1.0] or timed
+        if long_enough:
+            chosen = candidates[max(long_enough)[1]]
+    if a.stability_runs > 0 and chosen:
+        task_id, ref, cand = chosen
+        speedups, times = [], []
         for _ in range(a.stability_runs):
             ref_cache = os.path.join(cache_root, "ref_times.json")
             if os.path.exists(ref_cache):
                 os.remove(ref_cache)  # re-time the reference too: the spread of the speedup, not of one side
             r = kernel_eval.evaluate(ref, cand, device=a.device, **over)
             speedups.append(r.speedup)
+            times.append(r.candidate_ms)
             print(f"  stability {task_id}: {r.status} speedup {r.speedup:.4f} ({r.candidate_ms:.4g} ms)", flush=True)
         spread = (max(speedups) - min(speedups)) / statistics.median(speedups) if min(speedups) > 0 else float("nan")
-        stability = {"task": task_id, "candidate_ms": results[i].candidate_ms, "speedups": speedups, "spread": spread}
+        stability = {"task": task_id, "candidate_ms": statistics.median(times), "speedups": speedups, "spread": spread}
 
     n = len(candidates)
     fig = {
         "device": a.device, "n_candidates": n, "n_correct": n_correct, "wall_s": wall,
-        "per_min": n / wall * 60, "p50_latency_s": percentile(own, 0.5), "p90_latency_s": percentile(own, 0.9),
-        "p50_to_verdict_s": percentile(to_verdict, 0.5), "p50_compile_s": percentile(compile_s, 0.5),
-        "p50_phase_s": phases, "baseline_n": len(base_rows), "baseline_wall_s": base_wall,
+        "per_min": n / wall * 60 if n else float("nan"), "p50_latency_s": percentile(own, 0.5),
+        "p90_latency_s": percentile(own, 0.9), "p50_to_verdict_s": percentile(to_verdict, 0.5),
+        "p50_compile_s": percentile(compile_s, 0.5), "p50_phase_s": phases,
+        "baseline_n": len(base_rows), "baseline_wall_s": base_wall,
         "baseline_per_min": len(base_rows) / base_wall * 60 if base_wall else float("nan"),
         "baseline_p50_latency_s": percentile([r["seconds"] for r in base_rows], 0.5),
         "baseline_correct": sum(r["status"] == "correct" for r in base_rows),
@@ -196,7 +210,7 @@ def main() -> None:
         "candidates": [{"task": t, "status": r.status, "speedup": r.speedup, "timing_ok": r.timing_ok,
                         "seconds": r.seconds} for (t, _, _), r in zip(candidates, results)],
     }
-    ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows else float("nan")
+    ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows and n else float("nan")
     print()
     print(f"| {a.device}{' (full headers)' if a.full_headers else ''} | kernel_eval | naive serial |")
     print("|---|---|---|")
@@ -208,7 +222,7 @@ def main() -> None:
     print(f"| p90 latency (s) | {fig['p90_latency_s']:.1f} | |")
     print(f"| p50 compile (s) | {fig['p50_compile_s']:.1f} | |")
     print(f"| p50 batch start to verdict (s) | {fig['p50_to_verdict_s']:.1f} | |")
-    print("| p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + " | | |")
+    print("| p50 per phase (s) | " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + " | |")
     print(f"\nthroughput ratio kernel_eval / naive: {ratio:.2f}x (goal >= 3)")
     if stability:
         print(f"stability: {stability['task']} ({stability['candidate_ms']:.3g} ms), speedup over "
