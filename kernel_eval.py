@@ -1626,7 +1626,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
                 cand = _spawn("cand", cand_src, device, arch, config, scratch)
-            session.boot()
+                session.boot()  # while the kernel compiles; a failed compile needs no reference
             record = compiling.result()
             res = _evaluate_one(session, cand, device, config, record)
         finally:
