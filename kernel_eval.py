@@ -403,6 +403,7 @@ TENSOR_FILE_MAGIC = b"KEVALTS1"
 TENSOR_FILE_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128",
                       "int8", "int16", "int32", "int64", "uint8", "bool")
 TENSOR_FILE_ALIGN = 64
+TRUSTED_FILE_MAX_BYTES = 1 << 46  # input files: written by the reference session, sealed by the parent
 
 
 def _write_all(fd: int, data) -> None:
@@ -426,7 +427,7 @@ def write_tensor_sets(fd: int, sets: list) -> None:
             pad = -pos % TENSOR_FILE_ALIGN
             _write_all(fd, bytes(pad))
             pos += pad
-            nbytes = t.numel() * t.element_size()
+            nbytes = t.nbytes
             if nbytes:
                 _write_all(fd, t.reshape(-1).view(torch.uint8).numpy())
             entries.append({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
@@ -477,7 +478,7 @@ def read_tensor_sets(fd: int, max_bytes: int) -> list:
                     or offset < 0 or offset % TENSOR_FILE_ALIGN or offset + nbytes > data_end):
                 raise ValueError("bad tensor entry")
             dt = getattr(torch, dtype)
-            if nbytes != math.prod(shape) * torch.empty((), dtype=dt).element_size():
+            if nbytes != math.prod(shape) * dt.itemsize:
                 raise ValueError("tensor size does not match its shape")
             if nbytes == 0:
                 values.append(torch.empty(shape, dtype=dt))
@@ -501,10 +502,7 @@ def _seal(fd: int) -> None:
 
 
 def _child_send(fd: int, msg: dict, payload: bytes = b"") -> None:
-    data = json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload
-    view, sent = memoryview(data), 0
-    while sent < len(data):
-        sent += os.write(fd, view[sent:])
+    _write_all(fd, json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload)
 
 
 def _child_recv(f) -> tuple:
@@ -676,19 +674,18 @@ class Worker:
         self.channel = Channel(rep_r, cmd_w, cfg.max_message_bytes)
         self.fds = (rep_r, cmd_w)
 
-    def exit_code(self) -> int | None:
+    def exit_record(self) -> tuple:
+        """(exit code or None, whether the supervisor killed it for flooding its output)."""
         try:
             with open(self.code_file) as f:
-                return int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def flooded(self) -> bool:
-        try:
-            with open(self.code_file) as f:
-                return "flooded" in f.read()
+                words = f.read().split()
         except OSError:
-            return False
+            return None, False
+        try:
+            code = int(words[0])
+        except (ValueError, IndexError):
+            code = None
+        return code, "flooded" in words
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -735,8 +732,8 @@ class Worker:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        code = self.exit_code()
-        if self.flooded():
+        code, flooded = self.exit_record()
+        if flooded:
             how = f"wrote more than {self.output_bytes >> 20} MiB to stdout/stderr and was killed"
         elif code is None:
             how = "closed its channel"
@@ -959,6 +956,9 @@ def _worker_serve(a) -> None:
     def to_dev(xs):
         return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in xs]
 
+    def error(phase, exc_text):
+        _child_send(reply, {"error": trim_error(exc_text, max_lines=10), "phase": phase})
+
     def receive_fds(n):
         _, fds, _, _ = socket.recv_fds(fd_sock, 16, n)
         if len(fds) != n:
@@ -986,7 +986,6 @@ def _worker_serve(a) -> None:
                 _child_send(reply, {"nonce": nonce}, _tensors_to_bytes(_to_cpu(list(init))) if a.mode == "ref" else b"")
             elif cmd == "gen" and a.mode == "ref":
                 # inputs from the parent's secret seeds go to the two input files; outputs stay here
-                sizes = []
                 for fd, part in zip(fds, ("check", "time")):
                     sets, ref_outs[part] = [], []
                     for seed in msg["seeds"][part]:
@@ -997,13 +996,10 @@ def _worker_serve(a) -> None:
                                                    for o in _as_list(model(*to_dev(xs)))])
                         sets.append(xs)
                     write_tensor_sets(fd, sets)
-                    sizes.append(sum(o.numel() * o.element_size() for outs in ref_outs[part] for o in outs
-                                     if isinstance(o, torch.Tensor)))
                 sync()
-                first = ref_outs["check"][0]
-                _child_send(reply, {"nonce": nonce, "out_bytes": [o.numel() * o.element_size() for o in first
-                                                                  if isinstance(o, torch.Tensor)],
-                                    "total_out_bytes": sizes})
+                out_bytes = {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
+                             for part, sets in ref_outs.items()}
+                _child_send(reply, {"nonce": nonce, "out_bytes": out_bytes})
             elif cmd == "judge" and a.mode == "ref":
                 expected = ref_outs[msg["part"]]
                 try:
@@ -1022,7 +1018,7 @@ def _worker_serve(a) -> None:
                             break
                 _child_send(reply, {"nonce": nonce, "reason": reason})
             elif cmd == "run":
-                sets = read_tensor_sets(fds[0], 1 << 46)
+                sets = read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)
                 poison_bytes = msg.get("poison_bytes", [])
                 outs, changed, ops = [], [], set()
                 for xs in sets:
@@ -1047,7 +1043,7 @@ def _worker_serve(a) -> None:
                 write_tensor_sets(fds[1], outs)
                 _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)})
             elif cmd == "time_prepare":  # inputs onto the device and warm-up, outside the parent's clock
-                sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], 1 << 46)]
+                sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
                 if cuda and flush is None:
                     flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=dev)
                 timing = _TimingLoop(model, sets, flush, cuda, sync)
@@ -1059,10 +1055,9 @@ def _worker_serve(a) -> None:
                 write_tensor_sets(fds[0], [_to_cpu(o) for o in timing.last])
                 _child_send(reply, {"nonce": nonce})
             else:
-                error = f"unknown command {cmd!r}"
-                _child_send(reply, {"error": error, "phase": cmd or "?"})
+                error(cmd or "?", f"unknown command {cmd!r}")
         except BaseException:  # noqa: BLE001 - candidate failures become a runtime_error verdict
-            _child_send(reply, {"error": trim_error(traceback.format_exc(), max_lines=10), "phase": cmd or "?"})
+            error(cmd or "?", traceback.format_exc())
             if cuda:
                 return  # CUDA errors are sticky: nothing after this can be trusted
         finally:
@@ -1350,7 +1345,8 @@ class _ReferenceSession:
         self.files = {}  # part -> sealed memory file of input sets
         self.generated = False
         self.failure: _Failure | None = None
-        self.init_bytes, self.out_bytes, self.total_out_bytes = b"", [], [0, 0]
+        self.init_bytes = b""
+        self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.timing = None
 
     def boot(self) -> None:
@@ -1388,24 +1384,25 @@ class _ReferenceSession:
                                 {"cmd": "gen", "seeds": self.seeds}, fds=(self.files["check"], self.files["time"]))
                 for fd in self.files.values():
                     _seal(fd)
-                self.out_bytes, self.total_out_bytes = reply["out_bytes"], reply["total_out_bytes"]
+                self.out_bytes = reply["out_bytes"]
                 self.generated = True
                 warmup, trials = _timing_counts(self.device, cfg)
                 key = self._timing_key(warmup, trials)
                 self.timing = _ref_time_cache(cfg, key)
                 if self.timing is None and cfg.time_candidate:
-                    _ask(self.worker, "reference", "time", cfg.time_timeout_s,
-                         {"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes},
-                         fds=(self.files["time"],))
-                    w0 = time.monotonic()
-                    reply, _ = _ask(self.worker, "reference", "time", cfg.time_timeout_s, {"cmd": "time", "trials": trials})
-                    wall = (time.monotonic() - w0) * 1e3
-                    self.timing = _ref_time_cache(cfg, key, {
-                        "ms": statistics.median(reply["times"]), "overhead_ms": wall - sum(reply["times"])})
+                    times, wall = _timed_calls(self.worker, "reference", self.files["time"], warmup, trials, cfg)
+                    self.timing = _ref_time_cache(cfg, key, {"ms": statistics.median(times),
+                                                             "overhead_ms": wall - sum(times)})
             except _Failure as f:
                 self.failure = _Failure(f.status, f.message)
                 self._stop()
                 raise self.failure from None
+
+    def output_limit(self, part: str) -> int:
+        """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
+        room for the file's own overhead."""
+        total = sum(sum(sizes) for sizes in self.out_bytes[part])
+        return min(self.cfg.max_message_bytes, 2 * total + (16 << 20))
 
     def _timing_key(self, warmup: int, trials: int) -> str:
         import torch
@@ -1459,6 +1456,19 @@ class _ReferenceSession:
             self._stop()
 
 
+def _timed_calls(worker: Worker, who: str, time_file: int, warmup: int, trials: int, cfg: EvalConfig,
+                 deadline: float | None = None) -> tuple:
+    """(claimed per-call times, the parent's ms over the timed request). The reference and the
+    candidate go through this same sequence, so the reference's wall minus its claimed times is
+    the loop overhead the cross-check allows the candidate."""
+    _ask(worker, who, "time", cfg.time_timeout_s,
+         {"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes},
+         fds=(time_file,), deadline=deadline)
+    w0 = time.monotonic()
+    reply, _ = _ask(worker, who, "time", cfg.time_timeout_s, {"cmd": "time", "trials": trials}, deadline=deadline)
+    return reply.get("times"), (time.monotonic() - w0) * 1e3
+
+
 def _seal_output(fd: int, max_bytes: int) -> None:
     try:
         _seal(fd)
@@ -1486,12 +1496,11 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
 
         t2 = time.monotonic()
         _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
-        # the candidate may write what the reference did, with room for the file's own overhead
-        check_limit = min(cfg.max_message_bytes, 2 * session.total_out_bytes[0] + (16 << 20))
+        check_limit = session.output_limit("check")
         out_fd = _memfd("kernel_eval-candidate-outputs")
         try:
             reply, _ = _ask(cand, "candidate", "check", cfg.check_timeout_s,
-                            {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes},
+                            {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
                             fds=(session.files["check"], out_fd))
             _seal_output(out_fd, check_limit)
             ops, changed = reply.get("ops", []), reply.get("changed")
@@ -1517,20 +1526,13 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
         if not cfg.time_candidate or not ref_timing:
             return
         t3 = time.monotonic()
-        time_limit = min(cfg.max_message_bytes, 2 * session.total_out_bytes[1] + (16 << 20))
+        time_limit = session.output_limit("time")
         out_fd = _memfd("kernel_eval-candidate-timed-outputs")
         try:
             deadline = time.monotonic() + cfg.time_timeout_s
-            _ask(cand, "candidate", "time", cfg.time_timeout_s,
-                 {"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes},
-                 fds=(session.files["time"],), deadline=deadline)
-            w0 = time.monotonic()
-            reply, _ = _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time", "trials": trials},
-                            deadline=deadline)
-            wall = (time.monotonic() - w0) * 1e3
+            times, wall = _timed_calls(cand, "candidate", session.files["time"], warmup, trials, cfg, deadline)
             _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
             _seal_output(out_fd, time_limit)
-            times = reply.get("times")
             if (not isinstance(times, list) or len(times) != trials
                     or not all(isinstance(x, (int, float)) for x in times)):
                 raise _Failure("runtime_error", "candidate returned a malformed timing reply")
