@@ -22,19 +22,21 @@ How one evaluation runs, and why
    at -O0, which makes CPU speedups meaningless), and, with `use_pch` on, torch's precompiled
    header when the flags are the defaults (torch keeps one .gch whose signature includes the
    flags, so mixed flags would rebuild it for everyone; off by default, see EvalConfig). TORCH_CUDA_ARCH_LIST is the
-   device's own arch; CUDA is hidden from the compile worker. With `light_cuda_headers` (the
-   default), .cu units are built first with slim ATen headers instead of torch/extension.h (most
-   of nvcc's time), and as written if that fails. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
+   device's own arch; CUDA is hidden from the compile worker. CUDA builds try the
+   `cuda_header_tiers` first (default "slim": ATen's tensor class and the ops the source names
+   instead of torch/extension.h, whose parsing is most of a build), then the source as written. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
    Import errors that are not build errors are deferred to the run phase, which reports them.
 3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
-   running only the task's own code): it draws inputs from seeds only the parent knows, shared by
-   every candidate of that task in the batch, writes them to two memory files (memfd: correctness
+   running only the task's own code): it draws inputs from seeds only the parent knows (on the
+   device when the task runs there: get_inputs under `with device`, on the CPU if that fails),
+   shared by every candidate of that task in the batch, writes them to two memory files (memfd: correctness
    trials, timing sets) that the parent then seals read-only (F_SEAL_WRITE: no process, whatever
    its uid, can change them afterwards), keeps the reference outputs on the device, and times the
    reference once per (reference, device, timing config), cached on disk. Each candidate runs in
-   its own fresh worker, started (torch imported, CUDA context created) while its kernel compiles.
-   The candidate worker only ever receives inputs and writes outputs, as raw tensor bytes in a
-   memory file of its own (no pickle); the parent seals that file and hands it to the reference
+   its own fresh worker, started (torch imported, CUDA context created, the op recorder's first
+   use paid) while its kernel compiles. The candidate worker only ever receives inputs and writes
+   outputs, as raw tensor bytes in a memory file of its own (no pickle; each call's outputs are
+   written before the next call, so a buffer reused across calls is still checked per call); the parent seals that file and hands it to the reference
    session, which validates it and compares it with its own outputs on the device. Reference
    outputs never exist in a candidate's process, and no verdict is computed there. Outputs are
    poisoned where unwritten: on GPU, blocks of each output's size are filled with NaN and freed
@@ -44,7 +46,9 @@ How one evaluation runs, and why
    operators the forward runs (from Python or from inside the extension); a compute operator (mm,
    add, relu, conv, ...) makes the verdict "incorrect" however it was spelled. That recorder lives
    in the candidate's process, so it is defence in depth, not a boundary.
-4. time: warm-up, then `trials` calls; on GPU each call is preceded by an L2 flush and bracketed
+4. time: warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have passed on
+   the parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is preceded by
+   an L2 flush and bracketed
    by CUDA events with a device-wide synchronize before the end event (side-stream work counts);
    on CPU by perf_counter. The median is the candidate's time. The timing sets' file is handed to
    the candidate only when timing starts; the calls alternate between `timing_input_sets` sets
@@ -131,8 +135,10 @@ _has_compatible_shallow_copy_type unsafe_split dim size stride numel is_contiguo
 class EvalConfig:
     n_correct_trials: int = 5
     gpu_warmup: int = 10
+    gpu_warmup_ms: float = 200.0  # and warm up for at least this long (clocks), outside the timed request
     gpu_trials: int = 100
     cpu_warmup: int = 1
+    cpu_warmup_ms: float = 0.0
     cpu_trials: int = 5
     timing_input_sets: int = 2
     # (atol, rtol) per output dtype; KernelBench v0 and Kevin used 1e-2 in fp32.
@@ -149,7 +155,11 @@ class EvalConfig:
     # None: every core on cpu (one C++ unit per build); cores / build_jobs on cuda (a build is a host
     # unit and a .cu unit compiled side by side: more builds at once only slow each one down)
     max_parallel_compiles: int | None = None
-    max_parallel_runs: int | None = None  # None: 4 on cuda, 1 on cpu (boot overlaps, GPU work does not)
+    # candidates whose worker may be alive at once (it boots, torch and a CUDA context, while its
+    # kernel compiles; device work is one at a time). None: 4 on cuda, 1 on cpu. On the H200, 8
+    # (one per parallel build) cut the wait for a booted worker (p50 load 5.5 s -> 1.4 s) but two
+    # identical kernels in one batch then timed up to 4x apart (at 4: within 23%); see PERFORMANCE.md
+    max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     compile_nice: int = 10  # builds yield the CPU to the run phase (file reads, copies, comparisons)
     default_cflags: tuple = ("-O3",)
@@ -157,7 +167,9 @@ class EvalConfig:
     # deletes or rebuilds with other flags (seen on the shared CI box: builds stalled for minutes);
     # turn on only where kernel_eval is the only builder (then C++ builds take ~15 s instead of ~30 s)
     use_pch: bool = False
-    light_cuda_headers: bool = True  # .cu units with slim ATen headers first (falls back to the source as written)
+    # header sets tried in order for CUDA builds before the source as written (HEADER_TIERS):
+    # "slim" (ATen/core/Tensor.h plus the ops the source names), "light" (ATen/ATen.h); () = as written
+    cuda_header_tiers: tuple = ("slim",)
     cuda_arch: str | None = None  # None: the device's own, e.g. "9.0"
     op_check: bool = True
     time_candidate: bool = True
@@ -257,20 +269,50 @@ def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
             if not torch.equal(c, r):
                 return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
             continue
-        r64, c64 = r.double(), c.double()
-        r_bad, c_bad = ~torch.isfinite(r64), ~torch.isfinite(c64)
-        extra = c_bad & ~r_bad
-        if extra.any():
-            kind = "NaN" if torch.isnan(c64[extra]).any() else "Inf"
-            return f"{name} has {kind} at {extra.sum().item()} of {r.numel()} positions (unwritten memory?)"
-        if r_bad.any() and not torch.equal(c64[r_bad].nan_to_num(), r64[r_bad].nan_to_num()):
-            return f"{name}: non-finite values differ from the reference"
-        atol, rtol = tolerance_for(str(r.dtype).replace("torch.", ""), tolerances)
-        ok = r_bad | ((c64 - r64).abs() <= atol + rtol * r64.abs())
-        if not ok.all():
-            diff = (c64 - r64).abs()[~ok]
-            return (f"{name}: {(~ok).sum().item()} of {r.numel()} values outside tolerance "
-                    f"(atol={atol}, rtol={rtol}); max abs diff {diff.max().item():.4g}")
+        reason = _compare_floats(r, c, name, tolerance_for(str(r.dtype).replace("torch.", ""), tolerances))
+        if reason:
+            return reason
+    return None
+
+
+COMPARE_CHUNK = 1 << 24  # elements per step: bounded temporaries, whatever the output's size
+
+
+def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
+    """|c - r| <= atol + rtol |r| wherever r is finite, and c non-finite exactly where r is (same
+    values); in float32 (float64 for float64), chunk by chunk."""
+    import torch
+    atol, rtol = tol
+    if r.is_complex():
+        r, c = torch.view_as_real(r), torch.view_as_real(c)
+    work = torch.float64 if r.dtype == torch.float64 else torch.float32
+    rf, cf = r.reshape(-1), c.reshape(-1)
+    zero = torch.zeros((), dtype=torch.int64, device=r.device)
+    extra, extra_nan, outside, nonfinite_differ = zero.clone(), zero.clone(), zero.clone(), zero.clone()
+    max_diff = torch.zeros((), dtype=work, device=r.device)
+    for i in range(0, rf.numel(), COMPARE_CHUNK):
+        rr, cc = rf[i: i + COMPARE_CHUNK].to(work), cf[i: i + COMPARE_CHUNK].to(work)
+        diff = (cc - rr).abs_()
+        if bool((diff <= rr.abs().mul_(rtol).add_(atol)).all()):
+            continue  # the usual chunk: every value within tolerance (a NaN anywhere fails this)
+        r_fin, c_fin = torch.isfinite(rr), torch.isfinite(cc)
+        new_bad = r_fin & ~c_fin  # unwritten memory shows up as NaN (poison) here
+        extra += new_bad.sum()
+        extra_nan += (new_bad & torch.isnan(cc)).sum()
+        r_bad = ~r_fin
+        nonfinite_differ += (r_bad & (cc.nan_to_num() != rr.nan_to_num())).sum()
+        bad = r_fin & c_fin & ~(diff <= atol + rtol * rr.abs())
+        outside += bad.sum()
+        max_diff = torch.maximum(max_diff, torch.where(bad, diff, 0).max())
+    n = r.numel()
+    if extra.item():
+        kind = "NaN" if extra_nan.item() else "Inf"
+        return f"{name} has {kind} at {extra.item()} of {n} positions (unwritten memory?)"
+    if nonfinite_differ.item():
+        return f"{name}: non-finite values differ from the reference"
+    if outside.item():
+        return (f"{name}: {outside.item()} of {n} values outside tolerance "
+                f"(atol={atol}, rtol={rtol}); max abs diff {max_diff.item():.4g}")
     return None
 
 
@@ -412,30 +454,58 @@ def _write_all(fd: int, data) -> None:
         sent += os.write(fd, view[sent: sent + (1 << 30)])
 
 
-def write_tensor_sets(fd: int, sets: list) -> None:
-    """Write lists of tensors (or JSON values such as ints) to an empty file, streaming."""
-    import torch
-    pos, index = 0, []
-    for values in sets:
+class TensorFileWriter:
+    """Writes sets of tensors (or JSON values such as ints) to an empty file, one set at a time, in
+    the layout read_tensor_sets reads. Device tensors go through a small pinned buffer: a pageable
+    device-to-host copy into fresh memory is several times slower."""
+
+    STAGING_BYTES = 64 << 20
+
+    def __init__(self, fd: int):
+        self.fd, self.pos, self.index, self.staging = fd, 0, [], None
+
+    def add(self, values: list) -> None:
+        import torch
         entries = []
         for v in values:
             if not isinstance(v, torch.Tensor):
                 json.dumps(v)  # a value the index cannot hold fails here, loudly
                 entries.append({"value": v})
                 continue
-            t = v.detach().to("cpu").contiguous()
-            pad = -pos % TENSOR_FILE_ALIGN
-            _write_all(fd, bytes(pad))
-            pos += pad
+            t = v.detach()
+            t = t.contiguous() if t.device.type == "cuda" else t.to("cpu").contiguous()
+            pad = -self.pos % TENSOR_FILE_ALIGN
+            _write_all(self.fd, bytes(pad))
+            self.pos += pad
             nbytes = t.nbytes
             if nbytes:
-                _write_all(fd, t.reshape(-1).view(torch.uint8).numpy())
+                flat = t.reshape(-1).view(torch.uint8)
+                if t.device.type == "cuda":
+                    if self.staging is None:
+                        self.staging = torch.empty(self.STAGING_BYTES, dtype=torch.uint8, pin_memory=True)
+                    for i in range(0, nbytes, self.STAGING_BYTES):
+                        n = min(self.STAGING_BYTES, nbytes - i)
+                        self.staging[:n].copy_(flat[i: i + n])
+                        _write_all(self.fd, self.staging[:n].numpy())
+                else:
+                    _write_all(self.fd, flat.numpy())
             entries.append({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-                            "offset": pos, "nbytes": nbytes})
-            pos += nbytes
-        index.append(entries)
-    footer = json.dumps({"sets": index}).encode()
-    _write_all(fd, footer + len(footer).to_bytes(8, "little") + TENSOR_FILE_MAGIC)
+                            "offset": self.pos, "nbytes": nbytes})
+            self.pos += nbytes
+        self.index.append(entries)
+
+    def close(self) -> None:
+        footer = json.dumps({"sets": self.index}).encode()
+        _write_all(self.fd, footer + len(footer).to_bytes(8, "little") + TENSOR_FILE_MAGIC)
+        self.staging = None
+
+
+def write_tensor_sets(fd: int, sets: list) -> None:
+    """Write lists of tensors (or JSON values) to an empty file, streaming."""
+    writer = TensorFileWriter(fd)
+    for values in sets:
+        writer.add(values)
+    writer.close()
 
 
 def read_tensor_sets(fd: int, max_bytes: int) -> list:
@@ -748,13 +818,13 @@ class Worker:
 # ----------------------------------------------------------------------------- worker side
 
 def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_pch: bool, fast_load: bool,
-                         light_cuda_headers: bool = False) -> dict:
+                         cuda_header_tiers: tuple = ()) -> dict:
     """Force load_inline/load into per-hash build dirs; inject -O3 and the precompiled header."""
     import inspect
     import torch
     import torch.utils.cpp_extension as ce
 
-    state = {"builds": 0, "build_error": None}
+    state = {"builds": 0, "build_error": None, "header_tier": None}
     base_key = (torch.__version__, sys.version_info[:2], arch)
     inline, load = ce.load_inline, ce.load
 
@@ -780,21 +850,34 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
         args = inspect.signature(inline).bind(*a, **kw).arguments
         cuda = bool(args.get("cuda_sources"))
         fix_flags(args, cuda)
-        if (light_cuda_headers and cuda and not args.get("no_implicit_headers")
+        if (cuda and cuda_header_tiers and not args.get("no_implicit_headers")
                 and "no_implicit_headers" in inspect.signature(inline).parameters):
             # no_implicit_headers: load_inline would put torch/types.h (autograd, library) at the top
-            # of every .cu unit; the host unit keeps torch/extension.h, which pybind11 needs
-            light = dict(args, no_implicit_headers=True)
-            cpp = [args["cpp_sources"]] if isinstance(args["cpp_sources"], str) else list(args["cpp_sources"])
-            cu = [args["cuda_sources"]] if isinstance(args["cuda_sources"], str) else list(args["cuda_sources"])
-            light["cpp_sources"] = [FULL_HEADER] + cpp
-            light["cuda_sources"] = [LIGHT_CUDA_HEADERS] + [
-                s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in cu]
-            try:
-                return build(light, cuda, remember_failure=True)
-            except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
-                state["build_error"] = None  # the full header may still build it: fall back
+            # of every .cu unit and torch/extension.h (all of torch's C++ API) in the host unit
+            for tier in cuda_header_tiers:
+                try:
+                    module = build(header_tier_args(args, tier), cuda, remember_failure=True)
+                    state["header_tier"] = tier
+                    return module
+                except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
+                    state["build_error"] = None  # a heavier tier may still build it: fall back
         return build(args, cuda)
+
+    def header_tier_args(args: dict, tier: str) -> dict:
+        def sources(key):
+            value = args.get(key) or []
+            return [value] if isinstance(value, str) else list(value)
+        cpp = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cpp_sources")]
+        cu = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cuda_sources")]
+        if tier == "slim":
+            ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
+            host, device = SLIM_HOST_HEADERS + ops_includes(cpp, ops_dir), SLIM_CUDA_HEADERS + ops_includes(cu, ops_dir)
+        elif tier == "light":
+            host, device = FULL_HEADER + "\n", LIGHT_CUDA_HEADERS
+        else:
+            raise ValueError(f"unknown CUDA header tier {tier!r} (known: {', '.join(HEADER_TIERS)})")
+        return dict(args, no_implicit_headers=True, cpp_sources=[host + TORCH_ALIASES] + cpp,
+                    cuda_sources=[device + TORCH_ALIASES] + cu)
 
     def build(args, cuda, remember_failure=False):
         pch = (use_pch and not cuda and "use_pch" in inspect.signature(inline).parameters
@@ -865,15 +948,38 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
 PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)
 FULL_HEADER = "#include <torch/extension.h>"
 TYPES_HEADER = "#include <torch/types.h>"
-# What a .cu unit usually needs from torch/extension.h, without torch/all.h (nn, optim, autograd
-# API) and pybind11 (DESIGN.md: slim ATen headers 16-18 s vs 49-51 s for the full header), plus the
-# torch:: names torch/types.h would give it. A unit that needs more fails and is rebuilt as written.
+# Most of a CUDA build is parsing torch's headers (three times in a .cu unit: nvcc's device and
+# host passes, then the host compiler). torch/extension.h brings all of torch's C++ API (nn, optim,
+# autograd, jit) and pybind11; a kernel's wrapper needs at::Tensor, a few factory functions,
+# AT_DISPATCH, TORCH_CHECK and the current stream. DESIGN.md: 49-51 s for the full header, 16-18 s
+# with slim ones. A tier a unit does not build under falls back to the next, then to the source as
+# written, so a lighter tier costs a failed attempt but never a verdict.
+HEADER_TIERS = ("slim", "light")
+# slim: the tensor class, dispatch macros and CUDA stream/guard headers, plus ATen/ops/<name>.h for
+# every torch::name( / at::name( the unit calls (ops_includes); tensor operators (+, *) and
+# torch::nn are not in it.
+SLIM_CUDA_HEADERS = """#include <cuda.h>
+#include <cuda_runtime.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
+"""
+# the host unit only binds the functions: pybind11 with torch's Tensor caster and
+# torch::wrap_pybind_function (which load_inline's generated bindings call)
+SLIM_HOST_HEADERS = """#include <torch/csrc/Exceptions.h>
+#include <ATen/core/Tensor.h>
+"""
+# light: all of ATen (every operator) in the .cu unit, torch/extension.h in the host unit
 LIGHT_CUDA_HEADERS = """#include <cuda.h>
 #include <cuda_runtime.h>
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-namespace torch {
+"""
+# the torch:: names torch/types.h would give a unit
+TORCH_ALIASES = """namespace torch {
 using namespace at;
 using Dtype = at::ScalarType;
 constexpr auto kUInt8 = at::kByte;
@@ -886,6 +992,13 @@ constexpr auto kFloat32 = at::kFloat;
 constexpr auto kFloat64 = at::kDouble;
 }
 """
+
+
+def ops_includes(sources: list, ops_dir: str) -> str:
+    """#include lines for ATen/ops/<name>.h of each torch::name( or at::name( in the sources."""
+    names = sorted({m for src in sources for m in re.findall(r"\b(?:torch|at)::(\w+)\s*\(", src)})
+    return "".join(f"#include <ATen/ops/{n}.h>\n" for n in names
+                   if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h")))
 
 
 def _import_source(path: str, module_name: str):
@@ -913,10 +1026,10 @@ def _to_cpu(outs: list) -> list:
 
 def _worker_compile(a) -> None:
     state = _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=False,
-                                 light_cuda_headers=bool(a.light_cuda_headers))
+                                 cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t))
     try:
         _import_source(a.source, "candidate_module")
-        _child_send(a.reply_fd, {"ok": True, "builds": state["builds"]})
+        _child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"]})
     except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
         if state["build_error"] is not None:
             _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(state["build_error"])})
@@ -942,7 +1055,7 @@ def _worker_serve(a) -> None:
     fd_sock = socket.socket(fileno=a.fd_sock)
     reply = a.reply_fd
     _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=True,
-                         light_cuda_headers=bool(a.light_cuda_headers))
+                         cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t))
 
     class OpRecorder(TorchDispatchMode):
         def __init__(self):
@@ -956,6 +1069,18 @@ def _worker_serve(a) -> None:
     def to_dev(xs):
         return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in xs]
 
+    def draw_inputs(seed):
+        """The task's get_inputs under `seed`, drawn on the device when it runs there (CPU random
+        number generation was most of a large task's setup); on the CPU if that fails."""
+        torch.manual_seed(seed)
+        if cuda:
+            try:
+                with dev:
+                    return list(module.get_inputs())
+            except Exception:  # noqa: BLE001 - e.g. numpy in get_inputs: draw as written instead
+                torch.manual_seed(seed)
+        return list(module.get_inputs())
+
     def error(phase, exc_text):
         _child_send(reply, {"error": trim_error(exc_text, max_lines=10), "phase": phase})
 
@@ -965,6 +1090,9 @@ def _worker_serve(a) -> None:
             raise RuntimeError(f"expected {n} file descriptors, got {len(fds)}")
         return fds
 
+    if a.mode == "cand":  # a dispatch mode's first use imports half of torch (1-5 s): during boot
+        with OpRecorder():
+            torch.ones(1, device=dev).add(1)
     _child_send(reply, {"ready": True})
     module, model, flush, timing, ref_outs = None, None, None, None, {}
     while True:
@@ -986,24 +1114,28 @@ def _worker_serve(a) -> None:
                 _child_send(reply, {"nonce": nonce}, _tensors_to_bytes(_to_cpu(list(init))) if a.mode == "ref" else b"")
             elif cmd == "gen" and a.mode == "ref":
                 # inputs from the parent's secret seeds go to the two input files; outputs stay here
+                profile = _Stopwatch(sync)
                 for fd, part in zip(fds, ("check", "time")):
                     sets, ref_outs[part] = [], []
                     for seed in msg["seeds"][part]:
-                        torch.manual_seed(seed)
-                        xs = list(module.get_inputs())
+                        xs = draw_inputs(seed)
+                        profile.lap("get_inputs")
                         with torch.no_grad():
                             ref_outs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o
                                                    for o in _as_list(model(*to_dev(xs)))])
+                        profile.lap("forward")
                         sets.append(xs)
                     write_tensor_sets(fd, sets)
-                sync()
+                    profile.lap("write")
                 out_bytes = {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
                              for part, sets in ref_outs.items()}
-                _child_send(reply, {"nonce": nonce, "out_bytes": out_bytes})
+                _child_send(reply, {"nonce": nonce, "out_bytes": out_bytes, "profile": profile.seconds})
             elif cmd == "judge" and a.mode == "ref":
                 expected = ref_outs[msg["part"]]
+                profile = _Stopwatch(sync)
                 try:
                     cand = read_tensor_sets(fds[0], msg["max_bytes"])
+                    profile.lap("read")
                 except ValueError as e:  # the candidate wrote this file: its failure, not ours
                     _child_send(reply, {"nonce": nonce, "unreadable": str(e)})
                     continue
@@ -1016,18 +1148,22 @@ def _worker_serve(a) -> None:
                         if reason:
                             reason = (f"trial {t + 1}/{len(expected)}: " if msg["part"] == "check" else "") + reason
                             break
-                _child_send(reply, {"nonce": nonce, "reason": reason})
+                profile.lap("compare")
+                _child_send(reply, {"nonce": nonce, "reason": reason, "profile": profile.seconds})
             elif cmd == "run":
+                profile = _Stopwatch(sync)
                 sets = read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)
+                profile.lap("read")
                 poison_bytes = msg.get("poison_bytes", [])
-                outs, changed, ops = [], [], set()
+                outputs, changed, ops = TensorFileWriter(fds[1]), [], set()
                 for xs in sets:
                     pristine = to_dev(xs)
                     call = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+                    profile.lap("inputs")
                     if cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
                         blocks = [torch.full(((n + 3) // 4,), float("nan"), device=dev) for n in poison_bytes for _ in range(2)]
                         del blocks
-                    sync()
+                    profile.lap("poison")
                     recorder = OpRecorder() if msg.get("op_check") else None
                     with torch.no_grad():
                         if recorder is not None:
@@ -1036,12 +1172,14 @@ def _worker_serve(a) -> None:
                             ops |= recorder.ops
                         else:
                             out = _as_list(model(*call))
-                    sync()
+                    profile.lap("forward")
                     changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
                                     if isinstance(p, torch.Tensor) and not torch.equal(p, c)])
-                    outs.append(_to_cpu(out))
-                write_tensor_sets(fds[1], outs)
-                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)})
+                    profile.lap("inputs_unchanged")
+                    outputs.add(out)  # now: a buffer the next call reuses is still checked per call
+                    profile.lap("write")
+                outputs.close()
+                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops), "profile": profile.seconds})
             elif cmd == "time_prepare":  # inputs onto the device and warm-up, outside the parent's clock
                 sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
                 if cuda and flush is None:
@@ -1049,10 +1187,13 @@ def _worker_serve(a) -> None:
                 timing = _TimingLoop(model, sets, flush, cuda, sync)
                 timing.run(msg["warmup"])
                 _child_send(reply, {"nonce": nonce})
+            elif cmd == "warm":  # more warm-up, for as long as the parent's clock says
+                timing.run(msg["calls"])
+                _child_send(reply, {"nonce": nonce})
             elif cmd == "time":  # only this request is on the parent's clock
                 _child_send(reply, {"nonce": nonce, "times": timing.run(msg["trials"])})
             elif cmd == "time_outputs":  # each input set's last timed output, to be checked again
-                write_tensor_sets(fds[0], [_to_cpu(o) for o in timing.last])
+                write_tensor_sets(fds[0], timing.last)
                 _child_send(reply, {"nonce": nonce})
             else:
                 error(cmd or "?", f"unknown command {cmd!r}")
@@ -1063,6 +1204,20 @@ def _worker_serve(a) -> None:
         finally:
             for fd in fds:  # closed once, after the reply: the parent seals output files then
                 os.close(fd)
+
+
+class _Stopwatch:
+    """Seconds per step of a worker request, summed by name: sent back as "profile" for people
+    reading where a phase's time goes (bench/harness.py); no verdict reads it."""
+
+    def __init__(self, sync):
+        self.sync, self.seconds, self.t = sync, {}, _perf_counter()
+
+    def lap(self, step: str) -> None:
+        self.sync()
+        now = _perf_counter()
+        self.seconds[step] = self.seconds.get(step, 0.0) + now - self.t
+        self.t = now
 
 
 class _TimingLoop:
@@ -1119,7 +1274,7 @@ def _worker_main(argv: list) -> None:
     p.add_argument("--cflags", default='["-O3"]')
     p.add_argument("--use-pch", type=int, default=1)
     p.add_argument("--threads", default="")
-    p.add_argument("--light-cuda-headers", type=int, default=0)
+    p.add_argument("--cuda-header-tiers", default="")
     a = p.parse_args(argv)
     a.use_pch = bool(a.use_pch)
     if a.mode == "compile":
@@ -1200,7 +1355,7 @@ def _worker_args(src_path: str, device: str, cfg: EvalConfig, arch: str) -> list
     args = ["--source", src_path, "--device", "cuda" if device != "cpu" else "cpu",
             "--cache-root", cfg.cache_root, "--arch", arch,
             "--cflags", json.dumps(list(cfg.default_cflags)), "--use-pch", str(int(cfg.use_pch)),
-            "--light-cuda-headers", str(int(cfg.light_cuda_headers))]
+            "--cuda-header-tiers", ",".join(cfg.cuda_header_tiers)]
     if cfg.cpu_threads and device == "cpu":
         args += ["--threads", str(cfg.cpu_threads)]
     return args
@@ -1227,7 +1382,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dic
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
     import torch
     key = source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__,
-                      list(cfg.default_cflags), cfg.use_pch, cfg.light_cuda_headers)
+                      list(cfg.default_cflags), cfg.use_pch, list(cfg.cuda_header_tiers))
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = _read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
@@ -1243,7 +1398,8 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dic
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
-            record = {"status": "ok", "message": ""}
+            # which header tier the last CUDA build used (None: as written, or no CUDA build)
+            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier")}
         elif msg.get("kind") == "build":
             record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
         else:
@@ -1308,7 +1464,9 @@ def _ref_time_cache(cfg: EvalConfig, key: str, value: dict | None = None) -> dic
 
 
 def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
-    return (cfg.cpu_warmup, cfg.cpu_trials) if device == "cpu" else (cfg.gpu_warmup, cfg.gpu_trials)
+    """(warm-up calls, timed calls, least warm-up ms)"""
+    return ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
+            else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
 
 
 def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str) -> Worker:
@@ -1386,11 +1544,12 @@ class _ReferenceSession:
                     _seal(fd)
                 self.out_bytes = reply["out_bytes"]
                 self.generated = True
-                warmup, trials = _timing_counts(self.device, cfg)
-                key = self._timing_key(warmup, trials)
+                warmup, trials, warmup_ms = _timing_counts(self.device, cfg)
+                key = self._timing_key(warmup, trials, warmup_ms)
                 self.timing = _ref_time_cache(cfg, key)
                 if self.timing is None and cfg.time_candidate:
-                    times, wall = _timed_calls(self.worker, "reference", self.files["time"], warmup, trials, cfg)
+                    times, wall = _timed_calls(self.worker, "reference", self.files["time"], warmup, trials,
+                                               warmup_ms, cfg)
                     self.timing = _ref_time_cache(cfg, key, {"ms": statistics.median(times),
                                                              "overhead_ms": wall - sum(times)})
             except _Failure as f:
@@ -1404,12 +1563,12 @@ class _ReferenceSession:
         total = sum(sum(sizes) for sizes in self.out_bytes[part])
         return min(self.cfg.max_message_bytes, 2 * total + (16 << 20))
 
-    def _timing_key(self, warmup: int, trials: int) -> str:
+    def _timing_key(self, warmup: int, trials: int, warmup_ms: float) -> str:
         import torch
         cfg = self.cfg
         cpu = self.device == "cpu"
         device_name = "cpu" if cpu else torch.cuda.get_device_name(torch.device(self.device).index or 0)
-        return source_hash("ref-time-v2", self.ref_src, device_name, warmup, trials, cfg.timing_input_sets,
+        return source_hash("ref-time-v3", self.ref_src, device_name, warmup, trials, warmup_ms, cfg.timing_input_sets,
                            cfg.cpu_threads if cpu else None, torch.__version__)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
@@ -1456,7 +1615,7 @@ class _ReferenceSession:
             self._stop()
 
 
-def _timed_calls(worker: Worker, who: str, time_file: int, warmup: int, trials: int, cfg: EvalConfig,
+def _timed_calls(worker: Worker, who: str, time_file: int, warmup: int, trials: int, warmup_ms: float, cfg: EvalConfig,
                  deadline: float | None = None) -> tuple:
     """(claimed per-call times, the parent's ms over the timed request). The reference and the
     candidate go through this same sequence, so the reference's wall minus its claimed times is
@@ -1464,6 +1623,12 @@ def _timed_calls(worker: Worker, who: str, time_file: int, warmup: int, trials: 
     _ask(worker, who, "time", cfg.time_timeout_s,
          {"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes},
          fds=(time_file,), deadline=deadline)
+    # GPU clocks ramp up over ~0.1 s, longer than 10 calls of a short kernel: keep warming up in
+    # rounds until `warmup_ms` have passed on this process's clock (a worker's own clock is the
+    # candidate's to patch, and a warm-up timed by it could be made to never end)
+    warm_start = time.monotonic()
+    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
+        _ask(worker, who, "time", cfg.time_timeout_s, {"cmd": "warm", "calls": max(1, warmup)}, deadline=deadline)
     w0 = time.monotonic()
     reply, _ = _ask(worker, who, "time", cfg.time_timeout_s, {"cmd": "time", "trials": trials}, deadline=deadline)
     return reply.get("times"), (time.monotonic() - w0) * 1e3
@@ -1481,7 +1646,7 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
     cpu = device == "cpu"
-    warmup, trials = _timing_counts(device, cfg)
+    warmup, trials, warmup_ms = _timing_counts(device, cfg)
     t0 = time.monotonic()
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
@@ -1530,7 +1695,7 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
         out_fd = _memfd("kernel_eval-candidate-timed-outputs")
         try:
             deadline = time.monotonic() + cfg.time_timeout_s
-            times, wall = _timed_calls(cand, "candidate", session.files["time"], warmup, trials, cfg, deadline)
+            times, wall = _timed_calls(cand, "candidate", session.files["time"], warmup, trials, warmup_ms, cfg, deadline)
             _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
             _seal_output(out_fd, time_limit)
             if (not isinstance(times, list) or len(times) != trials
@@ -1591,6 +1756,9 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    unknown = [t for t in config.cuda_header_tiers if t not in HEADER_TIERS]
+    if unknown or isinstance(config.cuda_header_tiers, str):
+        raise ValueError(f"cuda_header_tiers must be a tuple of {HEADER_TIERS}, got {config.cuda_header_tiers!r}")
     batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)

@@ -107,6 +107,29 @@ def test_compare_outputs_agrees_with_naive_allclose():
         assert (ke.compare_outputs([ref], [cand], tol) is None) == naive
 
 
+def test_compare_outputs_chunked_equals_one_pass(monkeypatch):
+    """Chunk by chunk (7 elements a step) gives the same verdict, counts and max diff as one pass,
+    over dtypes, poison, infinities and references with NaNs."""
+    torch.manual_seed(1)
+    tol = ke.EvalConfig().tolerances
+    for trial in range(60):
+        dtype = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64][trial % 5]
+        ref = torch.randn(5, 11).to(dtype)
+        cand = (ref + torch.randn(5, 11).to(dtype) * 10 ** (-1 - trial % 3)).to(dtype)
+        if trial % 4 == 1:
+            cand.view(-1)[trial % 55] = float("nan")
+        if trial % 6 == 2:
+            ref.view(-1)[3] = float("inf")
+            cand.view(-1)[3] = float("inf") if trial % 12 == 2 else 1.0
+        one_pass = ke.compare_outputs([ref], [cand], tol)
+        monkeypatch.setattr(ke, "COMPARE_CHUNK", 7)
+        assert ke.compare_outputs([ref], [cand], tol) == one_pass
+        monkeypatch.setattr(ke, "COMPARE_CHUNK", 1 << 24)
+        if dtype == torch.float32 and "inf" not in str(ref.view(-1)[3].item()):
+            naive = bool((((cand - ref).abs() <= 1e-2 + 1e-2 * ref.abs()) | ref.isnan()).all())
+            assert (one_pass is None) == naive
+
+
 def test_compare_outputs_rejects_poison_shape_dtype_and_count():
     tol = ke.EvalConfig().tolerances
     ref = torch.randn(4, 8)
@@ -295,14 +318,15 @@ def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tm
     assert "-O3" in calls[-1]["extra_cuda_cflags"] and calls[-1]["use_pch"] is False
 
 
-def test_light_cuda_headers_rewrite_and_fall_back(monkeypatch, tmp_path):
+def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     import functools
     import torch.utils.cpp_extension as ce
     calls = []
 
     def fake(**kw):
         calls.append(kw)
-        if kw.get("no_implicit_headers") and "needs_full_header" in kw["cuda_sources"][-1]:
+        unit = "".join(kw["cuda_sources"]) if kw.get("no_implicit_headers") else ""
+        if "needs_aten" in unit and "ATen/ATen.h" not in unit or "needs_full_header" in unit:
             raise RuntimeError("error: 'torch::nn' has not been declared")
         return kw["build_directory"]
 
@@ -310,19 +334,27 @@ def test_light_cuda_headers_rewrite_and_fall_back(monkeypatch, tmp_path):
     monkeypatch.setattr(ce, "load", ce.load)
     monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
     monkeypatch.setattr(ke, "PCH_LOCK_DIR", str(tmp_path))
-    ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False, light_cuda_headers=True)
-    ce.load_inline("ext", "torch::Tensor f(torch::Tensor x);",
-                   cuda_sources="#include <torch/extension.h>\n__global__ void k() {}")
-    assert len(calls) == 1 and calls[0]["no_implicit_headers"]
-    cu, cpp = calls[0]["cuda_sources"], calls[0]["cpp_sources"]
-    assert "torch/extension.h" not in "".join(cu) and "ATen/ATen.h" in cu[0] and "__global__ void k" in cu[-1]
-    assert cpp[0] == "#include <torch/extension.h>" and "torch::Tensor f" in cpp[-1]  # pybind11 needs it
-    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
-    assert len(calls) == 3 and calls[2]["cuda_sources"] == "#include <torch/extension.h>\n// needs_full_header"
-    assert not calls[2].get("no_implicit_headers")  # fell back to the call as written
+    ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False,
+                            cuda_header_tiers=("slim", "light"))
+    ce.load_inline("ext", "#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x);",
+                   cuda_sources="#include <torch/extension.h>\n__global__ void k() {}\n"
+                                "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); return at::zeros_like(y); }")
+    assert len(calls) == 1 and calls[0]["no_implicit_headers"]  # built on the slim tier
+    cu, cpp = "".join(calls[0]["cuda_sources"]), "".join(calls[0]["cpp_sources"])
+    assert "torch/extension.h" not in cu + cpp and "ATen/ATen.h" not in cu and "__global__ void k" in cu
+    # the ops the unit names, and only those
+    assert "ATen/ops/empty_like.h" in cu and "ATen/ops/zeros_like.h" in cu and "ATen/ops/empty.h>" not in cu
+    assert "torch/csrc/Exceptions.h" in cpp and "torch::Tensor f" in cpp and "using namespace at" in cpp
+    ce.load_inline("ext", "", cuda_sources="// needs_aten")
+    assert len(calls) == 3 and "ATen/ATen.h" in "".join(calls[2]["cuda_sources"])  # slim failed, light built
     assert os.path.exists(os.path.join(calls[1]["build_directory"], "FAILED"))
     ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
-    assert len(calls) == 4  # the failed light build is remembered, not retried
+    assert len(calls) == 6 and calls[5]["cuda_sources"] == "#include <torch/extension.h>\n// needs_full_header"
+    assert not calls[5].get("no_implicit_headers")  # fell back to the call as written
+    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
+    assert len(calls) == 7  # the failed tiers are remembered, not retried
+    with pytest.raises(ValueError, match="cuda_header_tiers"):
+        ke.evaluate(REFERENCE, "x = 1", device="cpu", cache_root=str(tmp_path), cuda_header_tiers=("tiny",))
 
 
 def test_precheck_rejects_without_compiling(tmp_path):
@@ -410,6 +442,27 @@ def cpp_results(cache_root):
 @pytest.mark.parametrize("name", [n for n in CPP_CASES if n not in SEPARATE])
 def test_adversarial_cpp(name, cpp_results):
     check_expectation(name, expectation(CPP_CASES[name]), cpp_results[name], ke.EvalConfig(**FAST))
+
+
+@pytest.mark.slow
+def test_warm_up_is_timed_by_the_parent_when_the_candidate_patches_its_clocks(cache_root, monkeypatch):
+    """A candidate that freezes every clock in its process still gets a bounded warm-up (rounds of
+    calls until the parent's clock says cpu_warmup_ms) and the verdict its case expects."""
+    sent = []
+    ask = ke._ask
+
+    def counting(worker, who, phase, timeout_s, msg, *a, **kw):
+        sent.append((who, msg.get("cmd")))
+        return ask(worker, who, phase, timeout_s, msg, *a, **kw)
+
+    monkeypatch.setattr(ke, "_ask", counting)
+    path = CPP_CASES["patch_clock"]
+    t0 = time.monotonic()
+    result = ke.evaluate(REFERENCE, open(path).read(), device="cpu", cache_root=cache_root,
+                         **dict(FAST, cpu_warmup_ms=300.0))
+    check_expectation("patch_clock", expectation(path), result, ke.EvalConfig(**FAST))
+    assert ("candidate", "warm") in sent and ("reference", "warm") in sent
+    assert time.monotonic() - t0 < 150
 
 
 @pytest.mark.slow
