@@ -8,10 +8,12 @@ Candidates: the built-in CUDA solutions plus variants of them (a comment inserte
 Then one kernel (>= 1 ms) is evaluated --stability-runs times (reference re-timed each run) and
 the spread of its speedup is reported.
 
-    python bench/harness.py --device cuda --n-candidates 32 --baseline-n 3     # H200: ~6 min
+    python bench/harness.py --device cuda --n-candidates 32 --baseline-n 1     # H200: ~4 min
     python bench/harness.py --device cpu --n-candidates 4 --baseline-n 1       # smoke test, C++
     python bench/harness.py --device cuda --n-candidates 0 --baseline-n 0 \
-        --stability-task builtin/level1/11_conv2d                                # stability alone
+        --stability-task builtin/level1/09_matmul \
+        --stability-replace "M, K, N = 2000, 1040, 1030" "M, K, N = 4096, 4096, 4096"   # stability alone
+(no built-in reference takes 1 ms on an H200: the matmul at 4096^3 makes both sides take longer)
 
 Prints a markdown table (docs/PERFORMANCE.md is written from it) and, with --json-out, the raw
 figures. The goal: >= 3x the baseline's unique candidates per minute, p50 latency <= 20 s,
@@ -122,11 +124,13 @@ def main() -> None:
     p.add_argument("--stability-runs", type=int, default=5)
     p.add_argument("--stability-task", default=None,
                    help="a built-in task id whose solution is re-evaluated (default: the batch's slowest correct kernel)")
+    p.add_argument("--stability-replace", nargs=2, metavar=("OLD", "NEW"), default=None,
+                   help="edit the stability task's reference source first, e.g. its sizes, so that both sides take >= 1 ms")
     p.add_argument("--trials", type=int, default=None, help="timed calls per candidate (default: kernel_eval's)")
     p.add_argument("--max-parallel-compiles", type=int, default=None, help="default: kernel_eval's")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
-    p.add_argument("--full-headers", action="store_true",
-                   help="turn off kernel_eval's light_cuda_headers (slim ATen headers in .cu units)")
+    p.add_argument("--header-tiers", default=None,
+                   help="kernel_eval's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_eval's)")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     language = "cpp" if a.device == "cpu" else "cuda"
@@ -134,11 +138,12 @@ def main() -> None:
     trials = a.trials or (cfg.cpu_trials if a.device == "cpu" else cfg.gpu_trials)
     warmup = cfg.cpu_warmup if a.device == "cpu" else cfg.gpu_warmup
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
-    pool = make_candidates(tasks.load_builtin(os.path.join(ROOT, "tasks")), language,
-                           max(a.n_candidates, a.baseline_n, 1))
+    builtin = tasks.load_builtin(os.path.join(ROOT, "tasks"))
+    pool = make_candidates(builtin, language, max(a.n_candidates, a.baseline_n, 1))
     candidates = pool[: a.n_candidates]
-    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
-            "light_cuda_headers": not a.full_headers}
+    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles}
+    if a.header_tiers is not None:
+        over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
 
     results, wall, own, to_verdict, compile_s, phases = [], float("nan"), [], [], [], {}
@@ -174,7 +179,7 @@ def main() -> None:
     stability = {}
     chosen = None
     if a.stability_task:  # a named built-in solution: no batch needed
-        chosen = next((c for c in pool if c[0] == a.stability_task), None)
+        chosen = next((c for c in make_candidates(builtin, language, len(builtin)) if c[0] == a.stability_task), None)
         if chosen is None:
             raise SystemExit(f"--stability-task: no built-in {language} solution {a.stability_task!r}")
     else:  # the slowest correct candidate of the batch, preferring kernels >= 1 ms
@@ -184,7 +189,13 @@ def main() -> None:
             chosen = candidates[max(long_enough)[1]]
     if a.stability_runs > 0 and chosen:
         task_id, ref, cand = chosen
-        speedups, times = [], []
+        if a.stability_replace:
+            old_text, new_text = a.stability_replace
+            if old_text not in ref:
+                raise SystemExit(f"--stability-replace: {old_text!r} is not in {task_id}'s reference")
+            ref = ref.replace(old_text, new_text)
+            task_id += f" ({new_text})"
+        speedups, times, ref_times = [], [], []
         for _ in range(a.stability_runs):
             ref_cache = os.path.join(cache_root, "ref_times.json")
             if os.path.exists(ref_cache):
@@ -192,9 +203,14 @@ def main() -> None:
             r = kernel_eval.evaluate(ref, cand, device=a.device, **over)
             speedups.append(r.speedup)
             times.append(r.candidate_ms)
-            print(f"  stability {task_id}: {r.status} speedup {r.speedup:.4f} ({r.candidate_ms:.4g} ms)", flush=True)
+            ref_times.append(r.ref_ms)
+            print(f"  stability {task_id}: {r.status} speedup {r.speedup:.4f} (reference {r.ref_ms:.4g} ms, "
+                  f"candidate {r.candidate_ms:.4g} ms)", flush=True)
         spread = (max(speedups) - min(speedups)) / statistics.median(speedups) if min(speedups) > 0 else float("nan")
-        stability = {"task": task_id, "candidate_ms": statistics.median(times), "speedups": speedups, "spread": spread}
+        stability = {"task": task_id, "candidate_ms": statistics.median(times), "speedups": speedups, "spread": spread,
+                     "reference_ms": ref_times, "candidate_ms_runs": times,
+                     "candidate_spread": (max(times) - min(times)) / statistics.median(times) if min(times) > 0 else float("nan"),
+                     "reference_spread": (max(ref_times) - min(ref_times)) / statistics.median(ref_times) if min(ref_times) > 0 else float("nan")}
 
     n = len(candidates)
     fig = {
@@ -212,7 +228,8 @@ def main() -> None:
     }
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows and n else float("nan")
     print()
-    print(f"| {a.device}{' (full headers)' if a.full_headers else ''} | kernel_eval | naive serial |")
+    tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
+    print(f"| {a.device} (headers: {tiers}) | kernel_eval | naive serial |")
     print("|---|---|---|")
     print(f"| candidates (distinct, cold) | {n} | {fig['baseline_n']} |")
     print(f"| correct | {n_correct}/{n} | {fig['baseline_correct']}/{fig['baseline_n']} |")
@@ -227,7 +244,9 @@ def main() -> None:
     if stability:
         print(f"stability: {stability['task']} ({stability['candidate_ms']:.3g} ms), speedup over "
               f"{len(stability['speedups'])} runs: {', '.join(f'{s:.4f}' for s in stability['speedups'])}; "
-              f"spread (max-min)/median = {100 * stability['spread']:.2f}% (goal <= 5% on kernels >= 1 ms)")
+              f"spread (max-min)/median = {100 * stability['spread']:.2f}% (goal <= 5% on kernels >= 1 ms); "
+              f"spread of the candidate's time {100 * stability['candidate_spread']:.2f}%, of the reference's "
+              f"{100 * stability['reference_spread']:.2f}% (median {statistics.median(stability['reference_ms']):.3g} ms)")
     if a.json_out:
         tmp = a.json_out + ".tmp"
         with open(tmp, "w") as f:
