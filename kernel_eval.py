@@ -18,48 +18,50 @@ How one evaluation runs, and why
    `torch.utils.cpp_extension.load_inline` wrapped: the build directory is forced to
    cache_root/build/<sha256 of the call's sources, flags, torch version, python, arch>, so two
    candidates that both name their extension `ext` never load each other's library and a repeated
-   kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag (load_inline alone builds
-   at -O0, which makes CPU speedups meaningless), and, with `use_pch` on, torch's precompiled
-   header when the flags are the defaults (torch keeps one .gch whose signature includes the
-   flags, so mixed flags would rebuild it for everyone; off by default, see EvalConfig). TORCH_CUDA_ARCH_LIST is the
-   device's own arch; CUDA is hidden from the compile worker. CUDA builds try the
-   `cuda_header_tiers` first (default "slim": ATen's tensor class and the ops the source names
-   instead of torch/extension.h, whose parsing is most of a build), then the source as written. Up to `max_parallel_compiles` builds run at once (threads waiting on processes).
-   Import errors that are not build errors are deferred to the run phase, which reports them.
+   kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag (load_inline alone
+   builds at -O0, which makes CPU speedups meaningless), and, with `use_pch` on, torch's
+   precompiled header when the flags are the defaults (torch keeps one .gch whose signature
+   includes the flags, so mixed flags would rebuild it for everyone; off by default, see
+   EvalConfig). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the compile
+   worker. CUDA builds try the `cuda_header_tiers` first (default "slim": ATen's tensor class and
+   the ops the source names instead of torch/extension.h, whose parsing is most of a build), then
+   the source as written. Up to `max_parallel_compiles` builds run at once (threads waiting on
+   processes). Import errors that are not build errors are deferred to the run phase, which reports
+   them.
 3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
    running only the task's own code): it draws inputs from seeds only the parent knows (on the
    device when the task runs there: get_inputs under `with device`, on the CPU if that fails),
-   shared by every candidate of that task in the batch, writes them to two memory files (memfd: correctness
-   trials, timing sets) that the parent then seals read-only (F_SEAL_WRITE: no process, whatever
-   its uid, can change them afterwards), keeps the reference outputs on the device, and times the
-   reference once per (reference, device, timing config), cached on disk. Each candidate runs in
-   its own fresh worker, started (torch imported, CUDA context created, the op recorder's first
-   use paid) while its kernel compiles. The candidate worker only ever receives inputs and writes
-   outputs, as raw tensor bytes in a memory file of its own (no pickle; each call's outputs are
-   written before the next call, so a buffer reused across calls is still checked per call); the parent seals that file and hands it to the reference
-   session, which validates it and compares it with its own outputs on the device. Reference
-   outputs never exist in a candidate's process, and no verdict is computed there. Outputs are
-   poisoned where unwritten: on GPU, blocks of each output's size are filled with NaN and freed
-   just before the call, so the caching allocator hands them to `torch.empty`; on CPU,
-   MALLOC_PERTURB_ fills every fresh allocation with 0x7f bytes (3.4e38 in fp32). Inputs are cloned
-   per call and checked unchanged. During the check trials a TorchDispatchMode records the aten
-   operators the forward runs (from Python or from inside the extension); a compute operator (mm,
-   add, relu, conv, ...) makes the verdict "incorrect" however it was spelled. That recorder lives
-   in the candidate's process, so it is defence in depth, not a boundary.
-4. time: warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have passed on
-   the parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is preceded by
-   an L2 flush and bracketed
-   by CUDA events with a device-wide synchronize before the end event (side-stream work counts);
-   on CPU by perf_counter. The median is the candidate's time. The timing sets' file is handed to
-   the candidate only when timing starts; the calls alternate between `timing_input_sets` sets
-   copied into the same buffers, and the last timed output of each set is compared again, so
-   caching outputs across calls fails. Cross-check: the parent's own clock measures the request
-   that runs the timed calls (inputs were loaded and the warm-up run by an earlier request, the
-   outputs are fetched by a later one); the reference, timed the same way, gives the loop's
-   overhead (input refills, L2 flushes, syncs); wall time not
-   explained by the claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed +
-   slack) means the candidate's clock was tampered with: status stays "correct", speedup is 0.0,
-   timing_ok False, candidate_ms is the parent's estimate, and the message says so.
+   shared by every candidate of that task in the batch, writes them to two memory files (memfd:
+   correctness trials, timing sets) that the parent then seals read-only (F_SEAL_WRITE: no process,
+   whatever its uid, can change them afterwards), keeps the reference outputs on the device, and
+   times the reference once per (reference, device, timing config), cached on disk. Each candidate
+   runs in its own fresh worker, started (torch imported, CUDA context created, the op recorder's
+   first use paid) while its kernel compiles. The candidate worker only ever receives inputs and
+   writes outputs, as raw tensor bytes in a memory file of its own (no pickle; each call's outputs
+   are written before the next call, so a buffer reused across calls is still checked per call);
+   the parent seals that file and hands it to the reference session, which validates it and
+   compares it with its own outputs on the device. Reference outputs never exist in a candidate's
+   process, and no verdict is computed there. Outputs are poisoned where unwritten: on GPU, blocks
+   of each output's size are filled with NaN and freed just before the call, so the caching
+   allocator hands them to `torch.empty`; on CPU, MALLOC_PERTURB_ fills every fresh allocation with
+   0x7f bytes (3.4e38 in fp32). Inputs are cloned per call and checked unchanged. During the check
+   trials a TorchDispatchMode records the aten operators the forward runs (from Python or from
+   inside the extension); a compute operator (mm, add, relu, conv, ...) makes the verdict
+   "incorrect" however it was spelled. That recorder lives in the candidate's process, so it is
+   defence in depth, not a boundary.
+4. time: warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have passed on the
+   parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is preceded by an L2
+   flush and bracketed by CUDA events with a device-wide synchronize before the end event
+   (side-stream work counts); on CPU by perf_counter. The median is the candidate's time. The
+   timing sets' file is handed to the candidate only when timing starts; the calls alternate
+   between `timing_input_sets` sets copied into the same buffers, and the last timed output of each
+   set is compared again, so caching outputs across calls fails. Cross-check: the parent's own
+   clock measures the request that runs the timed calls (inputs were loaded and the warm-up run by
+   an earlier request, the outputs are fetched by a later one); the reference, timed the same way,
+   gives the loop's overhead (input refills, L2 flushes, syncs); wall time not explained by the
+   claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed + slack) means the
+   candidate's clock was tampered with: status stays "correct", speedup is 0.0, timing_ok False,
+   candidate_ms is the parent's estimate, and the message says so.
 5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session.
    Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
    crash the supervisor kills the worker's process group, then every orphan that was reparented to
@@ -871,12 +873,13 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
         cu = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cuda_sources")]
         if tier == "slim":
             ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
-            host, device = SLIM_HOST_HEADERS + ops_includes(cpp, ops_dir), SLIM_CUDA_HEADERS + ops_includes(cu, ops_dir)
+            host = SLIM_HOST_HEADERS + ops_includes(cpp, ops_dir) + TORCH_ALIASES
+            device = SLIM_CUDA_HEADERS + ops_includes(cu, ops_dir)
         elif tier == "light":
-            host, device = FULL_HEADER + "\n", LIGHT_CUDA_HEADERS
+            host, device = FULL_HEADER + "\n", LIGHT_CUDA_HEADERS  # torch/extension.h has the aliases
         else:
             raise ValueError(f"unknown CUDA header tier {tier!r} (known: {', '.join(HEADER_TIERS)})")
-        return dict(args, no_implicit_headers=True, cpp_sources=[host + TORCH_ALIASES] + cpp,
+        return dict(args, no_implicit_headers=True, cpp_sources=[host] + cpp,
                     cuda_sources=[device + TORCH_ALIASES] + cu)
 
     def build(args, cuda, remember_failure=False):

@@ -347,6 +347,8 @@ def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     assert "torch/csrc/Exceptions.h" in cpp and "torch::Tensor f" in cpp and "using namespace at" in cpp
     ce.load_inline("ext", "", cuda_sources="// needs_aten")
     assert len(calls) == 3 and "ATen/ATen.h" in "".join(calls[2]["cuda_sources"])  # slim failed, light built
+    light_host = "".join(calls[2]["cpp_sources"])  # torch/extension.h defines torch::kFloat32 itself
+    assert "torch/extension.h" in light_host and "kFloat32" not in light_host
     assert os.path.exists(os.path.join(calls[1]["build_directory"], "FAILED"))
     ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
     assert len(calls) == 6 and calls[5]["cuda_sources"] == "#include <torch/extension.h>\n// needs_full_header"
