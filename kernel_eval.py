@@ -1033,7 +1033,7 @@ def _worker_compile(a) -> None:
     try:
         _import_source(a.source, "candidate_module")
         _child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"]})
-    except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
+    except BaseException:  # noqa: BLE001 - any failure of candidate code is a verdict
         if state["build_error"] is not None:
             _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(state["build_error"])})
         else:
