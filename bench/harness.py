@@ -128,6 +128,7 @@ def main() -> None:
                    help="edit the stability task's reference source first, e.g. its sizes, so that both sides take >= 1 ms")
     p.add_argument("--trials", type=int, default=None, help="timed calls per candidate (default: kernel_eval's)")
     p.add_argument("--max-parallel-compiles", type=int, default=None, help="default: kernel_eval's")
+    p.add_argument("--max-parallel-runs", type=int, default=None, help="default: kernel_eval's")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
     p.add_argument("--header-tiers", default=None,
                    help="kernel_eval's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_eval's)")
@@ -141,7 +142,8 @@ def main() -> None:
     builtin = tasks.load_builtin(os.path.join(ROOT, "tasks"))
     pool = make_candidates(builtin, language, max(a.n_candidates, a.baseline_n, 1))
     candidates = pool[: a.n_candidates]
-    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles}
+    over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
+            "max_parallel_runs": a.max_parallel_runs}
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
@@ -229,7 +231,7 @@ def main() -> None:
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows and n else float("nan")
     print()
     tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
-    print(f"| {a.device} (headers: {tiers}) | kernel_eval | naive serial |")
+    print(f"| {a.device}{f' (headers: {tiers})' if language == 'cuda' else ''} | kernel_eval | naive serial |")
     print("|---|---|---|")
     print(f"| candidates (distinct, cold) | {n} | {fig['baseline_n']} |")
     print(f"| correct | {n_correct}/{n} | {fig['baseline_correct']}/{fig['baseline_n']} |")
