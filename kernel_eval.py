@@ -295,7 +295,8 @@ def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
     for i in range(0, rf.numel(), COMPARE_CHUNK):
         rr, cc = rf[i: i + COMPARE_CHUNK].to(work), cf[i: i + COMPARE_CHUNK].to(work)
         diff = (cc - rr).abs_()
-        if bool((diff <= rr.abs().mul_(rtol).add_(atol)).all()):
+        within = diff <= rr.abs().mul_(rtol).add_(atol)
+        if bool(within.all()):
             continue  # the usual chunk: every value within tolerance (a NaN anywhere fails this)
         r_fin, c_fin = torch.isfinite(rr), torch.isfinite(cc)
         new_bad = r_fin & ~c_fin  # unwritten memory shows up as NaN (poison) here
@@ -303,7 +304,7 @@ def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
         extra_nan += (new_bad & torch.isnan(cc)).sum()
         r_bad = ~r_fin
         nonfinite_differ += (r_bad & (cc.nan_to_num() != rr.nan_to_num())).sum()
-        bad = r_fin & c_fin & ~(diff <= atol + rtol * rr.abs())
+        bad = r_fin & c_fin & ~within
         outside += bad.sum()
         max_diff = torch.maximum(max_diff, torch.where(bad, diff, 0).max())
     n = r.numel()

@@ -39,6 +39,11 @@ import tasks  # noqa: E402
 KERNEL_MARK = {"cuda": "__global__", "cpp": "torch::Tensor"}
 
 
+def spread(values: list) -> float:
+    """(max - min) / median; nan when a value is 0 (a run that was not timed)."""
+    return (max(values) - min(values)) / statistics.median(values) if min(values) > 0 else float("nan")
+
+
 def make_candidates(task_list: list, language: str, n: int) -> list:
     """(task_id, reference_src, candidate_src) for n distinct candidates: solutions, then variants."""
     base = [(t.task_id, t.reference_src, t.solutions[language]) for t in task_list if language in t.solutions]
@@ -208,11 +213,9 @@ def main() -> None:
             ref_times.append(r.ref_ms)
             print(f"  stability {task_id}: {r.status} speedup {r.speedup:.4f} (reference {r.ref_ms:.4g} ms, "
                   f"candidate {r.candidate_ms:.4g} ms)", flush=True)
-        spread = (max(speedups) - min(speedups)) / statistics.median(speedups) if min(speedups) > 0 else float("nan")
-        stability = {"task": task_id, "candidate_ms": statistics.median(times), "speedups": speedups, "spread": spread,
-                     "reference_ms": ref_times, "candidate_ms_runs": times,
-                     "candidate_spread": (max(times) - min(times)) / statistics.median(times) if min(times) > 0 else float("nan"),
-                     "reference_spread": (max(ref_times) - min(ref_times)) / statistics.median(ref_times) if min(ref_times) > 0 else float("nan")}
+        stability = {"task": task_id, "candidate_ms": statistics.median(times), "speedups": speedups,
+                     "spread": spread(speedups), "reference_ms": ref_times, "candidate_ms_runs": times,
+                     "candidate_spread": spread(times), "reference_spread": spread(ref_times)}
 
     n = len(candidates)
     fig = {
