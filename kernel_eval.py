@@ -158,9 +158,9 @@ class EvalConfig:
     # unit and a .cu unit compiled side by side: more builds at once only slow each one down)
     max_parallel_compiles: int | None = None
     # candidates whose worker may be alive at once (it boots, torch and a CUDA context, while its
-    # kernel compiles; device work is one at a time). None: 4 on cuda, 1 on cpu. On the H200, 8
-    # (one per parallel build) cut the wait for a booted worker (p50 load 5.5 s -> 1.4 s) but two
-    # identical kernels in one batch then timed up to 4x apart (at 4: within 23%); see PERFORMANCE.md
+    # kernel compiles; checks share the device, timed runs have it alone). None: one per parallel
+    # build on cuda (4 made a finished build wait for a booted worker: p50 latency 44.0 s vs 29.2 s
+    # on the H200, identical kernels timed as closely, PERFORMANCE.md), 1 on cpu (cores are shared)
     max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     compile_nice: int = 10  # builds yield the CPU to the run phase (file reads, copies, comparisons)
@@ -827,7 +827,7 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
     import torch
     import torch.utils.cpp_extension as ce
 
-    state = {"builds": 0, "build_error": None, "header_tier": None}
+    state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0}
     base_key = (torch.__version__, sys.version_info[:2], arch)
     inline, load = ce.load_inline, ce.load
 
@@ -843,11 +843,14 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
             args["extra_cuda_cflags"] = cflags
 
     def run(fn, args):
+        t0 = _perf_counter()
         try:
             return fn(**args)
         except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
             state["build_error"] = f"{e}\n{getattr(e, 'output', '') or ''}"
             raise
+        finally:
+            state["build_s"] += _perf_counter() - t0
 
     def patched_inline(*a, **kw):
         args = inspect.signature(inline).bind(*a, **kw).arguments
@@ -872,16 +875,21 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
             return [value] if isinstance(value, str) else list(value)
         cpp = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cpp_sources")]
         cu = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cuda_sources")]
+        include_paths = list(args.get("extra_include_paths") or [])
         if tier == "slim":
             ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
-            host = SLIM_HOST_HEADERS + ops_includes(cpp, ops_dir) + TORCH_ALIASES
-            device = SLIM_CUDA_HEADERS + ops_includes(cu, ops_dir)
+            host_ops, device_ops = op_names(cpp, ops_dir), op_names(cu, ops_dir)
+            host = SLIM_HOST_HEADERS + ops_includes(host_ops) + TORCH_ALIASES
+            device = SLIM_CUDA_HEADERS + ops_includes(device_ops)
+            # lean copies of those ops' headers, first on the include path (-I precedes -isystem)
+            include_paths = [write_lean_op_headers(sorted(set(host_ops + device_ops)), ops_dir,
+                                                   os.path.join(cache_root, "op_headers"))] + include_paths
         elif tier == "light":
             host, device = FULL_HEADER + "\n", LIGHT_CUDA_HEADERS  # torch/extension.h has the aliases
         else:
             raise ValueError(f"unknown CUDA header tier {tier!r} (known: {', '.join(HEADER_TIERS)})")
         return dict(args, no_implicit_headers=True, cpp_sources=[host] + cpp,
-                    cuda_sources=[device + TORCH_ALIASES] + cu)
+                    cuda_sources=[device + TORCH_ALIASES] + cu, extra_include_paths=include_paths)
 
     def build(args, cuda, remember_failure=False):
         pch = (use_pch and not cuda and "use_pch" in inspect.signature(inline).parameters
@@ -960,16 +968,23 @@ TYPES_HEADER = "#include <torch/types.h>"
 # written, so a lighter tier costs a failed attempt but never a verdict.
 HEADER_TIERS = ("slim", "light")
 # slim: the tensor class, dispatch macros and CUDA stream/guard headers, plus ATen/ops/<name>.h for
-# every torch::name( / at::name( the unit calls (ops_includes); tensor operators (+, *) and
-# torch::nn are not in it.
+# every torch::name( / at::name( the unit calls (op_names), lean (LEAN_OP_DROPPED); tensor
+# operators (+, *) and torch::nn are not in it.
 SLIM_CUDA_HEADERS = """#include <cuda.h>
 #include <cuda_runtime.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAException.h>
 """
+# Every ATen/ops/<name>.h opens with these includes, which its inline wrappers do not use;
+# ATen/DeviceGuard.h alone pulls in IValue. Measured with nvcc 13.0 on a .cu unit of
+# ATen/core/Tensor.h, the slim set and one op (bench: docs/PERFORMANCE.md): 16.7 s with them,
+# 10.3 s without. A source that needed them falls back to the source as written.
+LEAN_OP_DROPPED = frozenset({"#include <ATen/Context.h>", "#include <ATen/DeviceGuard.h>",
+                             "#include <ATen/TensorUtils.h>", "#include <ATen/TracerMode.h>"})
 # the host unit only binds the functions: pybind11 with torch's Tensor caster and
 # torch::wrap_pybind_function (which load_inline's generated bindings call)
 SLIM_HOST_HEADERS = """#include <torch/csrc/Exceptions.h>
@@ -998,11 +1013,35 @@ constexpr auto kFloat64 = at::kDouble;
 """
 
 
-def ops_includes(sources: list, ops_dir: str) -> str:
-    """#include lines for ATen/ops/<name>.h of each torch::name( or at::name( in the sources."""
+def op_names(sources: list, ops_dir: str) -> list:
+    """The ATen operators the sources call as torch::name( or at::name( that have a header ATen/ops/<name>.h."""
     names = sorted({m for src in sources for m in re.findall(r"\b(?:torch|at)::(\w+)\s*\(", src)})
-    return "".join(f"#include <ATen/ops/{n}.h>\n" for n in names
-                   if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h")))
+    return [n for n in names if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h"))]
+
+
+def ops_includes(names: list) -> str:
+    return "".join(f"#include <ATen/ops/{n}.h>\n" for n in names)
+
+
+def write_lean_op_headers(names: list, ops_dir: str, root: str) -> str:
+    """An include dir holding ATen/ops/<name>.h for `names`: torch's headers without LEAN_OP_DROPPED.
+    Keyed by the torch headers and the names, so every build of one source sees the same files
+    (and a header another candidate's source needed can never change this one's build)."""
+    texts = {}
+    for n in names:
+        with open(os.path.join(ops_dir, n + ".h")) as f:
+            texts[n] = "".join(line for line in f if line.strip() not in LEAN_OP_DROPPED)
+    include_dir = os.path.join(root, source_hash(sorted(texts.items()))[:24])
+    target = os.path.join(include_dir, "ATen", "ops")
+    os.makedirs(target, exist_ok=True)
+    for n, text in texts.items():
+        path = os.path.join(target, n + ".h")
+        if not os.path.exists(path):  # written whole (replace), so a concurrent build never reads half
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+    return include_dir
 
 
 def _import_source(path: str, module_name: str):
@@ -1029,11 +1068,18 @@ def _to_cpu(outs: list) -> list:
 
 
 def _worker_compile(a) -> None:
+    t0 = _perf_counter()
+    import torch
+    t_torch = _perf_counter() - t0  # timed apart from the build (diagnostics: the record's profile)
+    del torch
     state = _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=False,
                                  cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t))
     try:
         _import_source(a.source, "candidate_module")
-        _child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"]})
+        total = _perf_counter() - t0
+        _child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"],
+                                 "profile": {"torch": t_torch, "build": state["build_s"],
+                                             "rest": total - t_torch - state["build_s"], "worker": total}})
     except BaseException:  # noqa: BLE001 - any failure of candidate code is a verdict
         if state["build_error"] is not None:
             _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(state["build_error"])})
@@ -1297,25 +1343,30 @@ _ref_cache_guard = threading.Lock()
 
 
 class _DeviceLock:
-    """At most one evaluation's device work at a time, across threads and processes."""
+    """Device work across threads and processes (an flock on a file per device): a timed run holds
+    the device alone (exclusive); correctness checks share it with each other, never with a timed
+    run. A thread waiting for the exclusive lock holds `gate`, so new checks queue behind it."""
 
-    def __init__(self, cache_root: str, device: str):
+    def __init__(self, cache_root: str, device: str, exclusive: bool = True):
         with _device_locks_guard:
-            self.thread_lock = _device_locks.setdefault(device, threading.Lock())
+            self.gate = _device_locks.setdefault(device, threading.Lock())
         os.makedirs(os.path.join(cache_root, "locks"), exist_ok=True)
         name = "cpu" if device == "cpu" else "cuda" + _visible_device(device)
         self.path = os.path.join(cache_root, "locks", f"device-{name}.lock")
+        self.exclusive = exclusive
 
     def __enter__(self):
-        self.thread_lock.acquire()
-        self.file = open(self.path, "w")
-        fcntl.flock(self.file, fcntl.LOCK_EX)
+        self.file = open(self.path, "w")  # its own open file: flock locks of two opens conflict
+        with self.gate:
+            if self.exclusive:
+                fcntl.flock(self.file, fcntl.LOCK_EX)
+        if not self.exclusive:
+            fcntl.flock(self.file, fcntl.LOCK_SH)
         return self
 
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
-        self.thread_lock.release()
 
 
 def _atomic_write_json(path: str, obj) -> None:
@@ -1402,8 +1453,11 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> dic
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
-            # which header tier the last CUDA build used (None: as written, or no CUDA build)
-            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier")}
+            # which header tier the last CUDA build used (None: as written, or no CUDA build); the
+            # worker's profile (import torch, load_inline's builds, the rest) is diagnostics only
+            profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
+            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
+                      "profile": {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}}
         elif msg.get("kind") == "build":
             record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
         else:
@@ -1532,13 +1586,15 @@ class _ReferenceSession:
             self._stop()
 
     def ready(self) -> None:
-        """Inputs written and sealed, reference outputs held, reference timed. Hold the device lock."""
+        """Inputs written and sealed, reference outputs held. Hold the device lock (shared)."""
         with self.lock:
-            self._boot()
-            if self.failure:
-                raise self.failure
-            if self.generated:
-                return
+            self._ready()
+
+    def _ready(self) -> None:
+        self._boot()
+        if self.failure:
+            raise self.failure
+        if not self.generated:
             cfg = self.cfg
             try:
                 self.files = {part: _memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
@@ -1548,18 +1604,33 @@ class _ReferenceSession:
                     _seal(fd)
                 self.out_bytes = reply["out_bytes"]
                 self.generated = True
-                warmup, trials, warmup_ms = _timing_counts(self.device, cfg)
-                key = self._timing_key(warmup, trials, warmup_ms)
-                self.timing = _ref_time_cache(cfg, key)
-                if self.timing is None and cfg.time_candidate:
-                    times, wall = _timed_calls(self.worker, "reference", self.files["time"], warmup, trials,
-                                               warmup_ms, cfg)
-                    self.timing = _ref_time_cache(cfg, key, {"ms": statistics.median(times),
-                                                             "overhead_ms": wall - sum(times)})
             except _Failure as f:
                 self.failure = _Failure(f.status, f.message)
                 self._stop()
                 raise self.failure from None
+
+    def time_reference(self) -> dict:
+        """{"ms", "overhead_ms"}: the reference timed once (or from the cache). Hold the device lock
+        (exclusive)."""
+        with self.lock:
+            if self.timing is not None:
+                return self.timing
+            self._ready()  # a judge may have stopped the worker since: back on the same seeds
+            cfg = self.cfg
+            warmup, trials, warmup_ms = _timing_counts(self.device, cfg)
+            key = self._timing_key(warmup, trials, warmup_ms)
+            self.timing = _ref_time_cache(cfg, key)
+            if self.timing is None:
+                try:
+                    times, wall = _timed_calls(self.worker, "reference", self.files["time"], warmup, trials,
+                                               warmup_ms, cfg)
+                except _Failure as f:
+                    self.failure = _Failure(f.status, f.message)
+                    self._stop()
+                    raise self.failure from None
+                self.timing = _ref_time_cache(cfg, key, {"ms": statistics.median(times),
+                                                         "overhead_ms": wall - sum(times)})
+            return self.timing
 
     def output_limit(self, part: str) -> int:
         """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
@@ -1655,12 +1726,11 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
     result.seconds["load"] = time.monotonic() - t0
-    with _DeviceLock(cfg.cache_root, device):
+    t_wait = time.monotonic()
+    with _DeviceLock(cfg.cache_root, device, exclusive=False):  # correctness: checks share the device
+        result.seconds["device_wait"] = time.monotonic() - t_wait
         t1 = time.monotonic()
         session.ready()
-        ref_timing = session.timing
-        if ref_timing:
-            result.ref_ms = ref_timing["ms"]
         result.seconds["reference"] = time.monotonic() - t1
 
         t2 = time.monotonic()
@@ -1692,23 +1762,31 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
             if c:
                 raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {_cut(str(c), 40)} in place")
         result.correct = True
-        if not cfg.time_candidate or not ref_timing:
-            return
-        t3 = time.monotonic()
-        time_limit = session.output_limit("time")
-        out_fd = _memfd("kernel_eval-candidate-timed-outputs")
-        try:
+    if not cfg.time_candidate:
+        return
+    t_wait = time.monotonic()
+    time_limit = session.output_limit("time")
+    out_fd = _memfd("kernel_eval-candidate-timed-outputs")
+    try:
+        with _DeviceLock(cfg.cache_root, device, exclusive=True):  # timing: the device alone
+            result.seconds["device_wait"] += time.monotonic() - t_wait
+            t1 = time.monotonic()
+            ref_timing = session.time_reference()
+            result.ref_ms = ref_timing["ms"]
+            result.seconds["reference"] += time.monotonic() - t1
+            t3 = time.monotonic()
             deadline = time.monotonic() + cfg.time_timeout_s
             times, wall = _timed_calls(cand, "candidate", session.files["time"], warmup, trials, warmup_ms, cfg, deadline)
             _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
-            _seal_output(out_fd, time_limit)
-            if (not isinstance(times, list) or len(times) != trials
-                    or not all(isinstance(x, (int, float)) for x in times)):
-                raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+        _seal_output(out_fd, time_limit)
+        if (not isinstance(times, list) or len(times) != trials
+                or not all(isinstance(x, (int, float)) for x in times)):
+            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+        with _DeviceLock(cfg.cache_root, device, exclusive=False):
             reason = session.judge(out_fd, "time", time_limit)
-        finally:
-            os.close(out_fd)
-        result.seconds["time"] = time.monotonic() - t3
+    finally:
+        os.close(out_fd)
+    result.seconds["time"] = time.monotonic() - t3
     if reason:
         result.correct = False
         raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
@@ -1731,6 +1809,9 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
 def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
+    if not compile_record.get("cached"):
+        for k, v in (compile_record.get("profile") or {}).items():
+            result.seconds["compile." + k] = v
     if compile_record["status"] == "compile_error":
         result.status, result.message = "compile_error", "compilation failed:\n" + compile_record["message"]
         return result
@@ -1789,7 +1870,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         if ref_src not in sessions:
             sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
         sessions[ref_src].users += 1
-    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 4)
+    n_runs = config.max_parallel_runs or (1 if device == "cpu" else n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
 
     def job(i):

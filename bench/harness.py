@@ -61,6 +61,17 @@ def make_candidates(task_list: list, language: str, n: int) -> list:
     return out
 
 
+def pair_disagreement(candidates: list, results: list, n_base: int) -> list:
+    """For each variant (k >= n_base, the same kernel as candidate k % n_base): max/min of the two
+    candidate times, both correct and timed. 1.0 is perfect agreement; in-batch timing noise."""
+    ratios = []
+    for k in range(n_base, len(candidates)):
+        a, b = results[k % n_base], results[k]
+        if a.status == b.status == "correct" and a.timing_ok and b.timing_ok and min(a.candidate_ms, b.candidate_ms) > 0:
+            ratios.append(max(a.candidate_ms, b.candidate_ms) / min(a.candidate_ms, b.candidate_ms))
+    return ratios
+
+
 def naive_serial(candidates: list, device: str, build_root: str, trials: int, warmup: int) -> list:
     """KernelBench-style: everything in this process, default build dirs, one after another."""
     import torch
@@ -153,7 +164,7 @@ def main() -> None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
 
-    results, wall, own, to_verdict, compile_s, phases = [], float("nan"), [], [], [], {}
+    results, wall, own, to_verdict, compile_s, phases, pairs = [], float("nan"), [], [], [], {}, []
     if candidates:
         print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
         t0 = time.monotonic()
@@ -162,14 +173,21 @@ def main() -> None:
         # latency: one candidate's compile start to its verdict (waits for the device included)
         own = [r.seconds.get("latency", 0.0) for r in results]
         to_verdict = [r.seconds.get("since_batch_start", 0.0) for r in results]
+        # compile.*: the compile worker's own split (import torch, load_inline's builds, the rest)
         phases = {k: percentile([r.seconds.get(k, 0.0) for r in results], 0.5)
-                  for k in ("compile", "load", "reference", "check", "time")}
+                  for k in ("compile", "compile.torch", "compile.build", "compile.rest", "load", "device_wait",
+                            "reference", "check", "time")}
         compile_s = [r.seconds.get("compile", 0.0) for r in results]
         # kernel_eval's figures now, before the slow baseline: a run cut short still reports them
         print(f"kernel_eval: {sum(r.status == 'correct' for r in results)}/{len(results)} correct, wall {wall:.1f} s, "
               f"{len(results) / wall * 60:.2f} candidates/min, p50 latency {percentile(own, 0.5):.1f} s, "
               f"p90 {percentile(own, 0.9):.1f} s, p50 batch start to verdict {percentile(to_verdict, 0.5):.1f} s", flush=True)
         print("  p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
+        n_base = sum(language in t.solutions for t in builtin)
+        pairs = pair_disagreement(candidates, results, n_base)
+        if pairs:
+            print(f"  in-batch noise: {len(pairs)} pairs of identical kernels, candidate times apart by "
+                  f"median {percentile(pairs, 0.5):.3f}x, max {max(pairs):.3f}x", flush=True)
         for (task_id, _, _), r in zip(candidates, results):
             print(f"  {task_id:42s} {r.status:8s} {r.speedup:6.3f}x timing_ok={r.timing_ok} "
                   + " ".join(f"{k}={v:.1f}" for k, v in r.seconds.items())
@@ -227,7 +245,7 @@ def main() -> None:
         "baseline_per_min": len(base_rows) / base_wall * 60 if base_wall else float("nan"),
         "baseline_p50_latency_s": percentile([r["seconds"] for r in base_rows], 0.5),
         "baseline_correct": sum(r["status"] == "correct" for r in base_rows),
-        "stability": stability,
+        "stability": stability, "pair_ratios": pairs,
         "candidates": [{"task": t, "status": r.status, "speedup": r.speedup, "timing_ok": r.timing_ok,
                         "seconds": r.seconds} for (t, _, _), r in zip(candidates, results)],
     }
@@ -244,6 +262,9 @@ def main() -> None:
     print(f"| p90 latency (s) | {fig['p90_latency_s']:.1f} | |")
     print(f"| p50 compile (s) | {fig['p50_compile_s']:.1f} | |")
     print(f"| p50 batch start to verdict (s) | {fig['p50_to_verdict_s']:.1f} | |")
+    if pairs:
+        print(f"| identical kernels' times apart, median / max of {len(pairs)} pairs | "
+              f"{percentile(pairs, 0.5):.3f}x / {max(pairs):.3f}x | |")
     print("| p50 per phase (s) | " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + " | |")
     print(f"\nthroughput ratio kernel_eval / naive: {ratio:.2f}x (goal >= 3)")
     if stability:

@@ -342,8 +342,10 @@ def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     assert len(calls) == 1 and calls[0]["no_implicit_headers"]  # built on the slim tier
     cu, cpp = "".join(calls[0]["cuda_sources"]), "".join(calls[0]["cpp_sources"])
     assert "torch/extension.h" not in cu + cpp and "ATen/ATen.h" not in cu and "__global__ void k" in cu
-    # the ops the unit names, and only those
+    # the ops the unit names, and only those, from a lean copy first on the include path
     assert "ATen/ops/empty_like.h" in cu and "ATen/ops/zeros_like.h" in cu and "ATen/ops/empty.h>" not in cu
+    lean = calls[0]["extra_include_paths"][0]
+    assert sorted(os.listdir(os.path.join(lean, "ATen", "ops"))) == ["empty_like.h", "zeros_like.h"]
     assert "torch/csrc/Exceptions.h" in cpp and "torch::Tensor f" in cpp and "using namespace at" in cpp
     ce.load_inline("ext", "", cuda_sources="// needs_aten")
     assert len(calls) == 3 and "ATen/ATen.h" in "".join(calls[2]["cuda_sources"])  # slim failed, light built
@@ -357,6 +359,36 @@ def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     assert len(calls) == 7  # the failed tiers are remembered, not retried
     with pytest.raises(ValueError, match="cuda_header_tiers"):
         ke.evaluate(REFERENCE, "x = 1", device="cpu", cache_root=str(tmp_path), cuda_header_tiers=("tiny",))
+
+
+def test_lean_op_headers_drop_only_the_unused_includes_and_compile(tmp_path):
+    import shutil
+    import torch.utils.cpp_extension as ce
+    ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
+    names = ke.op_names(["auto y = torch::empty_like(x); at::zeros({2}, x.options()); torch::nope(x); "
+                         "torch::Tensor(x); at::matmul (x, x);"], ops_dir)
+    assert names == ["empty_like", "matmul", "zeros"]  # no header for nope; Tensor is not an op
+    include_dir = ke.write_lean_op_headers(names, ops_dir, str(tmp_path))
+    assert ke.write_lean_op_headers(names, ops_dir, str(tmp_path)) == include_dir  # same names, same dir
+    for n in names:
+        with open(os.path.join(ops_dir, n + ".h")) as f:
+            full = f.read().splitlines()
+        with open(os.path.join(include_dir, "ATen", "ops", n + ".h")) as f:
+            lean = f.read().splitlines()
+        assert lean == [line for line in full if line.strip() not in ke.LEAN_OP_DROPPED]
+        assert len(full) - len(lean) == len(ke.LEAN_OP_DROPPED)  # each dropped include was there
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    # the wrappers still compile from the slim host headers alone (g++ parses them as the .cu unit would)
+    src = tmp_path / "unit.cpp"
+    src.write_text(ke.SLIM_HOST_HEADERS + ke.ops_includes(names) + ke.TORCH_ALIASES
+                   + "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x);"
+                   " return torch::matmul(y, torch::zeros({2, 2}, x.options())); }\n")
+    flags = [f"-I{include_dir}"] + [f"-isystem{p}" for p in ce.include_paths()]
+    import sysconfig
+    flags.append(f"-isystem{sysconfig.get_paths()['include']}")
+    done = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", *flags, str(src)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_precheck_rejects_without_compiling(tmp_path):
@@ -384,7 +416,9 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     session = ke._ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
     session.boot()
     session.ready()
-    assert session.timing and session.timing["ms"] > 0 and session.out_bytes["check"][0] == [64 * 4096 * 4]
+    assert session.timing is None and session.out_bytes["check"][0] == [64 * 4096 * 4]
+    timing = session.time_reference()
+    assert timing["ms"] > 0 and session.time_reference() is timing  # timed once
     inputs_before = ke.read_tensor_sets(session.files["check"], 1 << 30)
     right = _reference_outputs(session, "check")
     assert len(right) == cfg.n_correct_trials
@@ -418,6 +452,40 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     assert judge(right) is None
     session.release()
     assert session.worker is None and session.files == {}
+
+
+def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
+    import threading
+    root, events, lock = str(tmp_path), [], threading.Lock()
+
+    def hold(kind, exclusive, seconds, started=None):
+        with ke._DeviceLock(root, "cpu", exclusive=exclusive):
+            with lock:
+                events.append(("in", kind, time.monotonic()))
+            if started:
+                started.set()
+            time.sleep(seconds)
+            with lock:
+                events.append(("out", kind, time.monotonic()))
+
+    first = threading.Event()
+    threads = [threading.Thread(target=hold, args=("check1", False, 0.6, first))]
+    threads[0].start()
+    first.wait()
+    threads.append(threading.Thread(target=hold, args=("check2", False, 0.6)))  # shares with check1
+    threads[1].start()
+    time.sleep(0.1)
+    threads.append(threading.Thread(target=hold, args=("timing", True, 0.3)))  # waits for both checks
+    threads[2].start()
+    time.sleep(0.1)
+    threads.append(threading.Thread(target=hold, args=("check3", False, 0.1)))  # queues behind the timing
+    threads[3].start()
+    for t in threads:
+        t.join()
+    at = {(e, k): t for e, k, t in events}
+    assert at[("in", "check2")] < at[("out", "check1")]  # two checks at once
+    assert at[("in", "timing")] >= max(at[("out", "check1")], at[("out", "check2")])
+    assert at[("in", "check3")] >= at[("out", "timing")]  # did not overtake the waiting timing
 
 
 # ----------------------------------------------------------------------------- CPU suite (slow)
