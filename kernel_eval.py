@@ -24,9 +24,9 @@ How one evaluation runs, and why
    includes the flags, so mixed flags would rebuild it for everyone; off by default, see
    EvalConfig). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the compile
    worker. CUDA builds try the `cuda_header_tiers` first (default "slim": ATen's tensor class and
-   the ops the source names instead of torch/extension.h, whose parsing is most of a build), then
-   the source as written. Up to `max_parallel_compiles` builds run at once (threads waiting on
-   processes). Import errors that are not build errors are deferred to the run phase, which reports
+   lean copies of the headers of the ops the source names, instead of torch/extension.h, whose
+   parsing is most of a build), then the source as written. Up to `max_parallel_compiles` builds
+   run at once (threads waiting on processes). Import errors that are not build errors are deferred to the run phase, which reports
    them.
 3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
    running only the task's own code): it draws inputs from seeds only the parent knows (on the
@@ -49,8 +49,9 @@ How one evaluation runs, and why
    inside the extension); a compute operator (mm, add, relu, conv, ...) makes the verdict
    "incorrect" however it was spelled. That recorder lives in the candidate's process, so it is
    defence in depth, not a boundary.
-4. time: warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have passed on the
-   parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is preceded by an L2
+4. time, with the device to itself (checks share the device with each other, never with a timed
+   run: _DeviceLock): warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have
+   passed on the parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is preceded by an L2
    flush and bracketed by CUDA events with a device-wide synchronize before the end event
    (side-stream work counts); on CPU by perf_counter. The median is the candidate's time. The
    timing sets' file is handed to the candidate only when timing starts; the calls alternate
@@ -154,8 +155,10 @@ class EvalConfig:
     cache_root: str = os.environ.get("KERNEL_EVAL_CACHE",
                                      os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
     scratch_root: str | None = None  # None: the system temp dir
-    # None: every core on cpu (one C++ unit per build); cores / build_jobs on cuda (a build is a host
-    # unit and a .cu unit compiled side by side: more builds at once only slow each one down)
+    # None: every core on cpu (one C++ unit per build); on cuda cores / (2 x build_jobs): a build is a
+    # host unit and a .cu unit side by side, and each build's run worker boots meanwhile. On the
+    # H200 (16 cores) 4 builds at once took 11.9 s each, 8 took 16.9 s: p50 latency 19.8 s vs 31.4 s,
+    # 14.4 vs 18.9 candidates/min (PERFORMANCE.md). Raise it for throughput.
     max_parallel_compiles: int | None = None
     # candidates whose worker may be alive at once (it boots, torch and a CUDA context, while its
     # kernel compiles; checks share the device, timed runs have it alone). None: one per parallel
@@ -1834,7 +1837,8 @@ def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
 
 
 def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, one device run at a time.
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the
+    device, one timed run on it at a time.
 
     Each candidate's worker process starts (imports torch, creates its CUDA context) while its
     kernel compiles; each distinct reference gets one trusted session for the whole batch."""
@@ -1857,7 +1861,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     if not todo:
         return results
     cores = os.cpu_count() or 1
-    n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // max(1, config.build_jobs))
+    n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // (2 * max(1, config.build_jobs)))
     compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
     compiles: dict = {}
     for i in todo:  # identical candidates share one compile
