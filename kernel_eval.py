@@ -63,7 +63,8 @@ How one evaluation runs, and why
    claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed + slack) means the
    candidate's clock was tampered with: status stays "correct", speedup is 0.0, timing_ok False,
    candidate_ms is the parent's estimate, and the message says so.
-5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session.
+5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session,
+   which also stops it when the harness dies without cleaning up (the supervisor is reparented).
    Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
    crash the supervisor kills the worker's process group, then every orphan that was reparented to
    it (children that called setsid), and the parent finally sweeps /proc for processes carrying
@@ -679,7 +680,9 @@ def _supervise(spec_json: str) -> int:
     for t in drains:
         t.start()
     code = None
-    while code is None and not stop["flag"]:
+    # the harness may die without stopping us (killed, or its own crash): then we are reparented,
+    # and a hung worker must not keep the device forever
+    while code is None and not stop["flag"] and os.getppid() == spec["parent"]:
         try:
             code = worker.wait(timeout=0.05)
         except subprocess.TimeoutExpired:
@@ -739,7 +742,7 @@ class Worker:
         self.output_bytes = cfg.max_file_bytes
         spec = {"argv": argv, "env": env, "fds": [cmd_r, rep_w, child_sock.fileno()], "stdout": self.stdout,
                 "stderr": self.stderr, "code_file": self.code_file, "fsize": fsize or cfg.max_message_bytes,
-                "output_bytes": cfg.max_file_bytes, "nice": nice,
+                "output_bytes": cfg.max_file_bytes, "nice": nice, "parent": os.getpid(),
                 "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0}
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise", json.dumps(spec)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -4,6 +4,7 @@ benign set on CPU (slow: one shared C++ build), then the CUDA versions (gpu).
 Each adversarial candidate states its expected verdict in its first line, `# expect: STATUS`, where
 STATUS is an EvalResult status, or `timing_rejected` (correct but the timing cross-check refuses the
 speedup) or `no_speedup` (correct, and not measured faster than the reference)."""
+import contextlib
 import glob
 import json
 import os
@@ -452,6 +453,33 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     assert judge(right) is None
     session.release()
     assert session.worker is None and session.files == {}
+
+
+def test_workers_die_with_the_harness(tmp_path):
+    """A harness killed without cleanup (kill -9, a crash) must not leave a hung worker behind."""
+    marker = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
+    src = tmp_path / marker / "candidate.py"
+    src.parent.mkdir()
+    src.write_text("import time\ntime.sleep(1000)\n")
+    helper = f"""
+import os, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(ke.__file__))!r})
+import kernel_eval as ke
+cfg = ke.EvalConfig(cache_root={str(tmp_path)!r})
+ke.Worker("compile", ke._worker_args({str(src)!r}, "cpu", cfg, ""), {str(tmp_path / "w")!r},
+          ke._build_env("cpu", "", cfg, compiling=True), cfg, cpu=True)
+os._exit(0)  # no cleanup: the supervisor sees it has been reparented
+"""
+    subprocess.run([sys.executable, "-c", helper], check=True, timeout=120)
+    try:
+        deadline = time.monotonic() + 15
+        while leftover_processes(marker.encode()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leftover_processes(marker.encode()) == []
+    finally:
+        for pid in leftover_processes(marker.encode()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
 
 
 def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
