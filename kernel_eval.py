@@ -26,8 +26,8 @@ How one evaluation runs, and why
    worker. CUDA builds try the `cuda_header_tiers` first (default "slim": ATen's tensor class and
    lean copies of the headers of the ops the source names, instead of torch/extension.h, whose
    parsing is most of a build), then the source as written. Up to `max_parallel_compiles` builds
-   run at once (threads waiting on processes). Import errors that are not build errors are deferred to the run phase, which reports
-   them.
+   run at once (threads waiting on processes). Import errors that are not build errors are
+   deferred to the run phase, which reports them.
 3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
    running only the task's own code): it draws inputs from seeds only the parent knows (on the
    device when the task runs there: get_inputs under `with device`, on the CPU if that fails),
@@ -51,12 +51,12 @@ How one evaluation runs, and why
    defence in depth, not a boundary.
 4. time, with the device to itself (checks share the device with each other, never with a timed
    run: _DeviceLock): warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have
-   passed on the parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is preceded by an L2
-   flush and bracketed by CUDA events with a device-wide synchronize before the end event
-   (side-stream work counts); on CPU by perf_counter. The median is the candidate's time. The
-   timing sets' file is handed to the candidate only when timing starts; the calls alternate
-   between `timing_input_sets` sets copied into the same buffers, and the last timed output of each
-   set is compared again, so caching outputs across calls fails. Cross-check: the parent's own
+   passed on the parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is
+   preceded by an L2 flush and bracketed by CUDA events with a device-wide synchronize before the
+   end event (side-stream work counts); on CPU by perf_counter. The median is the candidate's
+   time. The timing sets' file is handed to the candidate only when timing starts; the calls
+   alternate between `timing_input_sets` sets copied into the same buffers, and the last timed
+   output of each set is compared again, so caching outputs across calls fails. Cross-check: the parent's own
    clock measures the request that runs the timed calls (inputs were loaded and the warm-up run by
    an earlier request, the outputs are fetched by a later one); the reference, timed the same way,
    gives the loop's overhead (input refills, L2 flushes, syncs); wall time not explained by the
@@ -158,8 +158,8 @@ class EvalConfig:
     scratch_root: str | None = None  # None: the system temp dir
     # None: every core on cpu (one C++ unit per build); on cuda cores / (2 x build_jobs): a build is a
     # host unit and a .cu unit side by side, and each build's run worker boots meanwhile. On the
-    # H200 (16 cores) 4 builds at once took 11.9 s each, 8 took 16.9 s: p50 latency 19.8 s vs 31.4 s,
-    # 14.4 vs 18.9 candidates/min (PERFORMANCE.md). Raise it for throughput.
+    # H200 (16 cores), 4 at once: 12.6 s a build, p50 latency 19.8-21.5 s, 13.1-14.4 candidates/min;
+    # 8 at once: 16.9 s, 31.4 s, 18.9/min (PERFORMANCE.md). Raise it for throughput.
     max_parallel_compiles: int | None = None
     # candidates whose worker may be alive at once (it boots, torch and a CUDA context, while its
     # kernel compiles; checks share the device, timed runs have it alone). None: one per parallel
