@@ -1085,7 +1085,7 @@ def _worker_compile(a) -> None:
         total = _perf_counter() - t0
         _child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"],
                                  "profile": {"torch": t_torch, "build": state["build_s"],
-                                             "rest": total - t_torch - state["build_s"], "worker": total}})
+                                             "rest": total - t_torch - state["build_s"]}})
     except BaseException:  # noqa: BLE001 - any failure of candidate code is a verdict
         if state["build_error"] is not None:
             _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(state["build_error"])})

@@ -61,13 +61,15 @@ def make_candidates(task_list: list, language: str, n: int) -> list:
     return out
 
 
-def pair_disagreement(candidates: list, results: list, n_base: int) -> list:
-    """For each variant (k >= n_base, the same kernel as candidate k % n_base): max/min of the two
-    candidate times, both correct and timed. 1.0 is perfect agreement; in-batch timing noise."""
-    ratios = []
-    for k in range(n_base, len(candidates)):
-        a, b = results[k % n_base], results[k]
-        if a.status == b.status == "correct" and a.timing_ok and b.timing_ok and min(a.candidate_ms, b.candidate_ms) > 0:
+def pair_disagreement(candidates: list, results: list) -> list:
+    """For each variant (a later candidate of the same task: the same kernel, make_candidates):
+    max/min of its time and the first one's, both correct and timed. 1.0 is perfect agreement;
+    in-batch timing noise."""
+    first, ratios = {}, []
+    for (task_id, _, _), b in zip(candidates, results):
+        a = first.setdefault(task_id, b)
+        if a is not b and a.status == b.status == "correct" and a.timing_ok and b.timing_ok \
+                and min(a.candidate_ms, b.candidate_ms) > 0:
             ratios.append(max(a.candidate_ms, b.candidate_ms) / min(a.candidate_ms, b.candidate_ms))
     return ratios
 
@@ -183,8 +185,7 @@ def main() -> None:
               f"{len(results) / wall * 60:.2f} candidates/min, p50 latency {percentile(own, 0.5):.1f} s, "
               f"p90 {percentile(own, 0.9):.1f} s, p50 batch start to verdict {percentile(to_verdict, 0.5):.1f} s", flush=True)
         print("  p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
-        n_base = sum(language in t.solutions for t in builtin)
-        pairs = pair_disagreement(candidates, results, n_base)
+        pairs = pair_disagreement(candidates, results)
         if pairs:
             print(f"  in-batch noise: {len(pairs)} pairs of identical kernels, candidate times apart by "
                   f"median {percentile(pairs, 0.5):.3f}x, max {max(pairs):.3f}x", flush=True)
