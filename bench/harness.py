@@ -150,6 +150,8 @@ def main() -> None:
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
     p.add_argument("--header-tiers", default=None,
                    help="kernel_eval's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_eval's)")
+    p.add_argument("--no-compile-zygote", action="store_true",
+                   help="spawn each compile worker (it imports torch itself) instead of forking it from one zygote")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     language = "cpp" if a.device == "cpu" else "cuda"
@@ -161,7 +163,7 @@ def main() -> None:
     pool = make_candidates(builtin, language, max(a.n_candidates, a.baseline_n, 1))
     candidates = pool[: a.n_candidates]
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
-            "max_parallel_runs": a.max_parallel_runs}
+            "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote}
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
@@ -253,7 +255,9 @@ def main() -> None:
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows and n else float("nan")
     print()
     tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
-    print(f"| {a.device}{f' (headers: {tiers})' if language == 'cuda' else ''} | kernel_eval | naive serial |")
+    workers = "spawned" if a.no_compile_zygote else "forked from a zygote"
+    print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}compile workers {workers}) "
+          "| kernel_eval | naive serial |")
     print("|---|---|---|")
     print(f"| candidates (distinct, cold) | {n} | {fig['baseline_n']} |")
     print(f"| correct | {n_correct}/{n} | {fig['baseline_correct']}/{fig['baseline_n']} |")

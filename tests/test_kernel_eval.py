@@ -482,6 +482,125 @@ os._exit(0)  # no cleanup: the supervisor sees it has been reparented
                 os.kill(pid, 9)
 
 
+def process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie has ended
+    except OSError:
+        return False
+
+
+def wait_for_file(path, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and open(path).read().endswith("\n"):
+            return open(path).read()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} was not written")
+
+
+def test_compile_zygote_forks_workers_with_torch_loaded_and_their_own_tag(tmp_path):
+    """A forked compile worker has torch already, carries its own evaluation's tag where the sweep
+    looks (/proc/<pid>/environ: the zygote's block, rewritten in place) and in the environment its
+    compiler processes inherit, and is gone when its compile returns."""
+    report = tmp_path / "report"
+    src = f"""
+import os
+initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
+open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
+"""
+    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"))
+    zygote = ke._CompileZygote()
+    try:
+        record = ke._compile(src, "cpu", "", cfg, zygote)
+        assert record["status"] == "ok" and record["torch_preloaded"], record
+        pid, initial_tag, env_tag = wait_for_file(report).split()
+        assert initial_tag == env_tag != zygote.tag
+        assert not process_alive(int(pid))
+        assert zygote.proc.poll() is None  # still serving the batch
+    finally:
+        zygote.close()
+    assert zygote.proc.poll() is not None
+
+
+def test_fork_only_escapee_of_a_forked_compile_worker_dies_with_its_evaluation(tmp_path):
+    """The candidate kills its supervisor (no subreaper is left) and leaves a forked, never exec'd
+    grandchild in its own session: only the sweep by tag can find it, and only if a fork carries
+    its own evaluation's tag rather than the zygote's."""
+    report = tmp_path / "escapee"
+    src = f"""
+import os, signal, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open({str(report)!r}, "w").write(f"{{os.getpid()}}\\n")
+        time.sleep(600)
+    os._exit(0)
+os.kill(os.getppid(), signal.SIGKILL)
+time.sleep(600)
+"""
+    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"), compile_timeout_s=5)
+    zygote = ke._CompileZygote()
+    try:
+        record = ke._compile(src, "cpu", "", cfg, zygote)
+        assert record["status"] == "timeout", record
+        pid = int(wait_for_file(report))
+        time.sleep(0.2)
+        assert not process_alive(pid)  # killed by its own evaluation, while the zygote still runs
+        assert zygote.proc.poll() is None
+    finally:
+        zygote.close()
+
+
+def test_compile_zygote_out_of_service_falls_back_to_spawned_workers(tmp_path):
+    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"))
+    zygote = ke._CompileZygote()
+    try:
+        assert ke._compile("x = 1\n", "cpu", "", cfg, zygote)["torch_preloaded"]
+        zygote.proc.kill()  # a candidate can do this: same uid
+        zygote.proc.wait()
+        record = ke._compile("x = 2\n", "cpu", "", cfg, zygote)
+        assert record["status"] == "ok" and not record["torch_preloaded"], record
+        assert "out of service" in zygote.out_of_service
+    finally:
+        zygote.close()
+
+
+def test_forked_workers_die_with_the_harness(tmp_path):
+    """Harness killed without cleanup: the zygote sees it has been reparented and exits, then each
+    supervisor sees the same and stops its worker."""
+    report = tmp_path / "report"
+    src = tmp_path / "candidate.py"
+    src.write_text(f"import os, time\nopen({str(report)!r}, 'w').write(f'{{os.getpid()}} {{os.getppid()}}\\n')\n"
+                   "time.sleep(1000)\n")
+    helper = f"""
+import os, sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(ke.__file__))!r})
+import kernel_eval as ke
+cfg = ke.EvalConfig(cache_root={str(tmp_path)!r})
+zygote = ke._CompileZygote()
+ke.Worker("compile", ke._worker_args({str(src)!r}, "cpu", cfg, ""), {str(tmp_path / "w")!r},
+          ke._build_env("cpu", "", cfg, compiling=True), cfg, cpu=True, zygote=zygote)
+print(zygote.proc.pid, flush=True)
+import time
+while not os.path.exists({str(report)!r}):
+    time.sleep(0.05)
+os._exit(0)  # no cleanup
+"""
+    out = subprocess.run([sys.executable, "-c", helper], check=True, timeout=120, capture_output=True, text=True)
+    worker, supervisor = map(int, wait_for_file(report).split())
+    pids = [int(out.stdout.split()[0]), supervisor, worker]
+    try:
+        deadline = time.monotonic() + 15
+        while any(map(process_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(process_alive, pids))
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
 def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
     import threading
     root, events, lock = str(tmp_path), [], threading.Lock()
