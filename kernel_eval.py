@@ -159,14 +159,15 @@ class EvalConfig:
                                      os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
     scratch_root: str | None = None  # None: the system temp dir
     # None: every core on cpu (one C++ unit per build); on cuda cores / (2 x build_jobs): a build is a
-    # host unit and a .cu unit side by side, and each build's run worker boots meanwhile. On the
-    # H200 (16 cores), 4 at once: 12.6 s a build, p50 latency 19.8-21.5 s, 13.1-14.4 candidates/min;
-    # 8 at once: 16.9 s, 31.4 s, 18.9/min (PERFORMANCE.md). Raise it for throughput.
+    # host unit and a .cu unit side by side, and run workers boot meanwhile. On the H200 (16 cores),
+    # 4 at once: 9.7-14.2 s a build (forked compile workers), p50 latency 17.9 s with the default run
+    # slots (PERFORMANCE.md); 8 at once built in 16.9 s (spawned workers). Raise it for throughput.
     max_parallel_compiles: int | None = None
     # candidates whose worker may be alive at once (it boots, torch and a CUDA context, while its
-    # kernel compiles; checks share the device, timed runs have it alone). None: one per parallel
-    # build on cuda (4 made a finished build wait for a booted worker: p50 latency 44.0 s vs 29.2 s
-    # on the H200, identical kernels timed as closely, PERFORMANCE.md), 1 on cpu (cores are shared)
+    # kernel compiles or waits for the device; checks share the device, timed runs have it alone).
+    # None: two per parallel build on cuda, 1 on cpu (cores are shared). One per build made finished
+    # builds wait for booted workers once builds got faster: p50 latency 22.4-23.9 s vs 17.9 s on
+    # the H200 (PERFORMANCE.md)
     max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     # fork compile workers from one process that imported torch once (_CompileZygote) instead of
@@ -2097,7 +2098,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         if ref_src not in sessions:
             sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
         sessions[ref_src].users += 1
-    n_runs = config.max_parallel_runs or (1 if device == "cpu" else n_compiles)
+    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
 
     def job(i):
