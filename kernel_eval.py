@@ -984,8 +984,10 @@ class _CompileZygote:
     torch` on the H200 (PERFORMANCE.md), on a core the builds need. A forked one is the same
     isolation: its own session, subreaper supervisor, process group, limits, environment and tag
     (rewritten in place: _retag_initial_environment). The candidate's code still runs only in the
-    forked worker, never in the zygote. When the zygote cannot serve (it died, say killed by a
-    candidate: same uid), `fork` returns None and the harness spawns workers itself."""
+    forked worker, never in the zygote (which a candidate can still ptrace, as any process of its
+    uid: see "What this does not stop"). When the zygote cannot serve (it died, say killed by a
+    candidate), `fork` returns None and the harness spawns workers itself; a supervisor the dying
+    zygote had already forked sees it has been reparented and stops its worker."""
 
     def __init__(self):
         self.lock = threading.Lock()
