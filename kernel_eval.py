@@ -636,6 +636,12 @@ def _children_of(pid: int) -> list:
     return kids
 
 
+def _reap_children() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
 def _worker_argv(spec: dict) -> list:
     cmd_fd, reply_fd, sock_fd = spec["fds"]
     return (["--_worker", spec["mode"], "--cmd-fd", str(cmd_fd), "--reply-fd", str(reply_fd),
@@ -775,13 +781,7 @@ def _supervise(spec: dict, forked: bool = False) -> int:
                     kill()
                 except (ProcessLookupError, PermissionError):
                     pass
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
+        _reap_children()
         quiet = quiet + 1 if not kids else 0
         time.sleep(0.02)
     if code is None:
@@ -925,12 +925,6 @@ def _retag_initial_environment(tag: str) -> None:
     with open("/proc/self/environ", "rb") as f:
         if prefix + tag.encode() not in f.read().split(b"\0"):
             raise RuntimeError("the environment block did not take the new tag")
-
-
-def _reap_children() -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
 
 
 def _zygote_main(sock_fd: int, harness_pid: int) -> None:
