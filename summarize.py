@@ -19,6 +19,7 @@ evaluation result is read by field name (an EvalResult or its dict).
 '''
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -48,13 +49,16 @@ _CLOSE_FENCE = re.compile(r"[ \t]*```[ \t]*")
 _DEFINES_MODELNEW = re.compile(r"^\s*class\s+ModelNew\b", re.MULTILINE)
 
 
-def parse_response(text: str) -> Parsed:
+def parse_response(text: str, thinking_open: bool = False) -> Parsed:
     """Split a response into (thinking, code, summary, error).
 
     thinking: inside <think>...</think>; with no </think> the reasoning never ended, so
     everything after <think> is thinking and no code is taken from it; with no tags at
-    all there is no thinking. code: the last ```python (or unlabeled) fenced block after
-    the thinking that defines `class ModelNew`. summary: the prose after that block.
+    all there is no thinking. `thinking_open`: the prompt itself ended with <think> (as
+    QwQ's and Qwen3's chat templates do), so the response starts inside the thinking and
+    without a </think> all of it is unfinished reasoning. code: the last ```python (or
+    unlabeled) fenced block after the thinking that defines `class ModelNew`. summary:
+    the prose after that block.
     """
     if not isinstance(text, str):
         raise TypeError(f"response must be str, got {type(text).__name__}")
@@ -65,8 +69,9 @@ def parse_response(text: str) -> Parsed:
     if close_at != -1:
         start = open_at + len("<think>") if -1 < open_at < close_at else 0
         thinking, rest = text[start:close_at].strip(), text[close_at + len("</think>"):]
-    elif open_at != -1:
-        return Parsed(text[open_at + len("<think>"):].strip(), None, "",
+    elif open_at != -1 or thinking_open:
+        start = open_at + len("<think>") if open_at != -1 else 0
+        return Parsed(text[start:].strip(), None, "",
                       "the response ended inside <think> without </think>; finish thinking "
                       "with </think>, then give the code in one ```python block.")
     chosen = None
@@ -139,11 +144,15 @@ def feedback(result_or_error: Any, budget: int = FEEDBACK_CHARS) -> str:
     if status == "incorrect":
         return f"Your code produced incorrect output{detail}"
     if status == "correct":
-        speedup = float(_get(result_or_error, "speedup", 0.0))
+        speedup = float(_get(result_or_error, "speedup", 0.0) or 0.0)
+        note = f" {message}" if message else ""
+        # A correct kernel that was not timed (timing off, or a time the harness could not
+        # confirm) has speedup 0: "0.00x" would tell the model its kernel never finished.
+        if not (math.isfinite(speedup) and speedup > 0) or _get(result_or_error, "timing_ok", True) is False:
+            return f"Your code is correct; its speed was not measured.{note}"
         ref_ms, cand_ms = _get(result_or_error, "ref_ms"), _get(result_or_error, "candidate_ms")
         times = (f" ({cand_ms:.3f} ms vs {ref_ms:.3f} ms)"
                  if isinstance(ref_ms, (int, float)) and isinstance(cand_ms, (int, float)) else "")
-        note = f" {message}" if message else ""
         return (f"Your code is correct and ran at {speedup:.2f}x the speed of the "
                 f"reference{times}.{note}")
     raise ValueError(f"unknown result status {status!r}; expected one of format_error, "

@@ -53,6 +53,19 @@ def test_code_inside_thinking_is_not_taken():
     assert "draft" in p.thinking
 
 
+def test_cut_inside_thinking_opened_by_the_prompt_yields_no_code():
+    # QwQ's template ends the prompt with "<think>\n": the completion holds only reasoning,
+    # with a draft block in it, and was cut before </think>.
+    text = f"Okay, a draft:\n```python\n{CODE}```\nbut wait, this is not done"
+    assert parse_response(text).code == CODE  # without the flag: taken (the old behaviour)
+    p = parse_response(text, thinking_open=True)
+    assert p.code is None and "</think>" in p.error
+    assert p.thinking.startswith("Okay, a draft")
+    # The same completion that did close its thinking keeps its answer.
+    closed = parse_response(f"plan\n</think>\n```python\n{CODE}```\nDone.", thinking_open=True)
+    assert closed.code == CODE and closed.thinking == "plan" and closed.summary == "Done."
+
+
 def test_unclosed_think_is_all_thinking():
     text = f"<think>long reasoning\n```python\n{CODE}```\nand it never ends"
     p = parse_response(text)
@@ -111,6 +124,13 @@ def test_feedback_messages():
         "reference. timed 100 runs")
     assert "(0.500 ms vs 1.000 ms)" in feedback(
         {"status": "correct", "speedup": 2.0, "ref_ms": 1.0, "candidate_ms": 0.5})
+    # Correct but not timed (timing off, or a time the harness could not confirm): no "0.00x".
+    untimed = feedback({"status": "correct", "speedup": 0.0, "message": ""})
+    assert untimed == "Your code is correct; its speed was not measured."
+    unconfirmed = feedback({"status": "correct", "speedup": 0.0, "timing_ok": False,
+                            "message": "the parent's clock disagrees"})
+    assert "0.00x" not in unconfirmed and unconfirmed.endswith("the parent's clock disagrees")
+    assert "not measured" in feedback({"status": "correct", "speedup": float("inf"), "message": ""})
     assert feedback({"status": "format_error", "message": "uses torch.relu"}) == \
         "Your response broke a rule: uses torch.relu"
 
