@@ -826,12 +826,18 @@ def kernel_score(result: Any, correctness_weight: float = 0.3,
     """s = correct * (correctness_weight + speedup), speedup optionally capped at speedup_cap.
 
     `result` is an EvalResult or its to_dict(); only `correct` and `speedup` are read.
+    A speedup that is not a finite number >= 0 (inf from a claimed time of ~0 ms, NaN, None)
+    is a measurement nobody can trust: the kernel is paid for its correctness alone. No
+    verdict of the harness may raise here, or one candidate would stop a training run.
     """
     if not _field(result, "correct"):
         return 0.0
-    speedup = float(_field(result, "speedup"))
+    try:
+        speedup = float(_field(result, "speedup"))
+    except (TypeError, ValueError):
+        speedup = 0.0
     if not math.isfinite(speedup) or speedup < 0:
-        raise ValueError(f"speedup must be a finite non-negative number, got {speedup}")
+        speedup = 0.0
     if speedup_cap is not None:
         speedup = min(speedup, speedup_cap)
     return correctness_weight + speedup

@@ -329,10 +329,20 @@ def test_kernel_score_hand_values():
     class Result:  # an EvalResult look-alike
         correct, speedup = True, 0.5
     assert kernel_score(Result()) == pytest.approx(0.8)
-    with pytest.raises(ValueError):
-        kernel_score({"correct": True, "speedup": float("inf")})
     with pytest.raises(KeyError, match="speedup"):
         kernel_score({"correct": True})
+
+
+@pytest.mark.parametrize("speedup", [float("inf"), float("nan"), -1.0, None, 1e308 * 10])
+def test_untrustworthy_speedups_pay_correctness_alone_and_never_raise(speedup):
+    # 5e-324 ms claimed by a candidate gives ref_ms / 5e-324 = inf: training must go on.
+    import kernel_eval
+    result = kernel_eval.EvalResult(status="correct", compiled=True, correct=True, speedup=speedup)
+    assert kernel_score(result) == pytest.approx(0.3)
+    assert kernel_score(result, speedup_cap=4.0) == pytest.approx(0.3)
+    returns = discounted_returns([kernel_score(result), 0.0, kernel_score(result)], gamma=0.4)
+    assert returns == pytest.approx([0.3 + 0.4 * 0.4 * 0.3, 0.4 * 0.3, 0.3])
+    assert kernel_score({"correct": False, "speedup": speedup}) == 0.0
 
 
 def test_turn_score():
