@@ -35,6 +35,8 @@ and `count_tokens(text)`:
   are UTF-8 bytes of the text: evaluation and baselines only, never training.
 - OracleEngine: answers with a task's own solution (optionally corrupted), so the whole loop
   runs on real kernels with no model.
+- OracleMixedEngine: a policy engine with a seeded share of its answers replaced by the
+  oracle's, in the policy's tokens (train.py's smoke run: real kernels, non-zero advantages).
 
 The evaluator is injected (`evaluate_batch(pairs) -> results`, kernel_eval's signature with
 its settings bound), so this file imports only summarize and rewards.
@@ -123,16 +125,25 @@ class RolloutConfig:
 # Prompts
 
 
-def render_prompt(tokenizer, text: str) -> list[int]:
-    """Render one user message with the tokenizer's chat template (generation prompt added)
-    and tokenise it once. Tokenizers without a template get PLAIN_CHAT_TEMPLATE."""
+def render_prompt_text(tokenizer, text: str) -> str:
+    """One user message in the tokenizer's chat template, generation prompt added.
+    Tokenizers without a template get PLAIN_CHAT_TEMPLATE."""
     if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(
+        return tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    else:
-        rendered = PLAIN_CHAT_TEMPLATE.format(prompt=text)
+    return PLAIN_CHAT_TEMPLATE.format(prompt=text)
+
+
+def render_prompt(tokenizer, text: str) -> list[int]:
+    """`render_prompt_text`, tokenised once."""
     # The template already holds every special token the model expects.
-    return list(tokenizer(rendered, add_special_tokens=False).input_ids)
+    return list(tokenizer(render_prompt_text(tokenizer, text), add_special_tokens=False).input_ids)
+
+
+def template_opens_thinking(tokenizer) -> bool:
+    """Whether the chat template ends the prompt inside <think> (QwQ, Qwen3): then a
+    completion starts in the middle of its reasoning (summarize.parse_response's thinking_open)."""
+    return render_prompt_text(tokenizer, "x").rstrip().endswith("<think>")
 
 
 def _eos_ids(tokenizer, model=None) -> set[int]:
@@ -258,6 +269,7 @@ class HFEngine:
             raise ValueError("HFEngine: the tokenizer and the model's generation_config name no eos_token_id")
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
+        self.prompt_opens_thinking = template_opens_thinking(tokenizer)
 
     def encode_prompt(self, text: str) -> list[int]:
         return render_prompt(self.tokenizer, text)
@@ -378,6 +390,7 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=model_path, enable_sleep_mode=enable_sleep_mode,
                             gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                             **llm_kwargs)
+        self.prompt_opens_thinking = template_opens_thinking(tokenizer)
 
     def encode_prompt(self, text: str) -> list[int]:
         return render_prompt(self.tokenizer, text)
@@ -590,6 +603,59 @@ class OracleEngine:
         return out
 
 
+class OracleMixedEngine:
+    """A policy engine of which a seeded share of answers is replaced by the task's built-in
+    solution, written in the policy's own tokens (the oracle's text, tokenised once, then the
+    EOS): the smoke run's engine. A randomly initialised model only ever breaks the format
+    (every score 0, every advantage 0); with oracle answers in each group the advantages, the
+    loss, the gradient and the checkpoint all see real work on real kernels. The oracle
+    answers are off-policy tokens, trained on like sampled ones: a test of the machinery,
+    never a way to train a real policy. `logprobs` of oracle answers are None (train.py
+    computes its own old log-probs). `oracle_share` 0 is the policy alone."""
+
+    def __init__(self, policy, tokenizer, tasks: Sequence[Any], *, oracle_share: float,
+                 language: str, corrupt_rate: float = 0.0, seed: int = 0):
+        if not 0.0 <= oracle_share <= 1.0:
+            raise ValueError(f"OracleMixedEngine: oracle_share must be in [0, 1], got {oracle_share}")
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.oracle = OracleEngine(tasks, language=language, corrupt_rate=corrupt_rate, seed=seed)
+        self.oracle_share = oracle_share
+        self.rng = random.Random(f"oracle-mixed:{seed}")
+        self.eos_id = min(_eos_ids(tokenizer))
+        self.prompt_opens_thinking = getattr(policy, "prompt_opens_thinking", False)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.policy.encode_prompt(text)
+
+    def count_tokens(self, text: str) -> int:
+        return self.policy.count_tokens(text)
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        from_oracle = [[self.rng.random() < self.oracle_share for _ in range(n)] for _ in prompt_token_ids]
+        policy_rows = [ids for ids, picks in zip(prompt_token_ids, from_oracle) for pick in picks if not pick]
+        sampled = iter([group[0] for group in self.policy.generate(
+            policy_rows, n=1, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=top_p, stop=stop)] if policy_rows else [])
+        out = []
+        for ids, picks in zip(prompt_token_ids, from_oracle):
+            prompt_text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            out.append([self._oracle_answer(prompt_text, max_new_tokens) if pick else next(sampled)
+                        for pick in picks])
+        return out
+
+    def _oracle_answer(self, prompt_text: str, max_new_tokens: int) -> Completion:
+        text = self.oracle.generate([utf8_ids(prompt_text)], n=1, max_new_tokens=1 << 30)[0][0].text
+        if self.prompt_opens_thinking:  # the template already opened <think>
+            text = text.removeprefix("<think>\n")
+        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids) + [self.eos_id]
+        finish = "length" if len(ids) > max_new_tokens else "stop"
+        ids = ids[:max_new_tokens]
+        return Completion(ids, None, self.tokenizer.decode(ids, skip_special_tokens=True), finish)
+
+
 # ---------------------------------------------------------------------------------------
 # The rollout
 
@@ -627,6 +693,8 @@ def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[s
     trajectory, then turn) and one stats dict per turn. `tasks` need `.task_id` and
     `.reference_src`; `evaluate_batch(pairs)` returns one result per (reference, candidate)
     pair with status/correct/speedup/message (kernel_eval.EvalResult or its dict)."""
+    if not tasks:
+        raise ValueError("rollout: the task list is empty")
     if config.n_trajectories < 1 or config.n_turns < 1:
         raise ValueError(f"RolloutConfig needs n_trajectories >= 1 and n_turns >= 1, got "
                          f"{config.n_trajectories} and {config.n_turns}")
@@ -640,7 +708,7 @@ def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[s
             count_tokens=engine.count_tokens, max_prompt_tokens=config.max_prompt_tokens))
             for tr in trajectories]
         completions = _generate_turn(engine, prompt_ids, turn, config)
-        turns = _score_turn(tasks, trajectories, prompt_ids, completions, evaluate_batch, config)
+        turns = _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config)
         for trajectory, record in zip(trajectories, turns):
             trajectory.turns.append(record)
             trajectory.history.append(summarize.Attempt(
@@ -661,8 +729,9 @@ def _generate_turn(engine, prompt_ids, turn, config) -> list[Completion]:
     return [group[0] for group in engine.generate(prompt_ids, n=1, **kwargs)]
 
 
-def _score_turn(tasks, trajectories, prompt_ids, completions, evaluate_batch, config) -> list[_Turn]:
-    parsed = [summarize.parse_response(c.text) for c in completions]
+def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config) -> list[_Turn]:
+    thinking_open = getattr(engine, "prompt_opens_thinking", False)
+    parsed = [summarize.parse_response(c.text, thinking_open) for c in completions]
     rejections: list[str | None] = []
     pairs, pair_rows = [], []
     for row, (tr, p) in enumerate(zip(trajectories, parsed)):

@@ -344,6 +344,7 @@ class ScriptedEngine:
     def __init__(self, tokenizer, script, truncate_at=None):
         self.tokenizer, self.script, self.truncate_at = tokenizer, script, truncate_at
         self.turn, self.calls = 0, []
+        self.prompt_opens_thinking = True   # as QwQ's template, which ends the prompt in <think>
 
     def encode_prompt(self, text):
         return rollout.render_prompt(self.tokenizer, text)
@@ -495,6 +496,38 @@ def test_rollout_with_tiny_hf_model_end_to_end(tokenizer):
         sum(len(s.completion_ids) for s in samples if s.turn == 1) / 4)
 
 
+def test_rollout_refuses_an_empty_task_list(tokenizer):
+    engine = ScriptedEngine(tokenizer, {})
+    with pytest.raises(ValueError, match="task list is empty"):
+        rollout.rollout([], engine, fake_evaluator({})[0], rollout.RolloutConfig(language="cpp"))
+
+
+def test_rollout_takes_no_code_from_a_completion_cut_inside_thinking_the_template_opened(tokenizer):
+    # The template opened <think>; the completion is all reasoning with a draft kernel in it.
+    script = {(t, 0, 0): f"Okay, a draft:\n```python\n{kernel(t)}\n```\nstill thinking" for t in "AB"}
+    engine = ScriptedEngine(tokenizer, script)
+    evaluate_batch, batches = fake_evaluator({"A": ("correct", 1.0), "B": ("correct", 1.0)})
+    config = rollout.RolloutConfig(n_trajectories=1, n_turns=1, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    open_samples, _ = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
+    assert batches == [] and {s.status for s in open_samples} == {"format_error"}
+    assert all("</think>" in s.feedback for s in open_samples)
+    engine.prompt_opens_thinking, engine.turn = False, 0   # a template that does not open it
+    closed_samples, _ = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
+    assert {s.status for s in closed_samples} == {"correct"}
+
+
+def test_template_opens_thinking_reads_the_chat_template(tokenizer):
+    assert rollout.template_opens_thinking(tokenizer) is False   # plain fallback template
+
+    class QwQLike:
+        chat_template = "set"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert rollout.template_opens_thinking(QwQLike()) is True
+
+
 # ------------------------------------------------------------------------- oracle
 
 
@@ -513,6 +546,38 @@ def test_oracle_answers_the_matching_task_and_corrupts_on_request():
     assert cut.finish_reason == "length" and len(cut.token_ids) == 20
     with pytest.raises(ValueError, match="none of the tasks"):
         engine.generate([engine.encode_prompt("REF C")], n=1, max_new_tokens=10)
+
+
+def test_oracle_mixed_engine_writes_oracle_answers_in_policy_tokens(tokenizer):
+    solution = {"t/a": kernel("A"), "t/b": kernel("B")}
+    tasks_ = [FakeTask(t.task_id, t.reference_src, {"cpp": solution[t.task_id]}) for t in (TASK_A, TASK_B)]
+    policy = ScriptedEngine(tokenizer, {(t, k, 0): "policy text" for t in "AB" for k in range(8)})
+    policy.prompt_opens_thinking = False
+    prompts = [policy.encode_prompt(f"solve {t.reference_src}") for t in tasks_]
+    for share, want_oracle in ((0.0, 0), (1.0, 16)):
+        policy.turn = 0
+        engine = rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=share, language="cpp")
+        groups = engine.generate(prompts, n=8, max_new_tokens=100_000)
+        oracle = [c for g in groups for c in g if c.logprobs is None and c.text != "policy text"]
+        assert len(oracle) == want_oracle
+    policy.turn = 0
+    engine = rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=0.5, language="cpp", seed=2)
+    groups = engine.generate(prompts, n=8, max_new_tokens=100_000)
+    for task, group in zip(tasks_, groups):
+        kinds = {c.text == "policy text" for c in group}
+        assert kinds == {True, False}   # both kinds in each group at seed 2
+        for c in group:
+            if c.text == "policy text":
+                continue
+            # the oracle's text in the policy's own tokens, ended by EOS; parses to the solution
+            assert c.token_ids == tokenizer(c.text, add_special_tokens=False).input_ids + [EOS]
+            assert summarize.parse_response(c.text).code.strip() == task.solutions["cpp"].strip()
+            assert c.finish_reason == "stop"
+    cut = rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=1.0, language="cpp")
+    short = cut.generate(prompts[:1], n=1, max_new_tokens=12)[0][0]
+    assert (short.finish_reason, len(short.token_ids)) == ("length", 12)
+    with pytest.raises(ValueError, match="oracle_share"):
+        rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=1.5, language="cpp")
 
 
 @pytest.mark.slow
