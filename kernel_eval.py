@@ -345,7 +345,7 @@ def cross_check(claimed_times_ms: list, wall_ms: float, overhead_ms: float, cfg:
     claimed_sum = sum(claimed_times_ms)
     median = statistics.median(claimed_times_ms) if claimed_times_ms else 0.0
     if not claimed_times_ms or not all(math.isfinite(t) and t > 0 for t in claimed_times_ms):
-        return "timing: the candidate's clock reported non-positive or non-finite times"
+        return "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
     unexplained = wall_ms - max(overhead_ms, 0.0) - claimed_sum
     abs_ms = cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms
     slack = cfg.cross_check_rel * claimed_sum + abs_ms + cfg.cross_check_overhead_frac * max(overhead_ms, 0.0)
@@ -353,6 +353,18 @@ def cross_check(claimed_times_ms: list, wall_ms: float, overhead_ms: float, cfg:
         return (f"timing cross-check failed: claimed {median:.4g} ms/call ({claimed_sum:.1f} ms total) "
                 f"but the harness clock saw {wall_ms - max(overhead_ms, 0.0):.1f} ms of work")
     return None
+
+
+def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
+    """(ref_ms / candidate_ms, None), or (0.0, reason) when either time or their ratio is not a
+    positive finite number: a claimed 5e-324 ms is positive and finite, its speedup is not."""
+    for who, ms in (("reference", ref_ms), ("candidate", candidate_ms)):
+        if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
+            return 0.0, f"timing cross-check failed: the {who}'s time ({ms!r} ms) is not a positive finite number"
+    ratio = ref_ms / candidate_ms
+    if not math.isfinite(ratio):
+        return 0.0, f"timing cross-check failed: a claimed {candidate_ms:.3g} ms/call gives no finite speedup"
+    return ratio, None
 
 
 def _cut(text: str, n: int) -> str:
@@ -2013,17 +2025,19 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
         result.correct = False
         raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
     times = [float(x) for x in times]
-    result.claimed_ms = statistics.median(times)
+    claimed = statistics.median(times)
+    result.claimed_ms = claimed if math.isfinite(claimed) else 0.0  # EvalResult carries no inf/NaN
     result.wall_ms = wall
     problem = cross_check(times, wall, ref_timing["overhead_ms"], cfg, cpu=cpu)
+    if not problem:
+        result.speedup, problem = finite_speedup(result.ref_ms, claimed)
     if problem:
         result.timing_ok = False
         result.candidate_ms = max(wall - ref_timing["overhead_ms"], 0.0) / trials
         result.speedup = 0.0
         result.message = problem + "; speedup not rewarded"
     else:
-        result.candidate_ms = result.claimed_ms
-        result.speedup = result.ref_ms / result.candidate_ms
+        result.candidate_ms = claimed
         result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
                           f"candidate ({result.speedup:.3g}x)")
 

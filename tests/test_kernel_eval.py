@@ -181,6 +181,17 @@ def test_cross_check_accepts_honest_and_rejects_faked_times():
     assert "non-positive" in ke.cross_check([float("nan")] * 5, wall_ms=80.0, overhead_ms=80.0, cfg=cfg)
 
 
+def test_finite_speedup_refuses_claims_with_no_finite_ratio():
+    import math
+    assert ke.finite_speedup(0.2, 0.1) == (2.0, None)
+    # 5e-324 ms is positive and finite; 0.2 / 5e-324 overflows to inf (what rewards.kernel_score raised on)
+    for claimed in (5e-324, 0.0, -1.0, float("nan"), float("inf"), float("-inf")):
+        speedup, reason = ke.finite_speedup(0.2, claimed)
+        assert speedup == 0.0 and math.isfinite(speedup), claimed
+        assert "cross-check" in reason and ("no finite speedup" in reason or "not a positive finite" in reason), reason
+    assert ke.finite_speedup(float("nan"), 1.0)[0] == 0.0 and "reference" in ke.finite_speedup(float("nan"), 1.0)[1]
+
+
 def test_channel_frames_deadlines_and_limits():
     r, w = os.pipe()
     r2, w2 = os.pipe()
