@@ -72,6 +72,8 @@ How one evaluation runs, and why
    the evaluation's tag in their initial environment (a compile worker forked from the zygote has
    its tag written into that block in place, so its forks carry it too). stdout/stderr go to
    files; only a bounded tail is read. CPU workers get RLIMIT_AS; all workers get RLIMIT_FSIZE.
+   Workers get an allowlisted environment (worker_env: compilers, torch, CUDA, kernel_eval's own),
+   never the trainer's API keys; the supervisor's spec comes through a pipe, never argv (ps shows it).
 
 Verdicts: format_error (precheck), compile_error (a compiler diagnostic, trimmed to its first
 error lines), timeout (which phase), runtime_error (exception, crash signal, exit, malformed data
@@ -125,6 +127,21 @@ _perf_counter = time.perf_counter  # bound before any candidate code runs in a w
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
 TAG_ENV = "KERNEL_EVAL_TAG"
 POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
+
+# The environment a worker gets: what the compilers, torch and CUDA need, and the harness's own
+# variables; nothing else of the harness's (API keys and tokens of the trainer stay out of reach).
+ENV_ALLOWED = frozenset("""PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TMP TEMP LD_LIBRARY_PATH LIBRARY_PATH
+CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH PYTHONPATH VIRTUAL_ENV CC CXX CUDAHOSTCXX MAX_JOBS OMP_NUM_THREADS
+MKL_NUM_THREADS XDG_CACHE_HOME""".split())
+ENV_ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVCC_", "NVIDIA_", "TORCH_", "TRITON_", "KERNEL_EVAL_")
+
+
+def worker_env(extra: dict) -> dict:
+    """The allowlisted part of this process's environment, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES)}
+    env.update(extra)
+    return env
+
 
 # aten ops a forward may run outside the extension: allocation, views, copies, metadata.
 ALLOWED_ATEN_OPS = frozenset("""
@@ -817,11 +834,8 @@ class Worker:
         # file descriptors (memory files of tensors) travel over a socket, next to the command pipe
         self.fd_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.fd_sock.settimeout(30)
-        env = dict(os.environ)
-        env.update(env_extra)
+        env = worker_env(dict(env_extra, PYTHONDONTWRITEBYTECODE="1", MALLOC_PERTURB_=POISON_MALLOC_PERTURB))
         env[TAG_ENV] = self.tag
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env["MALLOC_PERTURB_"] = POISON_MALLOC_PERTURB
         self.stdout, self.stderr = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
         self.code_file = os.path.join(scratch, "exit_code")
         self.output_bytes = cfg.max_file_bytes
@@ -830,10 +844,12 @@ class Worker:
                 "fsize": fsize or cfg.max_message_bytes, "output_bytes": cfg.max_file_bytes, "nice": nice,
                 "parent": os.getpid(), "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0}
         self.proc = zygote.fork(spec) if zygote else None  # None: no zygote, or it is out of service
-        if self.proc is None:
-            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise", json.dumps(spec)],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        if self.proc is None:  # the spec (it holds the environment) through a pipe: argv is public (ps)
+            self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          pass_fds=(cmd_r, rep_w, child_sock.fileno()), start_new_session=True, env=env)
+            with contextlib.suppress(BrokenPipeError), self.proc.stdin:  # died first: death_reason says how
+                self.proc.stdin.write(json.dumps(spec).encode())
         os.close(cmd_r)
         os.close(rep_w)
         child_sock.close()
@@ -1004,8 +1020,7 @@ class _CompileZygote:
     def _start(self) -> None:
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock.settimeout(120)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1")
-        env[TAG_ENV] = self.tag
+        env = worker_env({"CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", TAG_ENV: self.tag})
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--_zygote", str(child.fileno()), str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -2192,8 +2207,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--_supervise":
-        sys.exit(_supervise(json.loads(sys.argv[2])))
+    if len(sys.argv) > 1 and sys.argv[1] == "--_supervise":
+        sys.exit(_supervise(json.load(sys.stdin)))
     if len(sys.argv) > 3 and sys.argv[1] == "--_zygote":
         _zygote_main(int(sys.argv[2]), int(sys.argv[3]))
     if len(sys.argv) > 2 and sys.argv[1] == "--_worker":

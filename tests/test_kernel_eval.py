@@ -722,13 +722,65 @@ def _is_kernel_eval_process(pid: int) -> bool:
 @pytest.mark.slow
 def test_one_reference_worker_serves_every_candidate_of_a_task(cpp_results, cache_root, tmp_path, monkeypatch):
     log = tmp_path / "reference_loads"
-    monkeypatch.setenv("KEVAL_TEST_REFERENCE_LOG", str(log))
-    counting_ref = REFERENCE + '\nimport os\nopen(os.environ["KEVAL_TEST_REFERENCE_LOG"], "a").write("load\\n")\n'
+    monkeypatch.setenv("KERNEL_EVAL_TEST_REFERENCE_LOG", str(log))  # the harness's prefix: workers get it
+    counting_ref = REFERENCE + '\nimport os\nopen(os.environ["KERNEL_EVAL_TEST_REFERENCE_LOG"], "a").write("load\\n")\n'
     benign = open(CPP_CASES["benign"]).read()
     variants = [benign, benign + "\n# another candidate\n", open(CPP_CASES["half_output"]).read()]
     results = ke.evaluate_batch([(counting_ref, c) for c in variants], device="cpu", cache_root=cache_root, **FAST)
     assert [r.status for r in results] == ["correct", "correct", "incorrect"], [r.message for r in results]
     assert log.read_text() == "load\n"  # one trusted reference process for the batch, not one per candidate
+
+
+SECRET = "sk-keval-test-4f1c9e0b7d"
+# a candidate that refuses to load where it can see the harness's secret: in its environment (as
+# the process reads it, and as /proc shows its initial block) or in any process's command line
+SECRET_PROBE = f"""
+import os
+_seen = [k for k, v in os.environ.items() if k == "OPENAI_API_KEY" or "{SECRET}" in v]
+with open("/proc/self/environ", "rb") as _f:
+    _seen += ["/proc/self/environ"] if b"{SECRET}" in _f.read() else []
+for _pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{{_pid}}/cmdline", "rb") as _f:
+            _seen += [f"/proc/{{_pid}}/cmdline"] if b"{SECRET}" in _f.read() else []
+    except OSError:
+        pass
+if _seen:
+    raise RuntimeError(f"the candidate sees the harness's secret: {{_seen}}")
+"""
+
+
+def judged_without_secrets(benign_src: str, device: str, monkeypatch, **cfg) -> ke.EvalResult:
+    """The verdict of the probe + an honest kernel with OPENAI_API_KEY in the harness's environment,
+    while this process watches every command line on the machine for the secret."""
+    import threading
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    seen, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.extend(p for p in leftover_processes(SECRET.encode()) if p != os.getpid())
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = ke.evaluate(REFERENCE, SECRET_PROBE + benign_src, device=device, **cfg)
+    finally:
+        done.set()
+        watcher.join()
+    assert seen == [], "a process of the evaluation carried the secret in its command line"
+    return result
+
+
+@pytest.mark.slow
+def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, monkeypatch):
+    result = judged_without_secrets(open(CPP_CASES["benign"]).read(), "cpu", monkeypatch, cache_root=cache_root, **FAST)
+    assert result.status == "correct", result.message
+    # control: the probe does see a secret that the allowlist lets through
+    monkeypatch.setattr(ke, "ENV_ALLOWED", ke.ENV_ALLOWED | {"OPENAI_API_KEY"})
+    leaked = judged_without_secrets(open(CPP_CASES["benign"]).read(), "cpu", monkeypatch, cache_root=cache_root, **FAST)
+    assert leaked.status == "runtime_error" and "sees the harness's secret" in leaked.message, leaked.message
 
 
 @pytest.mark.slow
@@ -797,6 +849,12 @@ def test_builtin_solutions_are_accepted_on_cuda(cache_root):
     results = ke.evaluate_batch(pairs, device="cuda", cache_root=cache_root, gpu_trials=30)
     bad = {t.task_id: (r.status, r.message) for t, r in zip(builtin, results) if r.status != "correct"}
     assert not bad, bad
+
+
+@pytest.mark.gpu
+def test_cuda_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, monkeypatch):
+    result = judged_without_secrets(open(CUDA_CASES["benign"]).read(), "cuda", monkeypatch, cache_root=cache_root)
+    assert result.status == "correct", result.message
 
 
 BROKEN_CPP = '''
