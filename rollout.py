@@ -39,7 +39,10 @@ and `count_tokens(text)`:
   oracle's, in the policy's tokens (train.py's smoke run: real kernels, non-zero advantages).
 
 The evaluator is injected (`evaluate_batch(pairs) -> results`, kernel_eval's signature with
-its settings bound), so this file imports only summarize and rewards.
+its settings bound), so this file imports only summarize and rewards. For evaluation, a
+rollout can continue trajectories from given histories at a turn offset (beam search's
+replicas, eval.py's --resume) and reports each turn's samples, with the harness's verdict
+fields, through a callback as soon as the turn is judged.
 """
 from __future__ import annotations
 
@@ -94,6 +97,13 @@ class Sample:
     speedup: float
     code: str | None
     feedback: str                # the line the next turn's prompt shows
+    # The harness's verdict as eval.py records it (defaults: no verdict, e.g. a format error).
+    correct: bool = False
+    ref_ms: float = 0.0
+    candidate_ms: float = 0.0
+    timing_ok: bool = False
+    message: str = ""
+    summary: str = ""            # the response's own summary, as later prompts show it
 
     @property
     def input_ids(self) -> list[int]:
@@ -537,12 +547,27 @@ ORACLE_RESPONSE = ("<think>\nOkay, the oracle answers with the task's own soluti
                    "```python\n{code}\n```\n{summary}")
 
 
+# Element types of the arrays a kernel writes through: a non-const pointer of one of these
+# names an output (or a scratch buffer the output is computed from).
+_POINTEE = (r"(?:float|double|half|__half|__nv_bfloat16|at::Half|at::BFloat16|c10::Half|"
+            r"scalar_t|int|int32_t|int64_t|long|float2|float4|double2)")
+_WRITABLE_POINTER = re.compile(r"(?<!const )\b" + _POINTEE + r"\s*\*\s*(?:__restrict__\s+)?(\w+)")
+_OUTPUT_LIKE = r"\w*(?:out|result|dst|y)\w*"
+
+
 def corrupt_solution(code: str) -> str:
     """A solution that still compiles and runs but computes the wrong numbers: every store
-    into an output-like array gets +1 (`out[i] = v;` -> `out[i] = (v) + 1;`), one line at a
-    time, comment lines left alone. Raises when there is no such store, rather than hand
-    back something that may still be right."""
-    store = re.compile(r"(\b\w*(?:out|result|dst|y)\w*\s*\[[^\]\n]+\]\s*=(?!=))\s*([^;\n]+);", re.I)
+    into an output array gets +1 (`out[i] = v;` -> `out[i] = (v) + 1;`, and `+=`, `-=`, `*=`
+    alike), one line at a time, comment lines left alone. Output arrays are those with
+    output-like names (out, result, dst, y) and every array the source declares as a
+    non-const pointer (`float* __restrict__ C`, `float* cr = cp + i * N`), so accumulating
+    stores (`c[j] += a * b[j];`) and scratch buffers are corrupted too: more wrong, never
+    less. A store of a vector type (`float4`) gets `+ 1` it cannot take, so that kernel fails
+    to compile instead: a failure all the same. Raises when there is no such store, rather
+    than hand back something that may still be right."""
+    names = {m.group(1) for m in _WRITABLE_POINTER.finditer(code)}
+    target = _OUTPUT_LIKE + "".join(f"|{re.escape(n)}" for n in sorted(names))
+    store = re.compile(r"(\b(?:" + target + r")\s*\[[^\]\n]+\]\s*[-+*]?=(?!=))\s*([^;\n]+);", re.I)
     lines, count = [], 0
     for line in code.split("\n"):
         if not line.lstrip().startswith(("//", "#")):
@@ -671,6 +696,11 @@ class _Turn:
     summary: str
     feedback: str
     thinking_opens_as_expected: bool
+    correct: bool = False
+    ref_ms: float = 0.0
+    candidate_ms: float = 0.0
+    timing_ok: bool = False
+    message: str = ""
 
 
 @dataclass
@@ -688,11 +718,20 @@ def _field(result, name: str, default=None):
 
 
 def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[str, str]]], list],
-            config: RolloutConfig) -> tuple[list[Sample], list[dict]]:
+            config: RolloutConfig, *, histories: Sequence[Sequence[summarize.Attempt]] | None = None,
+            start_turn: int = 0,
+            on_turn: Callable[[int, list[Sample]], None] | None = None) -> tuple[list[Sample], list[dict]]:
     """Run G trajectories x T turns on every task; return the samples (task-major, then
     trajectory, then turn) and one stats dict per turn. `tasks` need `.task_id` and
     `.reference_src`; `evaluate_batch(pairs)` returns one result per (reference, candidate)
-    pair with status/correct/speedup/message (kernel_eval.EvalResult or its dict)."""
+    pair with status/correct/speedup/message (kernel_eval.EvalResult or its dict).
+
+    `histories` (one list of earlier attempts per trajectory, task-major, G per task) and
+    `start_turn` continue trajectories that already ran `start_turn` turns (beam search's
+    replicas, eval.py's --resume): their prompts show those attempts, and samples are
+    numbered from `start_turn`. Returns cover the turns run here only. `on_turn(turn,
+    samples)` is called as soon as each turn is judged, with that turn's samples, whose
+    `discounted_return` is NaN (the later scores it depends on do not exist yet)."""
     if not tasks:
         raise ValueError("rollout: the task list is empty")
     if config.n_trajectories < 1 or config.n_turns < 1:
@@ -701,27 +740,41 @@ def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[s
     if config.return_mode not in ("sum", "max"):
         raise ValueError(f"RolloutConfig.return_mode must be 'sum' or 'max', got {config.return_mode!r}")
     trajectories = [_Trajectory(t, g) for t in range(len(tasks)) for g in range(config.n_trajectories)]
+    if histories is not None:
+        if len(histories) != len(trajectories):
+            raise ValueError(f"rollout: {len(histories)} histories for {len(tasks)} tasks x "
+                             f"{config.n_trajectories} trajectories = {len(trajectories)}")
+        for trajectory, history in zip(trajectories, histories):
+            trajectory.history = list(history)
+    if start_turn < 0:
+        raise ValueError(f"rollout: start_turn must be >= 0, got {start_turn}")
     stats = []
     for turn in range(config.n_turns):
         prompt_ids = [engine.encode_prompt(summarize.build_prompt(
             tasks[tr.task_index].reference_src, tr.history, language=config.language,
             count_tokens=engine.count_tokens, max_prompt_tokens=config.max_prompt_tokens))
             for tr in trajectories]
-        completions = _generate_turn(engine, prompt_ids, turn, config)
+        # Fresh trajectories of a task share their first prompt; continued ones need not.
+        shared_prompt = turn == 0 and histories is None
+        completions = _generate_turn(engine, prompt_ids, shared_prompt, config)
         turns = _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config)
         for trajectory, record in zip(trajectories, turns):
             trajectory.turns.append(record)
             trajectory.history.append(summarize.Attempt(
                 code=record.code or "", summary=record.summary, feedback=record.feedback))
-        stats.append(turn_stats(turn, turns))
-    return _samples(tasks, trajectories, config), stats
+        stats.append(turn_stats(start_turn + turn, turns))
+        if on_turn is not None:
+            on_turn(start_turn + turn, [
+                _sample(tasks[tr.task_index].task_id, tr.index, start_turn + turn, record,
+                        float("nan"), config) for tr, record in zip(trajectories, turns)])
+    return _samples(tasks, trajectories, config, start_turn), stats
 
 
-def _generate_turn(engine, prompt_ids, turn, config) -> list[Completion]:
+def _generate_turn(engine, prompt_ids, shared_prompt, config) -> list[Completion]:
     kwargs = dict(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                   top_p=config.top_p, stop=config.stop)
     G = config.n_trajectories
-    if turn == 0:
+    if shared_prompt:
         # A task's G trajectories share the first prompt: one prompt with n=G lets an
         # engine with prefix caching prefill it once.
         groups = engine.generate(prompt_ids[::G], n=G, **kwargs)
@@ -756,14 +809,20 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
         if results[row] is None:
             turns.append(_Turn(prompt_ids[row], completion, "format_error", 0.0, 0.0,
                                parsed[row].code, parsed[row].summary or "",
-                               summarize.feedback(rejections[row]), expected))
+                               summarize.feedback(rejections[row]), expected,
+                               message=rejections[row]))
             continue
         result = results[row]
         score = rewards.kernel_score(result, correctness_weight=config.correctness_weight,
                                      speedup_cap=config.speedup_cap)
         turns.append(_Turn(prompt_ids[row], completion, _field(result, "status"), score,
                            float(_field(result, "speedup", 0.0) or 0.0), parsed[row].code,
-                           parsed[row].summary or "", summarize.feedback(result), expected))
+                           parsed[row].summary or "", summarize.feedback(result), expected,
+                           correct=bool(_field(result, "correct", False)),
+                           ref_ms=float(_field(result, "ref_ms", 0.0) or 0.0),
+                           candidate_ms=float(_field(result, "candidate_ms", 0.0) or 0.0),
+                           timing_ok=bool(_field(result, "timing_ok", True)),
+                           message=str(_field(result, "message", "") or "")))
     return turns
 
 
@@ -786,21 +845,27 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
     }
 
 
-def _samples(tasks, trajectories, config) -> list[Sample]:
+def _sample(task_id: str, trajectory: int, turn: int, t: _Turn, ret: float, config) -> Sample:
+    truncated = t.completion.finish_reason == "length"
+    trained = 0 if (truncated and config.mask_truncated) else 1
+    return Sample(
+        task_id=task_id, trajectory=trajectory, turn=turn,
+        prompt_ids=list(t.prompt_ids), completion_ids=list(t.completion.token_ids),
+        loss_mask=[0] * len(t.prompt_ids) + [trained] * len(t.completion.token_ids),
+        logprobs=t.completion.logprobs, text=t.completion.text, truncated=truncated,
+        status=t.status, score=t.score, discounted_return=float(ret), speedup=t.speedup,
+        code=t.code, feedback=t.feedback, correct=t.correct, ref_ms=t.ref_ms,
+        candidate_ms=t.candidate_ms, timing_ok=t.timing_ok, message=t.message, summary=t.summary)
+
+
+def _samples(tasks, trajectories, config, start_turn: int = 0) -> list[Sample]:
     samples = []
     for tr in trajectories:
         returns = rewards.discounted_returns([t.score for t in tr.turns], gamma=config.gamma,
                                              mode=config.return_mode)
         for turn_index, (t, ret) in enumerate(zip(tr.turns, returns)):
-            truncated = t.completion.finish_reason == "length"
-            trained = 0 if (truncated and config.mask_truncated) else 1
-            samples.append(Sample(
-                task_id=tasks[tr.task_index].task_id, trajectory=tr.index, turn=turn_index,
-                prompt_ids=list(t.prompt_ids), completion_ids=list(t.completion.token_ids),
-                loss_mask=[0] * len(t.prompt_ids) + [trained] * len(t.completion.token_ids),
-                logprobs=t.completion.logprobs, text=t.completion.text, truncated=truncated,
-                status=t.status, score=t.score, discounted_return=float(ret), speedup=t.speedup,
-                code=t.code, feedback=t.feedback))
+            samples.append(_sample(tasks[tr.task_index].task_id, tr.index, start_turn + turn_index,
+                                   t, float(ret), config))
     return samples
 
 

@@ -622,3 +622,81 @@ def test_oracle_rollout_on_real_kernels(language, device):
             assert s0.discounted_return == pytest.approx(s0.score + 0.4 * s1.score)
     assert sum(st["status_counts"].get("correct", 0) for st in stats) == sum(
         s.code == solution[s.task_id] for s in samples)
+
+
+def test_rollout_continues_from_histories_at_a_turn_offset_and_reports_each_turn(tokenizer):
+    script = {}
+    for task in "AB":
+        for k in range(2):
+            for turn in range(3):
+                script[(task, k, turn)] = response("Okay.", kernel(f"{task}{k}{turn}"), f"summary {task}{k}{turn}")
+    verdicts = {f"{t}{k}{turn}": (("correct", 1.5) if (k + turn) % 2 == 0 else ("incorrect", 0.0))
+                for t in "AB" for k in range(2) for turn in range(3)}
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=3, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    seen = []
+    whole, _ = rollout.rollout([TASK_A, TASK_B], ScriptedEngine(tokenizer, script),
+                               fake_evaluator(verdicts)[0], config,
+                               on_turn=lambda turn, samples: seen.append((turn, samples)))
+    # The callback: once per turn, as judged, with that turn's samples and the verdict fields.
+    assert [turn for turn, _ in seen] == [0, 1, 2]
+    for turn, samples in seen:
+        assert [(s.task_id, s.trajectory, s.turn) for s in samples] == [
+            (t, k, turn) for t in ("t/a", "t/b") for k in range(2)]
+        assert all(math.isnan(s.discounted_return) for s in samples)
+    first = seen[0][1][0]
+    assert (first.correct, first.ref_ms, first.candidate_ms, first.timing_ok) == (True, 1.0, 1.0, True)
+    assert (first.message, first.summary) == ("verdict for A00", "summary A00")
+    assert [s.correct for s in whole] == [s.status == "correct" for s in whole]
+
+    # The first turn alone, then the other two from its histories at turn offset 1.
+    head, _ = rollout.rollout([TASK_A, TASK_B], ScriptedEngine(tokenizer, script),
+                              fake_evaluator(verdicts)[0], rollout.RolloutConfig(
+                                  **{**config.__dict__, "n_turns": 1}))
+    histories = [[summarize.Attempt(s.code or "", s.summary, s.feedback)] for s in head]
+    engine = ScriptedEngine(tokenizer, script)
+    engine.turn = 1
+    tail, stats = rollout.rollout([TASK_A, TASK_B], engine, fake_evaluator(verdicts)[0],
+                                  rollout.RolloutConfig(**{**config.__dict__, "n_turns": 2}),
+                                  histories=histories, start_turn=1)
+    assert engine.calls == [(4, 1), (4, 1)]   # continued trajectories: one prompt each
+    assert [st["turn"] for st in stats] == [1, 2]
+    later = [s for s in whole if s.turn >= 1]
+    key = lambda s: (s.task_id, s.trajectory, s.turn)  # noqa: E731
+    assert sorted(map(key, tail)) == sorted(map(key, later))
+    by_key = {key(s): s for s in tail}
+    for s in later:
+        t = by_key[key(s)]
+        assert (t.prompt_ids, t.completion_ids, t.status, t.score) == (s.prompt_ids, s.completion_ids, s.status, s.score)
+    with pytest.raises(ValueError, match="3 histories for 2 tasks x 2 trajectories"):
+        rollout.rollout([TASK_A, TASK_B], engine, fake_evaluator(verdicts)[0], config, histories=histories[:3])
+
+
+def test_corrupt_solution_changes_every_builtin_solution_and_still_passes_the_gate():
+    import ast
+
+    import rewards
+    import tasks as tasks_module
+    for task in tasks_module.load_builtin():
+        for language, source in task.solutions.items():
+            corrupted = rollout.corrupt_solution(source)
+            changed = [(a, b) for a, b in zip(source.split("\n"), corrupted.split("\n")) if a != b]
+            assert changed, (task.task_id, language)
+            for before, after in changed:
+                assert ") + 1;" in after and after.replace(") + 1;", ";").replace("(", "") == before.replace("(", ""), (before, after)
+            ast.parse(corrupted)
+            assert rewards.check_format(corrupted, language) is None, (task.task_id, language)
+
+
+@pytest.mark.slow
+def test_corrupted_accumulating_solution_fails_the_harness():
+    """The matmul solution writes its output only through `c[j] += ...` on a local alias of C
+    (corrupt_solution raised on it before); corrupted, the harness finds it wrong."""
+    import kernel_eval
+    import tasks as tasks_module
+    matmul = next(t for t in tasks_module.load_builtin() if t.task_id == "builtin/level1/09_matmul")
+    corrupted = rollout.corrupt_solution(matmul.solutions["cpp"])
+    assert "c[j] += (aik * b[j]) + 1;" in corrupted
+    (result,) = kernel_eval.evaluate_batch([(matmul.reference_src, corrupted)], device="cpu")
+    assert (result.status, result.correct) == ("incorrect", False), result.message
+    assert "outside tolerance" in result.message
