@@ -6,7 +6,8 @@ fooled). The verdict for a candidate C against a reference R is
 
     correct  = for every trial t (>= 5, fresh inputs x_t from a secret seed):
                shape, dtype equal; no NaN/Inf where R has none; |C(x_t) - R(x_t)| <= atol + rtol|R(x_t)|
-    speedup  = median_time(R) / median_time(C)   if correct and the timing cross-check agrees, else 0
+    speedup  = median_time(R) / median_time(C), R and C timed in turn in one window, if correct and
+               the parent's own clock confirms the claimed times (paired_verdict), else 0
 
 Usage
     python kernel_eval.py REF.py CANDIDATE.py --device cpu --json       # one verdict, exit 0
@@ -35,7 +36,7 @@ How one evaluation runs, and why
    shared by every candidate of that task in the batch, writes them to two memory files (memfd:
    correctness trials, timing sets) that the parent then seals read-only (F_SEAL_WRITE: no process,
    whatever its uid, can change them afterwards), keeps the reference outputs on the device, and
-   times the reference once per (reference, device, timing config), cached on disk. Each candidate
+   is timed beside every candidate (4.). Each candidate
    runs in its own fresh worker, started (torch imported, CUDA context created, the op recorder's
    first use paid) while its kernel compiles. The candidate worker only ever receives inputs and
    writes outputs, as raw tensor bytes in a memory file of its own (no pickle; each call's outputs
@@ -51,19 +52,23 @@ How one evaluation runs, and why
    "incorrect" however it was spelled. That recorder lives in the candidate's process, so it is
    defence in depth, not a boundary.
 4. time, with the device to itself (checks share the device with each other, never with a timed
-   run: _DeviceLock): warm-up (`gpu_warmup` calls, then rounds of them until `gpu_warmup_ms` have
-   passed on the parent's clock: GPU clocks ramp up), then `trials` calls; on GPU each call is
-   preceded by an L2 flush and bracketed by CUDA events with a device-wide synchronize before the
-   end event (side-stream work counts); on CPU by perf_counter. The median is the candidate's
-   time. The timing sets' file is handed to the candidate only when timing starts; the calls
-   alternate between `timing_input_sets` sets copied into the same buffers, and the last timed
-   output of each set is compared again, so caching outputs across calls fails. Cross-check: the parent's own
-   clock measures the request that runs the timed calls (inputs were loaded and the warm-up run by
-   an earlier request, the outputs are fetched by a later one); the reference, timed the same way,
-   gives the loop's overhead (input refills, L2 flushes, syncs); wall time not explained by the
-   claimed kernel times plus that overhead (beyond `cross_check_rel` x claimed + slack) means the
-   candidate's clock was tampered with: status stays "correct", speedup is 0.0, timing_ok False,
-   candidate_ms is the parent's estimate, and the message says so.
+   run: _DeviceLock), the reference and the candidate in one window, on the same timing sets
+   (`timing_input_sets` sets copied into the same buffers in turn), the same loop, the same flushes:
+   both warm up (`gpu_warmup` calls, then rounds until `gpu_warmup_ms` have passed on the parent's
+   clock: GPU clocks ramp up), then `timing_blocks` blocks a side in the order R C C R R C C R, each
+   of at least trials / blocks calls and long enough (`gpu_block_ms`, sized on the reference) for
+   the parent's clock to resolve a call; load, clock ramps and drift hit both sides. On GPU each
+   call is preceded by an L2 flush and bracketed by CUDA events with a device-wide synchronize
+   before the end event (side-stream work counts); on CPU by the worker's CPU time (load does not
+   inflate it; the parent reads the same clock of the worker's process tree). The timing sets reach
+   the candidate only when timing starts, and its last output of each set is compared again, so
+   caching outputs across calls fails. The parent times every block on its own clock; what the
+   candidate's blocks took beyond its claimed times, per call, may exceed what the reference's
+   took beyond its own (the loop's overhead) by rel x claimed + the window's resolution (the spread
+   of the reference's overhead), no more; a kernel faster than that resolution, or a reference
+   slowed beside the candidate, is unconfirmable (paired_verdict). A refused timing keeps
+   "correct" but pays speedup 0.0, timing_ok False, candidate_ms the parent's estimate, and the
+   message says why. Every speedup is finite (finite_speedup).
 5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session,
    which also stops it when the harness dies without cleaning up (the supervisor is reparented).
    Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
@@ -84,15 +89,16 @@ cross-check failure keeps "correct" (the outputs were right) but pays no speedup
 Shared state: torch keeps one precompiled header (.gch) per install; kernel_eval rebuilds it only
 under an exclusive file lock and compiles under a shared one, and disables torch's habit of
 deleting it on every build without use_pch. Compile results are cached per candidate hash
-(a compiler diagnostic too, but not a killed compiler), reference times per (reference, device,
-timing config) in cache_root/ref_times.json.
+(a compiler diagnostic too, but not a killed compiler).
 
 What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
 processes of that uid (the reference session's memory included), opening the timing inputs early
 through /proc, writing files outside its scratch dir (e.g. into the build cache), a cache keyed on
 sampled input values within the timing loop, lower precision that stays within the tolerance, a
-clock patched to under-report by less than the cross-check's slack (loose for sub-millisecond
-kernels: the slack includes 10 ms and a quarter of the loop's overhead), and network access. Run
+clock patched to under-report by less than the cross-check's allowance, or a timing loop patched to
+skip its own flushes and refills (the overhead taken out is the reference's: a claim can be low by
+that much), work left running on the GPU into the reference's blocks that slows them by less than
+ref_slowdown_max, on CPU work handed to a process outside the worker's tree, and network access. Run
 the harness as an unprivileged user in a container for a hard boundary.
 """
 from __future__ import annotations
@@ -123,6 +129,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
+_process_time = time.process_time  # CPU timing: this process's CPU time (all threads), not wall
 
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
 TAG_ENV = "KERNEL_EVAL_TAG"
@@ -208,12 +215,18 @@ class EvalConfig:
     max_file_bytes: int = 256 << 20  # stdout + stderr kept per worker; a worker that writes more is killed
     max_build_file_bytes: int = 4 << 30  # compile workers write objects and torch's .gch header
     max_message_bytes: int = 16 << 30  # cap on a worker's files: RLIMIT_FSIZE, and outputs (also 2x the reference's)
-    # timing cross-check: the parent's clock over the timed loop may exceed the claimed times plus the
-    # reference's loop overhead by rel x claimed + abs + overhead_frac x overhead (noise), no more
+    # paired timing (paired_verdict): blocks per side, each of >= trials / blocks calls and long
+    # enough on the parent's clock (block_ms, from the reference's warm-up) to resolve a call
+    timing_blocks: int = 4
+    gpu_block_ms: float = 20.0
+    cpu_block_ms: float = 50.0
+    # cross-check, per call: candidate overhead - reference overhead <= rel x claimed + noise x (the
+    # reference blocks' overhead spread) + abs; and the parent's estimate must exceed noise x spread + abs
     cross_check_rel: float = 0.5
-    cross_check_abs_ms: float = 10.0  # on GPU; the loop request holds only the calls
-    cpu_cross_check_abs_ms: float = 50.0  # CPU timings share the cores with everything else
-    cross_check_overhead_frac: float = 0.25
+    cross_check_noise: float = 1.0
+    cross_check_abs_ms: float = 0.002
+    cpu_cross_check_abs_ms: float = 0.02
+    ref_slowdown_max: float = 1.5  # the reference beside the candidate vs in the window's first block
     l2_flush_bytes: int = 256 << 20
     message_chars: int = 1500
     keep_scratch: bool = False
@@ -356,20 +369,51 @@ def flag_ops(ops: list) -> list:
     return sorted(set(flagged))
 
 
-def cross_check(claimed_times_ms: list, wall_ms: float, overhead_ms: float, cfg: EvalConfig,
-                cpu: bool = False) -> str | None:
-    """None if the parent's clock agrees with the candidate's claimed times, else the reason."""
-    claimed_sum = sum(claimed_times_ms)
-    median = statistics.median(claimed_times_ms) if claimed_times_ms else 0.0
-    if not claimed_times_ms or not all(math.isfinite(t) and t > 0 for t in claimed_times_ms):
-        return "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
-    unexplained = wall_ms - max(overhead_ms, 0.0) - claimed_sum
-    abs_ms = cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms
-    slack = cfg.cross_check_rel * claimed_sum + abs_ms + cfg.cross_check_overhead_frac * max(overhead_ms, 0.0)
-    if unexplained > slack:
-        return (f"timing cross-check failed: claimed {median:.4g} ms/call ({claimed_sum:.1f} ms total) "
-                f"but the harness clock saw {wall_ms - max(overhead_ms, 0.0):.1f} ms of work")
-    return None
+def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bool = False) -> dict:
+    """The speedup from reference and candidate blocks timed in one window, each block (claimed
+    per-call times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's
+    process tree, the clock CPU workers time calls by, which load does not inflate): {"speedup", "ref_ms",
+    "claimed_ms", "parent_ms", "problem"}. Per call, over the blocks of each side (the same loop):
+
+        speedup     = median(reference times) / median(candidate times)
+        overhead    = parent's ms / calls - median(claimed times)   (refills, flushes, syncs, the request)
+        unexplained = median(candidate overheads) - median(reference overheads)
+        resolution  = noise x (max - min of the reference's overheads) + abs
+        paid iff unexplained <= rel x claimed + resolution     (else the candidate's clock under-reports)
+             and claimed + unexplained > resolution            (else the parent's clock cannot confirm it)
+             and median(reference beside the candidate) <= ref_slowdown_max x median(its first block),
+                 timed before any candidate block (work the candidate left running slows the reference)"""
+    ref_times = [t for times, _ in ref_blocks for t in times]
+    cand_times = [t for times, _ in cand_blocks for t in times]
+    out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
+           "problem": None}
+    if not cand_times or not all(math.isfinite(t) and t > 0 for t in cand_times):
+        out["problem"] = "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
+        return out
+
+    def overheads(blocks):
+        return [ms / len(times) - statistics.median(times) for times, ms in blocks]
+
+    o_ref = overheads(ref_blocks)
+    claimed = out["claimed_ms"] = statistics.median(cand_times)
+    unexplained = statistics.median(overheads(cand_blocks)) - statistics.median(o_ref)
+    resolution = cfg.cross_check_noise * (max(o_ref) - min(o_ref)) + (cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
+    parent = claimed + unexplained
+    out["parent_ms"] = parent if math.isfinite(parent) and parent > 0 else 0.0
+    beside = [t for times, _ in ref_blocks[1:] for t in times]
+    slowdown = statistics.median(beside) / statistics.median(ref_blocks[0][0]) if beside else 1.0
+    if not unexplained <= cfg.cross_check_rel * claimed + resolution:
+        out["problem"] = (f"timing cross-check failed: claimed {claimed:.4g} ms/call but the harness's clock saw "
+                          f"{parent:.4g} ms/call (the reference's loop overhead taken out)")
+    elif not parent > resolution:
+        out["problem"] = (f"timing cross-check failed: {claimed:.4g} ms/call is faster than the harness's clock "
+                          f"resolves in this window ({resolution:.2g} ms/call): speedup unconfirmable")
+    elif slowdown > cfg.ref_slowdown_max:
+        out["problem"] = (f"timing cross-check failed: the reference ran {slowdown:.3g}x slower beside the candidate "
+                          "than before it (work left running?)")
+    else:
+        out["speedup"], out["problem"] = finite_speedup(out["ref_ms"], claimed)
+    return out
 
 
 def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
@@ -1533,7 +1577,7 @@ class _TimingLoop:
         import torch
         times = []
         with torch.no_grad():
-            for _ in range(n):
+            for k in range(n):
                 i = self.calls % len(self.sets)
                 self.calls += 1
                 for b, s in zip(self.bufs, self.sets[i]):
@@ -1549,11 +1593,12 @@ class _TimingLoop:
                     end.record()
                     end.synchronize()
                     times.append(start.elapsed_time(end))
-                else:
-                    t0 = _perf_counter()
+                else:  # CPU time: preemption by other processes (load) is not the kernel's cost
+                    t0 = _process_time()
                     out = self.model(*self.bufs)
-                    times.append((_perf_counter() - t0) * 1e3)
-                self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]
+                    times.append((_process_time() - t0) * 1e3)
+                if n - k <= len(self.sets):  # a run's last call of each set: a clone per call is overhead
+                    self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]
             self.sync()
         return times
 
@@ -1586,7 +1631,6 @@ def _worker_main(argv: list) -> None:
 
 _device_locks: dict = {}
 _device_locks_guard = threading.Lock()
-_ref_cache_guard = threading.Lock()
 
 
 class _DeviceLock:
@@ -1759,17 +1803,6 @@ def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payl
         raise _Failure("runtime_error", f"{who} {worker.death_reason(phase)}") from e
 
 
-def _ref_time_cache(cfg: EvalConfig, key: str, value: dict | None = None) -> dict | None:
-    path = os.path.join(cfg.cache_root, "ref_times.json")
-    with _ref_cache_guard:
-        table = _read_json(path) or {}
-        if value is None:
-            return table.get(key)
-        table[key] = value
-        _atomic_write_json(path, table)
-        return value
-
-
 def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
     """(warm-up calls, timed calls, least warm-up ms)"""
     return ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
@@ -1812,7 +1845,6 @@ class _ReferenceSession:
         self.failure: _Failure | None = None
         self.init_bytes = b""
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
-        self.timing = None
 
     def boot(self) -> None:
         """Start the worker, load and build the reference model (no device lock needed)."""
@@ -1858,42 +1890,23 @@ class _ReferenceSession:
                 self._stop()
                 raise self.failure from None
 
-    def time_reference(self) -> dict:
-        """{"ms", "overhead_ms"}: the reference timed once (or from the cache). Hold the device lock
-        (exclusive)."""
+    def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
+        """One timing request (time_prepare, warm, time) to the reference worker; a failure fails
+        every candidate of the task. Hold the device lock (exclusive)."""
         with self.lock:
-            if self.timing is not None:
-                return self.timing
             self._ready()  # a judge may have stopped the worker since: back on the same seeds
-            cfg = self.cfg
-            warmup, trials, warmup_ms = _timing_counts(self.device, cfg)
-            key = self._timing_key(warmup, trials, warmup_ms)
-            self.timing = _ref_time_cache(cfg, key)
-            if self.timing is None:
-                try:
-                    times, wall = _timed_calls(self.worker, "reference", self.files["time"], warmup, trials,
-                                               warmup_ms, cfg)
-                except _Failure as f:
-                    self.failure = _Failure(f.status, f.message)
-                    self._stop()
-                    raise self.failure from None
-                self.timing = _ref_time_cache(cfg, key, {"ms": statistics.median(times),
-                                                         "overhead_ms": wall - sum(times)})
-            return self.timing
+            try:
+                return _ask(self.worker, "reference", "time", self.cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0]
+            except _Failure as f:
+                self.failure = _Failure(f.status, f.message)
+                self._stop()
+                raise self.failure from None
 
     def output_limit(self, part: str) -> int:
         """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
         room for the file's own overhead."""
         total = sum(sum(sizes) for sizes in self.out_bytes[part])
         return min(self.cfg.max_message_bytes, 2 * total + (16 << 20))
-
-    def _timing_key(self, warmup: int, trials: int, warmup_ms: float) -> str:
-        import torch
-        cfg = self.cfg
-        cpu = self.device == "cpu"
-        device_name = "cpu" if cpu else torch.cuda.get_device_name(torch.device(self.device).index or 0)
-        return source_hash("ref-time-v3", self.ref_src, device_name, warmup, trials, warmup_ms, cfg.timing_input_sets,
-                           cfg.cpu_threads if cpu else None, torch.__version__)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
         """The first difference between the candidate's output file and the reference outputs, or
@@ -1939,23 +1952,70 @@ class _ReferenceSession:
             self._stop()
 
 
-def _timed_calls(worker: Worker, who: str, time_file: int, warmup: int, trials: int, warmup_ms: float, cfg: EvalConfig,
-                 deadline: float | None = None) -> tuple:
-    """(claimed per-call times, the parent's ms over the timed request). The reference and the
-    candidate go through this same sequence, so the reference's wall minus its claimed times is
-    the loop overhead the cross-check allows the candidate."""
-    _ask(worker, who, "time", cfg.time_timeout_s,
-         {"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes},
-         fds=(time_file,), deadline=deadline)
-    # GPU clocks ramp up over ~0.1 s, longer than 10 calls of a short kernel: keep warming up in
-    # rounds until `warmup_ms` have passed on this process's clock (a worker's own clock is the
-    # candidate's to patch, and a warm-up timed by it could be made to never end)
+def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
+                   deadline: float) -> tuple:
+    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in
+    one window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, the
+    same loop and the same flushes. `*_ask(msg, fds)` sends one request to that side's worker;
+    `pids()`: each side's supervisor, whose process tree's CPU time is the parent's clock on CPU."""
+    warmup, trials, warmup_ms = _timing_counts(device, cfg)
+    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
+        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes}, (time_file,))
+    # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
+    # this process's clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
-        _ask(worker, who, "time", cfg.time_timeout_s, {"cmd": "warm", "calls": max(1, warmup)}, deadline=deadline)
-    w0 = time.monotonic()
-    reply, _ = _ask(worker, who, "time", cfg.time_timeout_s, {"cmd": "time", "trials": trials}, deadline=deadline)
-    return reply.get("times"), (time.monotonic() - w0) * 1e3
+        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
+        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
+    # calls per block, doubled until one reference request lasts block_ms on this clock: the request's
+    # own jitter is then small per call; sized on the reference alone (a candidate must not choose
+    # its own resolution)
+    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
+    while True:
+        t = time.monotonic()
+        ref_ask({"cmd": "warm", "calls": calls})
+        if (time.monotonic() - t) * 1e3 >= block_ms or time.monotonic() > deadline:
+            break
+        calls *= 2
+    calls = max(calls, math.ceil(trials / cfg.timing_blocks))
+    blocks = {"ref": [], "cand": []}
+    trees = {side: _descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
+    for b in range(2 * cfg.timing_blocks):
+        side = "ref" if b % 4 in (0, 3) else "cand"
+        t, cpu0 = time.monotonic(), _cpu_ms(trees.get(side, []))
+        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls}).get("times")
+        wall = (time.monotonic() - t) * 1e3
+        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
+            cpu1 = _cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
+            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
+        if (not isinstance(times, list) or len(times) != calls
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in times)):
+            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+        blocks[side].append(([float(x) for x in times], wall))
+        if time.monotonic() > deadline:
+            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s")
+    return blocks["ref"], blocks["cand"]
+
+
+def _descendants(pid: int) -> list:
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError):
+            with open(f"/proc/{entry}/stat") as f:
+                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        tree, todo = tree + kids, todo + kids
+    return tree
+
+
+def _cpu_ms(pids: list) -> float | None:
+    """CPU time (all threads) of the processes, summed; None if one has exited."""
+    try:  # clock id of a process's CPU clock: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+        return sum(time.clock_gettime(((~pid) << 3) | 2) for pid in pids) * 1e3
+    except OSError:
+        return None
 
 
 def _seal_output(fd: int, max_bytes: int) -> None:
@@ -1969,8 +2029,6 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 
 def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
-    cpu = device == "cpu"
-    warmup, trials, warmup_ms = _timing_counts(device, cfg)
     t0 = time.monotonic()
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
@@ -2019,18 +2077,14 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
     try:
         with _DeviceLock(cfg.cache_root, device, exclusive=True):  # timing: the device alone
             result.seconds["device_wait"] += time.monotonic() - t_wait
-            t1 = time.monotonic()
-            ref_timing = session.time_reference()
-            result.ref_ms = ref_timing["ms"]
-            result.seconds["reference"] += time.monotonic() - t1
             t3 = time.monotonic()
             deadline = time.monotonic() + cfg.time_timeout_s
-            times, wall = _timed_calls(cand, "candidate", session.files["time"], warmup, trials, warmup_ms, cfg, deadline)
+            ref_blocks, cand_blocks = _paired_timing(
+                lambda msg, fds=(): session.ask_time(msg, fds, deadline),
+                lambda msg, fds=(): _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0],
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline)
             _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
         _seal_output(out_fd, time_limit)
-        if (not isinstance(times, list) or len(times) != trials
-                or not all(isinstance(x, (int, float)) for x in times)):
-            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
         with _DeviceLock(cfg.cache_root, device, exclusive=False):
             reason = session.judge(out_fd, "time", time_limit)
     finally:
@@ -2039,22 +2093,17 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
     if reason:
         result.correct = False
         raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
-    times = [float(x) for x in times]
-    claimed = statistics.median(times)
-    result.claimed_ms = claimed if math.isfinite(claimed) else 0.0  # EvalResult carries no inf/NaN
-    result.wall_ms = wall
-    problem = cross_check(times, wall, ref_timing["overhead_ms"], cfg, cpu=cpu)
-    if not problem:
-        result.speedup, problem = finite_speedup(result.ref_ms, claimed)
-    if problem:
-        result.timing_ok = False
-        result.candidate_ms = max(wall - ref_timing["overhead_ms"], 0.0) / trials
-        result.speedup = 0.0
-        result.message = problem + "; speedup not rewarded"
+    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
+    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
+    result.wall_ms = sum(wall for _, wall in cand_blocks)
+    if verdict["problem"]:
+        result.timing_ok, result.speedup = False, 0.0
+        result.candidate_ms = verdict["parent_ms"]
+        result.message = verdict["problem"] + "; speedup not rewarded"
     else:
-        result.candidate_ms = claimed
+        result.candidate_ms = verdict["claimed_ms"]
         result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x)")
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window")
 
 
 def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:

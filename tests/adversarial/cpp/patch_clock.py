@@ -1,6 +1,6 @@
 # expect: timing_rejected
 # Monkeypatches every clock in its own process to claim 0-time calls, while each
-# call really sleeps 40 ms. Correct, but the harness's own clock contradicts it: no speedup.
+# call really sleeps 4 ms. Correct, but the harness's own clock contradicts it: no speedup.
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -70,9 +70,10 @@ import time
 _sleep = time.sleep
 _fake = iter(range(10 ** 9))
 for _mod in list(sys.modules.values()):
-    if getattr(_mod, "_perf_counter", None) is not None:
-        _mod._perf_counter = lambda: next(_fake) * 1e-9
-time.perf_counter = lambda: next(_fake) * 1e-9
+    for _name in ("_perf_counter", "_process_time"):
+        if getattr(_mod, _name, None) is not None:
+            setattr(_mod, _name, lambda: next(_fake) * 1e-9)
+time.perf_counter = time.process_time = lambda: next(_fake) * 1e-9
 
 
 class ModelNew(nn.Module):
@@ -81,5 +82,5 @@ class ModelNew(nn.Module):
         self.scale = scale
 
     def forward(self, x):
-        _sleep(0.04)
+        _sleep(0.004)
         return ext.relu_scale_add(x, self.scale)
