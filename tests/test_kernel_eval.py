@@ -182,7 +182,12 @@ def test_paired_verdict_pays_what_the_parents_clock_confirms():
     assert tiny["speedup"] == 0.0 and "cross-check failed" in tiny["problem"]
     still = ke.paired_verdict(ref, timed(0.0, 0.2, [0.1] * 4), cfg)
     assert still["speedup"] == 0.0 and "non-positive" in still["problem"]
-    # the boundary, by hand: unexplained <= rel x claimed + noise x spread + abs
+    # a skewed report (most calls tiny, the rest long enough that the total looks honest) is judged
+    # by its median, the statistic that is paid
+    skewed = [([1e-6] * 26 + [0.1 * 50 / 24] * 24, 50 * (0.1 + 0.1)) for _ in range(4)]
+    skew = ke.paired_verdict(ref, skewed, cfg)
+    assert skew["speedup"] == 0.0 and "cross-check failed: claimed" in skew["problem"]
+    # the boundary, by hand: parent's estimate <= (1 + rel) x claimed + noise x spread + abs
     allowed = cfg.cross_check_rel * 0.1 + cfg.cross_check_noise * 0.002 + cfg.cross_check_abs_ms
     inside = ke.paired_verdict(ref, timed(0.1, 0.1 + allowed - 1e-4, [0.1] * 4), cfg)
     outside = ke.paired_verdict(ref, timed(0.1, 0.1 + allowed + 1e-4, [0.1] * 4), cfg)
@@ -194,6 +199,7 @@ def test_paired_verdict_pays_what_the_parents_clock_confirms():
     slowed = [ref[0]] + timed(0.4, 0.4, [0.1] * 3)
     spill = ke.paired_verdict(slowed, timed(0.1, 0.1, [0.1] * 4), cfg)
     assert spill["speedup"] == 0.0 and "slower beside the candidate" in spill["problem"]
+    assert ke.paired_verdict(slowed, timed(0.1, 0.1, [0.1] * 4), cfg, cpu=True)["problem"] is None
     # the CPU allowance is looser (abs per call): what fails on GPU can pass there
     cpu_case = timed(0.1, 0.1 + allowed + 0.005, [0.1] * 4)
     assert ke.paired_verdict(ref, cpu_case, cfg)["problem"] and ke.paired_verdict(ref, cpu_case, cfg, cpu=True)["problem"] is None
