@@ -16,20 +16,16 @@ Usage
 How one evaluation runs, and why
 1. precheck (optional callable, e.g. rewards.check_format): a reason -> "format_error", no compile.
 2. compile, in a fresh process (its own session; forked from a zygote that imported torch once per
-   batch, so a build does not wait for `import torch`) that imports the candidate with
-   `torch.utils.cpp_extension.load_inline` wrapped: the build directory is forced to
-   cache_root/build/<sha256 of the call's sources, flags, torch version, python, arch>, so two
-   candidates that both name their extension `ext` never load each other's library and a repeated
-   kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag (load_inline alone
-   builds at -O0, which makes CPU speedups meaningless), and, with `use_pch` on, torch's
-   precompiled header when the flags are the defaults (torch keeps one .gch whose signature
-   includes the flags, so mixed flags would rebuild it for everyone; off by default, see
-   EvalConfig). TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the compile
-   worker. CUDA builds try the `cuda_header_tiers` first (default "slim": ATen's tensor class and
-   lean copies of the headers of the ops the source names, instead of torch/extension.h, whose
-   parsing is most of a build), then the source as written. Up to `max_parallel_compiles` builds
-   run at once (threads waiting on processes). Import errors that are not build errors are
-   deferred to the run phase, which reports them.
+   batch) that imports the candidate with `torch.utils.cpp_extension.load_inline` wrapped: the build
+   directory is forced to cache_root/build/<sha256 of the call's sources, flags, torch, python,
+   arch>, so two candidates that both name their extension `ext` never load each other's library
+   and a repeated kernel is never rebuilt; C++ builds get `-O3` when they name no -O flag
+   (load_inline alone builds at -O0), and, with `use_pch` on, torch's precompiled header when the
+   flags are the defaults. TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the
+   compile worker. CUDA builds try the `cuda_header_tiers` first (default "slim": ATen's tensor
+   class and lean copies of the headers of the ops the source names, instead of torch/extension.h,
+   whose parsing is most of a build), then the source as written. Up to `max_parallel_compiles`
+   builds run at once. Import errors that are not build errors are deferred to the run phase.
 3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
    running only the task's own code): it draws inputs from seeds only the parent knows (on the
    device when the task runs there: get_inputs under `with device`, on the CPU if that fails),
@@ -183,25 +179,17 @@ class EvalConfig:
                                      os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
     scratch_root: str | None = None  # None: the system temp dir
     # None: every core on cpu (one C++ unit per build); on cuda cores / (2 x build_jobs): a build is a
-    # host unit and a .cu unit side by side, and run workers boot meanwhile. On the H200 (16 cores),
-    # 4 at once: 9.7-14.2 s a build (forked compile workers), p50 latency 17.9 s with the default run
-    # slots (PERFORMANCE.md); 8 at once built in 16.9 s (spawned workers). Raise it for throughput.
+    # host unit and a .cu unit side by side, and run workers boot meanwhile (PERFORMANCE.md)
     max_parallel_compiles: int | None = None
-    # candidates whose worker may be alive at once (it boots, torch and a CUDA context, while its
-    # kernel compiles or waits for the device; checks share the device, timed runs have it alone).
-    # None: two per parallel build on cuda, 1 on cpu (cores are shared). One per build made finished
-    # builds wait for booted workers once builds got faster: p50 latency 22.4-23.9 s vs 17.9 s on
-    # the H200 (PERFORMANCE.md)
+    # candidates whose worker may be alive at once (it boots while its kernel compiles or waits for
+    # the device). None: two per parallel build on cuda, 1 on cpu (cores are shared)
     max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
-    # fork compile workers from one process that imported torch once (_CompileZygote) instead of
-    # starting each one (saves `import torch` per build: 3.6-3.8 s on the H200)
-    compile_zygote: bool = True
+    compile_zygote: bool = True  # fork compile workers from one process that imported torch (_CompileZygote)
     compile_nice: int = 10  # builds yield the CPU to the run phase (file reads, copies, comparisons)
     default_cflags: tuple = ("-O3",)
     # torch's precompiled header is one file per torch install that any other load_inline user
-    # deletes or rebuilds with other flags (seen on the shared CI box: builds stalled for minutes);
-    # turn on only where kernel_eval is the only builder (then C++ builds take ~15 s instead of ~30 s)
+    # deletes or rebuilds with other flags: turn on only where kernel_eval is the only builder
     use_pch: bool = False
     # header sets tried in order for CUDA builds before the source as written (HEADER_TIERS):
     # "slim" (ATen/core/Tensor.h plus the ops the source names), "light" (ATen/ATen.h); () = as written
@@ -691,20 +679,26 @@ def _kill_tree_by_tag(tag: str) -> int:
     return killed
 
 
-def _children_of(pid: int) -> list:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
+def _parent_map() -> dict:
+    """pid -> its children's pids, from /proc."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError):
             with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and fields[1] == str(pid):
-            kids.append(int(entry))
-    return kids
+                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    return parents
+
+
+def _children_of(pid: int) -> list:
+    return _parent_map().get(pid, [])
+
+
+def _descendants(pid: int) -> list:
+    parents, tree, todo = _parent_map(), [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        tree, todo = tree + kids, todo + kids
+    return tree
 
 
 def _reap_children() -> None:
@@ -1453,28 +1447,22 @@ def _worker_serve(a) -> None:
                 _child_send(reply, {"nonce": nonce}, _tensors_to_bytes(_to_cpu(list(init))) if a.mode == "ref" else b"")
             elif cmd == "gen" and a.mode == "ref":
                 # inputs from the parent's secret seeds go to the two input files; outputs stay here
-                profile = _Stopwatch(sync)
                 for fd, part in zip(fds, ("check", "time")):
                     sets, ref_outs[part] = [], []
                     for seed in msg["seeds"][part]:
                         xs = draw_inputs(seed)
-                        profile.lap("get_inputs")
                         with torch.no_grad():
                             ref_outs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o
                                                    for o in _as_list(model(*to_dev(xs)))])
-                        profile.lap("forward")
                         sets.append(xs)
                     write_tensor_sets(fd, sets)
-                    profile.lap("write")
                 out_bytes = {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
                              for part, sets in ref_outs.items()}
-                _child_send(reply, {"nonce": nonce, "out_bytes": out_bytes, "profile": profile.seconds})
+                _child_send(reply, {"nonce": nonce, "out_bytes": out_bytes})
             elif cmd == "judge" and a.mode == "ref":
                 expected = ref_outs[msg["part"]]
-                profile = _Stopwatch(sync)
                 try:
                     cand = read_tensor_sets(fds[0], msg["max_bytes"])
-                    profile.lap("read")
                 except ValueError as e:  # the candidate wrote this file: its failure, not ours
                     _child_send(reply, {"nonce": nonce, "unreadable": str(e)})
                     continue
@@ -1487,22 +1475,17 @@ def _worker_serve(a) -> None:
                         if reason:
                             reason = (f"trial {t + 1}/{len(expected)}: " if msg["part"] == "check" else "") + reason
                             break
-                profile.lap("compare")
-                _child_send(reply, {"nonce": nonce, "reason": reason, "profile": profile.seconds})
+                _child_send(reply, {"nonce": nonce, "reason": reason})
             elif cmd == "run":
-                profile = _Stopwatch(sync)
                 sets = read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)
-                profile.lap("read")
                 poison_bytes = msg.get("poison_bytes", [])
                 outputs, changed, ops = TensorFileWriter(fds[1]), [], set()
                 for xs in sets:
                     pristine = to_dev(xs)
                     call = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
-                    profile.lap("inputs")
                     if cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
                         blocks = [torch.full(((n + 3) // 4,), float("nan"), device=dev) for n in poison_bytes for _ in range(2)]
                         del blocks
-                    profile.lap("poison")
                     recorder = OpRecorder() if msg.get("op_check") else None
                     with torch.no_grad():
                         if recorder is not None:
@@ -1511,14 +1494,11 @@ def _worker_serve(a) -> None:
                             ops |= recorder.ops
                         else:
                             out = _as_list(model(*call))
-                    profile.lap("forward")
                     changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
                                     if isinstance(p, torch.Tensor) and not torch.equal(p, c)])
-                    profile.lap("inputs_unchanged")
                     outputs.add(out)  # now: a buffer the next call reuses is still checked per call
-                    profile.lap("write")
                 outputs.close()
-                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops), "profile": profile.seconds})
+                _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)})
             elif cmd == "time_prepare":  # inputs onto the device and warm-up, outside the parent's clock
                 sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
                 if cuda and flush is None:
@@ -1543,20 +1523,6 @@ def _worker_serve(a) -> None:
         finally:
             for fd in fds:  # closed once, after the reply: the parent seals output files then
                 os.close(fd)
-
-
-class _Stopwatch:
-    """Seconds per step of a worker request, summed by name: sent back as "profile" for people
-    reading where a phase's time goes (bench/harness.py); no verdict reads it."""
-
-    def __init__(self, sync):
-        self.sync, self.seconds, self.t = sync, {}, _perf_counter()
-
-    def lap(self, step: str) -> None:
-        self.sync()
-        now = _perf_counter()
-        self.seconds[step] = self.seconds.get(step, 0.0) + now - self.t
-        self.t = now
 
 
 class _TimingLoop:
@@ -1993,19 +1959,6 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
         if time.monotonic() > deadline:
             raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s")
     return blocks["ref"], blocks["cand"]
-
-
-def _descendants(pid: int) -> list:
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError, IndexError):
-            with open(f"/proc/{entry}/stat") as f:
-                parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    tree, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        tree, todo = tree + kids, todo + kids
-    return tree
 
 
 def _cpu_ms(pids: list) -> float | None:
