@@ -1,0 +1,730 @@
+"""Evaluation: KernelBench-style metrics of a policy, Kevin's test-time search, and
+inference-time scaling, with tables and plots.
+
+A policy is run on a task set with the same multi-turn rollout as training (rollout.py,
+kernel_eval.py; no gradient): N trajectories of T refinement turns per task (Kevin: 16 x 8),
+or Kevin's beam search (beam_search.py) at the same kernel budget. Every kernel becomes one
+record; the metrics are computed from the records alone. For a task i with trajectories
+j = 1..N and kernels k (each with correct c_k in {0, 1} and speedup x_k = ref_ms / candidate_ms):
+
+    per-kernel correctness   = mean over all kernels of c_k
+    avg@N correctness        = mean_i  mean_j  1[any kernel of trajectory j of task i is correct]
+    best@N correctness       = mean_i  1[any kernel of task i is correct]
+    best speedup of task i   b_i = max over correct kernels of x_k, over all trajectories and
+                               turns; 0 when task i has no correct kernel
+    speedup_best_mean        = mean_i b_i
+    speedup_best_geomean     = exp(mean log b_i) over the tasks with b_i > 0 (0 if there are none)
+    fast_p                   = mean_i 1[task i has a correct kernel and b_i > p]
+                               (KernelBench; p in {0, 1, 1.5, 2})
+
+fast_p counts a task only when its best correct kernel is strictly faster than p times the
+reference: a speedup exactly p does not count. A correct kernel whose time the harness could
+not trust (timing_ok false) has speedup 0 in the records and in b_i, so it adds nothing to
+the speedup means and to fast_p for p > 0; it does count for fast_0, because a kernel that
+ran to completion is faster than 0x whatever its time: fast_0 = best@N correctness, as in
+KernelBench.
+All of them are reported overall, per level, and per turn t as "best so far": over the
+kernels of turns 0..t. Under beam search a trajectory is a lineage: avg@N is over the W
+trajectories of the last round, each with the kernels of its ancestors.
+
+Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
+is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
+distinct kernel once), run.json (the protocol, checked on --resume), summary.json,
+summary.md, speedup_vs_turn.png, fast_p.png; with --grid one sub-folder per shape plus
+grid.json, grid.md and scaling.png (Kevin's Table 2: several trajectories x turns shapes at
+one kernel budget).
+
+    python eval.py --policy oracle --tasks builtin --device cpu --limit 2 --trajectories 2 --turns 2 --out runs/eval_oracle
+    python eval.py --policy oracle-corrupt --tasks builtin --device cpu --limit 2 --out runs/eval_corrupt
+    python eval.py --policy /path/to/export --tasks /path/to/KernelBench --levels 1,2 --split heldout \\
+        --trajectories 16 --turns 8 --device cuda --out runs/eval_heldout
+    python eval.py --policy MODEL --base-url http://localhost:8000/v1 ...   # key from $OPENAI_API_KEY
+    python eval.py --policy oracle --corrupt-rate 0.5 --grid 16x8,32x4,128x1,beam:16x4x2 --device cuda --out runs/grid
+    python eval.py --policy candidates/ ...   # DIR/<task_id>/<n>.py, each judged as it is
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+from collections import defaultdict
+from typing import Any, Sequence
+
+import beam_search
+import rewards
+import rollout
+import summarize
+import tasks as tasks_module
+
+FAST_P = (0.0, 1.0, 1.5, 2.0)
+METRIC_KEYS = ("correct_avg", "correct_best", "speedup_best_mean", "speedup_best_geomean")
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics (plain functions over records: dicts with task_id, trajectory, turn, correct,
+# speedup; beam records also carry round and parent)
+
+
+def _speedup(record: dict) -> float:
+    """A correct kernel's speedup; a non-finite or negative one is untrusted and counts 0."""
+    x = float(record.get("speedup") or 0.0)
+    return x if math.isfinite(x) and x > 0 else 0.0
+
+
+def kernel_correct_rate(records: Sequence[dict]) -> float:
+    return sum(bool(r["correct"]) for r in records) / len(records) if records else 0.0
+
+
+def trajectory_groups(records: Sequence[dict]) -> dict[tuple[str, int], list[dict]]:
+    """The kernels of each (task, trajectory). Beam records (with `round` and `parent`) are
+    grouped by lineage: each slot of the last round present with its ancestors' kernels."""
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    if not any("round" in r for r in records):
+        for r in records:
+            groups[(r["task_id"], r["trajectory"])].append(r)
+        return dict(groups)
+    by_slot: dict[tuple[str, int, int], list[dict]] = defaultdict(list)
+    parent: dict[tuple[str, int, int], int | None] = {}
+    for r in records:
+        by_slot[(r["task_id"], r["round"], r["trajectory"])].append(r)
+        parent[(r["task_id"], r["round"], r["trajectory"])] = r.get("parent")
+    last = defaultdict(int)
+    for task, rnd, _ in by_slot:
+        last[task] = max(last[task], rnd)
+    for (task, rnd, slot) in sorted(by_slot):
+        if rnd != last[task]:
+            continue
+        node: tuple[str, int, int] | None = (task, rnd, slot)
+        while node is not None and node in by_slot:
+            groups[(task, slot)] += by_slot[node]
+            up = parent[node]
+            node = None if up is None else (task, node[1] - 1, up)
+    return dict(groups)
+
+
+def correct_avg(records: Sequence[dict]) -> float:
+    """avg@N: per task, the share of trajectories with a correct kernel; then the mean over tasks."""
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for (task, _), kernels in trajectory_groups(records).items():
+        per_task[task].append(any(r["correct"] for r in kernels))
+    return sum(sum(v) / len(v) for v in per_task.values()) / len(per_task) if per_task else 0.0
+
+
+def best_speedups(records: Sequence[dict]) -> dict[str, float]:
+    """b_i per task: the fastest correct kernel's speedup, 0 when none is correct."""
+    best: dict[str, float] = {}
+    for r in records:
+        best.setdefault(r["task_id"], 0.0)
+        if r["correct"]:
+            best[r["task_id"]] = max(best[r["task_id"]], _speedup(r))
+    return best
+
+
+def correct_best(records: Sequence[dict]) -> float:
+    """best@N: the share of tasks with at least one correct kernel."""
+    solved = solved_tasks(records)
+    return sum(solved.values()) / len(solved) if solved else 0.0
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def geomean(values: Sequence[float]) -> float:
+    """exp(mean log v) over the values > 0; 0 when there are none."""
+    positive = [v for v in values if v > 0]
+    return math.exp(sum(map(math.log, positive)) / len(positive)) if positive else 0.0
+
+
+def solved_tasks(records: Sequence[dict]) -> dict[str, bool]:
+    solved: dict[str, bool] = {}
+    for r in records:
+        solved[r["task_id"]] = solved.get(r["task_id"], False) or bool(r["correct"])
+    return solved
+
+
+def fast_p(best: dict[str, float], solved: dict[str, bool], p: float) -> float:
+    """KernelBench's fast_p: the share of tasks with a correct kernel whose best speedup is
+    > p (strictly); for p = 0 every solved task counts, its time trusted or not."""
+    if p < 0:
+        raise ValueError(f"fast_p: p must be >= 0, got {p}")
+    return sum(solved[t] and (b > p or p == 0) for t, b in best.items()) / len(best) if best else 0.0
+
+
+def metrics(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> dict:
+    best = best_speedups(records)
+    return {
+        "n_tasks": len(best), "n_kernels": len(records),
+        "correct_kernel": kernel_correct_rate(records),
+        "correct_avg": correct_avg(records), "correct_best": correct_best(records),
+        "speedup_best_mean": mean(list(best.values())),
+        "speedup_best_geomean": geomean(list(best.values())),
+        "fast_p": {_p_key(p): fast_p(best, solved_tasks(records), p) for p in ps},
+    }
+
+
+def _p_key(p: float) -> str:
+    return f"{p:g}"
+
+
+def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> dict:
+    """Overall metrics, per level, and per turn (best so far: turns 0..t)."""
+    summary = metrics(records, ps)
+    levels = sorted({r.get("level") for r in records}, key=lambda x: (x is None, x))
+    summary["per_level"] = {str(level): metrics([r for r in records if r.get("level") == level], ps)
+                            for level in levels}
+    summary["per_turn"] = [{"turn": t, **metrics([r for r in records if r["turn"] <= t], ps)}
+                           for t in sorted({r["turn"] for r in records})]
+    return summary
+
+
+# ---------------------------------------------------------------------------------------
+# Files
+
+
+def atomic_write(path: str, data: str | bytes) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_records(path: str) -> list[dict]:
+    """The records of a run; a last line cut by a crash is dropped."""
+    records = []
+    if not os.path.exists(path):
+        return records
+    with open(path) as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i < len(lines) - 2:  # only the last line can be cut by a crash
+                raise
+    return records
+
+
+class RecordWriter:
+    """Appends one turn's records to records.jsonl in one write (then fsync), and stores each
+    distinct kernel once as code/<sha256>.py, the file --resume reads histories back from."""
+
+    def __init__(self, out_dir: str, levels: dict[str, Any], progress=None):
+        self.out_dir, self.levels, self.progress = out_dir, levels, progress
+        self.path = os.path.join(out_dir, "records.jsonl")
+        os.makedirs(os.path.join(out_dir, "code"), exist_ok=True)
+
+    def code_hash(self, code: str | None) -> str | None:
+        if code is None:
+            return None
+        digest = hashlib.sha256(code.encode()).hexdigest()
+        path = os.path.join(self.out_dir, "code", f"{digest}.py")
+        if not os.path.exists(path):
+            atomic_write(path, code)
+        return digest
+
+    def record(self, s: rollout.Sample, **extra) -> dict:
+        return {
+            "task_id": s.task_id, "level": self.levels.get(s.task_id), "trajectory": s.trajectory,
+            "turn": s.turn, **extra, "status": s.status, "correct": bool(s.correct),
+            "speedup": s.speedup, "score": s.score, "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms,
+            "timing_ok": s.timing_ok, "message": s.message, "code_hash": self.code_hash(s.code),
+            "summary": s.summary, "feedback": s.feedback, "truncated": s.truncated,
+            "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids)}
+
+    def write(self, records: list[dict]) -> None:
+        with open(self.path, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        if self.progress is not None:
+            self.progress.update(len(records))
+
+    def history(self, records: Sequence[dict]) -> list[summarize.Attempt]:
+        """A trajectory's attempts as its next prompt shows them (rollout's own Attempt)."""
+        attempts = []
+        for r in sorted(records, key=lambda r: r["turn"]):
+            code = ""
+            if r["code_hash"] is not None:
+                with open(os.path.join(self.out_dir, "code", f"{r['code_hash']}.py")) as f:
+                    code = f.read()
+            attempts.append(summarize.Attempt(code=code, summary=r["summary"], feedback=r["feedback"]))
+        return attempts
+
+
+# ---------------------------------------------------------------------------------------
+# Policies
+
+
+class TurnSeededEngine:
+    """An engine whose sampling at turn t is seeded by (seed, t): torch's generator for a
+    model, the oracle's own `rng`. A run resumed at turn t then draws what the run that was
+    interrupted would have drawn."""
+
+    def __init__(self, engine, seed: int):
+        self.engine, self.seed, self.turn = engine, seed, 0
+        self.prompt_opens_thinking = getattr(engine, "prompt_opens_thinking", False)
+
+    def at(self, turn: int) -> "TurnSeededEngine":
+        self.turn = turn
+        return self
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.engine.encode_prompt(text)
+
+    def count_tokens(self, text: str) -> int:
+        return self.engine.count_tokens(text)
+
+    def generate(self, prompt_token_ids, **kwargs):
+        import torch
+        key = f"eval:{self.seed}:{self.turn}"
+        torch.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little"))
+        if isinstance(getattr(self.engine, "rng", None), random.Random):
+            self.engine.rng.seed(key)
+        self.turn += 1
+        return self.engine.generate(prompt_token_ids, **kwargs)
+
+
+def build_engine(args, task_list, language: str):
+    """--policy: oracle / oracle-corrupt, an OpenAI-compatible endpoint (--base-url), or an HF
+    model (hub id or local path with config.json)."""
+    if args.policy in ("oracle", "oracle-corrupt"):
+        rate = 1.0 if args.policy == "oracle-corrupt" else args.corrupt_rate
+        return rollout.OracleEngine(task_list, language=language, corrupt_rate=rate, seed=args.seed)
+    if args.base_url:
+        return rollout.OpenAIEngine(args.base_url, args.model or args.policy,
+                                    api_key=os.environ.get(args.api_key_env), max_workers=args.http_workers)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(args.policy)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.policy, torch_dtype=dtype).to(args.device)
+    return rollout.HFEngine(model, tokenizer, max_batch_rows=args.max_batch_rows)
+
+
+def is_candidate_folder(policy: str) -> bool:
+    return os.path.isdir(policy) and not os.path.exists(os.path.join(policy, "config.json"))
+
+
+# ---------------------------------------------------------------------------------------
+# Protocols
+
+
+def run_trajectories(task_list, engine, evaluate_batch, config: rollout.RolloutConfig,
+                     writer: RecordWriter, resume: bool, seed: int) -> list[dict]:
+    """N independent trajectories x T turns per task; on --resume, the turns already in
+    records.jsonl for every trajectory are kept and the rest run from their histories."""
+    G, T = config.n_trajectories, config.n_turns
+    done = load_records(writer.path) if resume else []
+    keys = [(t.task_id, g) for t in task_list for g in range(G)]
+    have = defaultdict(set)
+    for r in done:
+        have[(r["task_id"], r["trajectory"])].add(r["turn"])
+    start = 0
+    while start < T and all(start in have[k] for k in keys):
+        start += 1
+    done = [r for r in done if r["turn"] < start]
+    # Turns that only some trajectories reached are run again: drop their records first.
+    atomic_write(writer.path, "".join(json.dumps(r) + "\n" for r in done))
+    if writer.progress is not None:
+        writer.progress.update(len(done))
+    if start == T:
+        return done
+    histories = None
+    if start > 0:
+        by_key = defaultdict(list)
+        for r in done:
+            by_key[(r["task_id"], r["trajectory"])].append(r)
+        histories = [writer.history(by_key[k]) for k in keys]
+    written: list[dict] = []
+
+    def on_turn(turn, samples):
+        records = [writer.record(s) for s in samples]
+        writer.write(records)
+        written.extend(records)
+
+    rollout.rollout(task_list, TurnSeededEngine(engine, seed).at(start), evaluate_batch,
+                    dataclasses.replace(config, n_turns=T - start), histories=histories,
+                    start_turn=start, on_turn=on_turn)
+    return done + written
+
+
+def run_beam(task_list, engine, evaluate_batch, config: rollout.RolloutConfig,
+             beam: beam_search.BeamConfig, writer: RecordWriter, seed: int) -> tuple[list[dict], beam_search.BeamResult]:
+    """Kevin's beam search; every refinement round is one rollout over all tasks' W trajectories."""
+    seeded = TurnSeededEngine(engine, seed)
+    written: list[dict] = []
+
+    def refine(states, *, start_turn, n_turns, parents):
+        round_index = start_turn // n_turns
+
+        def on_turn(turn, samples):
+            records = [writer.record(s, round=round_index, parent=parents[i])
+                       for i, s in enumerate(samples)]
+            writer.write(records)
+            written.extend(records)
+
+        fresh = all(len(s) == 0 for s in states)
+        samples, _ = rollout.rollout(
+            task_list, seeded.at(start_turn), evaluate_batch,
+            dataclasses.replace(config, n_trajectories=beam.width, n_turns=n_turns),
+            histories=None if fresh else states, start_turn=start_turn, on_turn=on_turn)
+        out = []
+        for i, state in enumerate(states):   # samples: task-major, trajectory, turn
+            own = samples[i * n_turns:(i + 1) * n_turns]
+            out.append((list(state) + [summarize.Attempt(s.code or "", s.summary, s.feedback) for s in own],
+                        [s.score for s in own]))
+        return out
+
+    result = beam_search.beam_search([[] for _ in task_list], refine, beam)
+    return written, result
+
+
+def run_folder(task_list, folder: str, evaluate_batch, language: str, writer: RecordWriter) -> tuple[list, list[dict]]:
+    """Candidate files DIR/<task_id>/<n>.py, each judged as it is (the same format gate as the
+    reward first): trajectory n, turn 0. Tasks with no folder are left out of the metrics."""
+    rows, pairs, results = [], [], []
+    for task in task_list:
+        files = glob.glob(os.path.join(folder, task.task_id, "*.py"))
+        for path in sorted(files, key=lambda p: int(os.path.basename(p)[:-3]) if os.path.basename(p)[:-3].isdigit() else -1):
+            stem = os.path.basename(path)[:-3]
+            if not stem.isdigit():
+                raise ValueError(f"eval: candidate files are named <n>.py, got {path}")
+            with open(path) as f:
+                code = f.read()
+            rows.append((task, int(stem), code, rewards.check_format(code, language)))
+    gated = [i for i, row in enumerate(rows) if row[3] is None]
+    verdicts = evaluate_batch([(rows[i][0].reference_src, rows[i][2]) for i in gated]) if gated else []
+    by_row = dict(zip(gated, verdicts))
+    records = []
+    for i, (task, n, code, reason) in enumerate(rows):
+        verdict = by_row.get(i)
+
+        def get(name, default):
+            if verdict is None:
+                return default
+            return verdict.get(name, default) if isinstance(verdict, dict) else getattr(verdict, name, default)
+        sample = rollout.Sample(
+            task_id=task.task_id, trajectory=n, turn=0, prompt_ids=[], completion_ids=[], loss_mask=[],
+            logprobs=None, text="", truncated=False,
+            status=get("status", "format_error"), score=rewards.kernel_score(verdict) if verdict is not None else 0.0,
+            discounted_return=0.0, speedup=float(get("speedup", 0.0) or 0.0), code=code,
+            feedback=summarize.feedback(verdict if verdict is not None else reason),
+            correct=bool(get("correct", False)), ref_ms=float(get("ref_ms", 0.0) or 0.0),
+            candidate_ms=float(get("candidate_ms", 0.0) or 0.0), timing_ok=bool(get("timing_ok", False)),
+            message=str(get("message", reason or "")))
+        records.append(writer.record(sample))
+    writer.write(records)
+    covered = {task.task_id for task, *_ in rows}
+    return [t for t in task_list if t.task_id in covered], records
+
+
+# ---------------------------------------------------------------------------------------
+# Tables and plots
+
+
+def _f(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def _metric_row(name: str, m: dict) -> list[str]:
+    return [name, str(m["n_tasks"]), str(m["n_kernels"]), _f(m["correct_kernel"]), _f(m["correct_avg"]),
+            _f(m["correct_best"]), _f(m["speedup_best_mean"]), _f(m["speedup_best_geomean"]),
+            *[_f(v) for v in m["fast_p"].values()]]
+
+
+def summary_markdown(summary: dict, title: str) -> str:
+    ps = list(summary["fast_p"])
+    header = ["", "tasks", "kernels", "correct (kernel)", "avg@N", "best@N", "best speedup (mean)",
+              "best speedup (geomean)", *[f"fast_{p}" for p in ps]]
+    out = [f"# {title}\n", _table(header, [_metric_row("all", summary)])]
+    out += ["\n## Per level\n", _table(header, [_metric_row(f"level {lv}", m) for lv, m in summary["per_level"].items()])]
+    out += ["\n## Per turn (best so far over turns 0..t)\n",
+            _table(header, [_metric_row(f"turn {m['turn']}", m) for m in summary["per_turn"]])]
+    return "".join(out)
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(fig, path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def plot_turns(summary: dict, path: str, title: str) -> None:
+    """best@N / avg@N correctness and the best speedup (mean, geomean) against the turn."""
+    plt = _pyplot()
+    turns = [m["turn"] for m in summary["per_turn"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, label in (("correct_best", "best@N"), ("correct_avg", "avg@N")):
+        left.plot(turns, [m[key] for m in summary["per_turn"]], marker="o", label=label)
+    left.set(xlabel="turn", ylabel="correctness (best so far)", ylim=(-0.02, 1.02))
+    for key, label in (("speedup_best_mean", "mean"), ("speedup_best_geomean", "geomean (solved tasks)")):
+        right.plot(turns, [m[key] for m in summary["per_turn"]], marker="o", label=label)
+    right.set(xlabel="turn", ylabel="best speedup so far")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+        ax.legend()
+        ax.set_xticks(turns)
+    fig.suptitle(title)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def plot_fast_p(records: Sequence[dict], summary: dict, path: str, title: str) -> None:
+    """fast_p as a curve over p, the reported p marked."""
+    plt = _pyplot()
+    best, solved = best_speedups(records), solved_tasks(records)
+    top = max([2.5, *[1.1 * b for b in best.values()]])
+    grid = [top * i / 400 for i in range(401)]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.plot(grid, [fast_p(best, solved, p) for p in grid], drawstyle="steps-post")
+    ps = [float(p) for p in summary["fast_p"]]
+    ax.plot(ps, list(summary["fast_p"].values()), "o")
+    ax.set(xlabel="p (speedup over the reference)", ylabel="fast_p", ylim=(-0.02, 1.02), title=title)
+    ax.grid(alpha=0.3)
+    _save(fig, path)
+    plt.close(fig)
+
+
+def write_outputs(out_dir: str, records: list[dict], title: str, extra: dict | None = None) -> dict:
+    summary = {**summarize_records(records), **(extra or {})}
+    atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary, title))
+    plot_turns(summary, os.path.join(out_dir, "speedup_vs_turn.png"), title)
+    plot_fast_p(records, summary, os.path.join(out_dir, "fast_p.png"), title)
+    return summary
+
+
+def parse_shape(text: str) -> dict:
+    """'16x8' (trajectories x turns) or 'beam:16x4x2' (width x turns a round x rounds)."""
+    beam = text.startswith("beam:")
+    parts = text.removeprefix("beam:").split("x")
+    if len(parts) != (3 if beam else 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--grid entries are GxT or beam:WxSxR with positive integers, got {text!r}")
+    n = [int(p) for p in parts]
+    if beam:
+        return {"name": text.replace(":", "_"), "search": "beam", "width": n[0], "steps": n[1], "rounds": n[2],
+                "budget": n[0] * n[1] * n[2]}
+    return {"name": text, "search": "trajectories", "trajectories": n[0], "turns": n[1], "budget": n[0] * n[1]}
+
+
+def grid_markdown(rows: list[dict]) -> str:
+    ps = list(rows[0]["summary"]["fast_p"])
+    header = ["shape", "search", "kernels per task", "avg@N", "best@N", "best speedup (mean)",
+              "best speedup (geomean)", *[f"fast_{p}" for p in ps]]
+    body = [[r["name"], r["search"], str(r["budget"]), _f(r["summary"]["correct_avg"]),
+             _f(r["summary"]["correct_best"]), _f(r["summary"]["speedup_best_mean"]),
+             _f(r["summary"]["speedup_best_geomean"]), *[_f(v) for v in r["summary"]["fast_p"].values()]]
+            for r in rows]
+    return "# Inference-time scaling\n\n" + _table(header, body)
+
+
+def plot_grid(rows: list[dict], path: str, title: str) -> None:
+    plt = _pyplot()
+    names = [r["name"] for r in rows]
+    panels = (("correct_best", "best@N correctness"), ("correct_avg", "avg@N correctness"),
+              ("speedup_best_mean", "best speedup (mean)"), ("fast_1", "fast_1"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.6))
+    for ax, (key, label) in zip(axes, panels):
+        values = [r["summary"]["fast_p"].get("1", 0.0) if key == "fast_1" else r["summary"][key] for r in rows]
+        ax.bar(range(len(rows)), values, color=["C1" if r["search"] == "beam" else "C0" for r in rows])
+        ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
+        ax.set_title(label)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title)
+    _save(fig, path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+
+def load_tasks(args) -> list:
+    levels = tuple(int(x) for x in args.levels.split(",")) if args.levels else None
+    if args.tasks == "builtin":
+        found = tasks_module.load_builtin(levels=levels)
+    elif args.tasks.endswith(".jsonl"):
+        found = tasks_module.load_jsonl(args.tasks)
+    elif args.tasks.endswith(".parquet"):
+        found = tasks_module.load_parquet(args.tasks)
+    elif os.path.isdir(args.tasks):
+        found = tasks_module.load_kernelbench(args.tasks, levels=levels or (1, 2))
+    else:
+        raise SystemExit(f"eval: --tasks is 'builtin', a KernelBench checkout, a .jsonl or a .parquet, got {args.tasks!r}")
+    if levels and not args.tasks == "builtin" and not os.path.isdir(args.tasks):
+        found = [t for t in found if t.level in levels]
+    if args.split != "all":
+        train, heldout = tasks_module.split_tasks(found, n_heldout=min(args.n_heldout, len(found)), seed=args.split_seed)
+        found = heldout if args.split == "heldout" else train
+    if args.task_ids:
+        wanted = args.task_ids.split(",")
+        unknown = sorted(set(wanted) - {t.task_id for t in found})
+        if unknown:
+            raise SystemExit(f"eval: --task-ids not in the selected tasks: {', '.join(unknown)}")
+        found = [t for t in found if t.task_id in wanted]
+    found = found[:args.limit] if args.limit else found
+    if not found:
+        raise SystemExit("eval: no tasks selected")
+    return found
+
+
+def protocol(args, language: str, task_list) -> dict:
+    """What a resumed run must share with the run it continues."""
+    return {"policy": args.policy, "base_url": args.base_url, "model": args.model,
+            "corrupt_rate": args.corrupt_rate, "tasks_arg": args.tasks, "tasks": [t.task_id for t in task_list],
+            "trajectories": args.trajectories, "turns": args.turns, "search": args.search,
+            "beam": [args.beam_width, args.beam_keep, args.beam_steps, args.beam_rounds],
+            "grid": args.grid, "language": language, "device": args.device, "seed": args.seed,
+            "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
+            "temperature": args.temperature, "top_p": args.top_p}
+
+
+def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_dir: str, title: str) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    levels = {t.task_id: t.level for t in task_list}
+    total = len(task_list) * shape["budget"]
+    progress = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        progress = tqdm(total=total, desc=shape["name"], unit="kernel", file=sys.stderr)
+    writer = RecordWriter(out_dir, levels, progress)
+    extra: dict = {"shape": shape["name"], "search": shape["search"], "kernel_budget_per_task": shape["budget"]}
+    try:
+        if shape["search"] == "beam":
+            if os.path.exists(writer.path) and os.path.getsize(writer.path):
+                raise SystemExit(f"eval: {writer.path} exists; beam search cannot resume (pass another --out)")
+            beam = beam_search.BeamConfig(width=shape["width"], keep=args.beam_keep,
+                                          steps_per_round=shape["steps"], rounds=shape["rounds"])
+            records, result = run_beam(task_list, engine, evaluate_batch, config, beam, writer, args.seed)
+            extra["beam"] = {"width": beam.width, "keep": beam.keep, "steps_per_round": beam.steps_per_round,
+                             "rounds": beam.rounds, "budget": result.budget, "kernels": result.kernels,
+                             "kept": [r.kept for r in result.rounds], "all_failed": [r.all_failed for r in result.rounds]}
+        else:
+            records = run_trajectories(task_list, engine, evaluate_batch,
+                                       dataclasses.replace(config, n_trajectories=shape["trajectories"],
+                                                           n_turns=shape["turns"]),
+                                       writer, args.resume, args.seed)
+    finally:
+        if progress is not None:
+            progress.close()
+    return write_outputs(out_dir, records, title, extra)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--policy", required=True, help="oracle | oracle-corrupt | HF model id or path | model name "
+                    "with --base-url | a folder DIR/<task_id>/<n>.py of candidates")
+    ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (.../v1)")
+    ap.add_argument("--model", default=None, help="model name at --base-url (default: --policy)")
+    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
+    ap.add_argument("--http-workers", type=int, default=8)
+    ap.add_argument("--corrupt-rate", type=float, default=0.0, help="oracle: share of answers corrupted")
+    ap.add_argument("--tasks", default="builtin", help="builtin | KernelBench checkout | .jsonl | .parquet")
+    ap.add_argument("--levels", default=None, help="e.g. 1,2")
+    ap.add_argument("--split", choices=("all", "train", "heldout"), default="all")
+    ap.add_argument("--n-heldout", type=int, default=20)
+    ap.add_argument("--split-seed", type=int, default=0)
+    ap.add_argument("--task-ids", default=None, help="only these task ids (comma-separated)")
+    ap.add_argument("--limit", type=int, default=0, help="first N tasks after the split and --task-ids (0: all)")
+    ap.add_argument("--trajectories", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--search", choices=("trajectories", "beam"), default="trajectories")
+    ap.add_argument("--beam-width", type=int, default=16)
+    ap.add_argument("--beam-keep", type=int, default=4)
+    ap.add_argument("--beam-steps", type=int, default=4, help="turns a round")
+    ap.add_argument("--beam-rounds", type=int, default=2)
+    ap.add_argument("--grid", default=None, help="shapes at one kernel budget, e.g. 16x8,32x4,128x1,beam:16x4x2")
+    ap.add_argument("--device", default="cuda", help="cpu | cuda | cuda:N (harness and model)")
+    ap.add_argument("--language", choices=tasks_module.LANGUAGES, default=None, help="default: from --device")
+    ap.add_argument("--max-new-tokens", type=int, default=16384)
+    ap.add_argument("--max-prompt-tokens", type=int, default=8192)
+    ap.add_argument("--temperature", type=float, default=0.9)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--max-batch-rows", type=int, default=64, help="HF engine rows per generate")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]
+    task_list = load_tasks(args)
+    os.makedirs(args.out, exist_ok=True)
+    import kernel_eval
+    evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device)
+    title = f"{os.path.basename(args.policy.rstrip('/'))} on {args.tasks} ({language}, {args.device})"
+
+    if is_candidate_folder(args.policy):
+        writer = RecordWriter(args.out, {t.task_id: t.level for t in task_list})
+        if os.path.exists(writer.path) and os.path.getsize(writer.path):
+            raise SystemExit(f"eval: {writer.path} exists; pass another --out")
+        covered, records = run_folder(task_list, args.policy, evaluate_batch, language, writer)
+        if not records:
+            raise SystemExit(f"eval: no candidate files {args.policy}/<task_id>/<n>.py for the selected tasks")
+        summary = write_outputs(args.out, records, title, {"search": "folder",
+                                "tasks_without_candidates": len(task_list) - len(covered)})
+        print(summary_markdown(summary, title))
+        return 0
+
+    run_file = os.path.join(args.out, "run.json")
+    wanted = protocol(args, language, task_list)
+    if args.resume and os.path.exists(run_file):
+        with open(run_file) as f:
+            previous = json.load(f)
+        differ = sorted(k for k in wanted if previous.get(k) != wanted[k])
+        if differ:
+            raise SystemExit(f"eval: --resume with a different protocol than {run_file}: {', '.join(differ)}")
+    elif not args.resume and os.path.exists(os.path.join(args.out, "records.jsonl")):
+        raise SystemExit(f"eval: {args.out} already holds records.jsonl; pass --resume or another --out")
+    atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
+
+    engine = build_engine(args, task_list, language)
+    config = rollout.RolloutConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                                   temperature=args.temperature, top_p=args.top_p, language=language)
+    if args.grid:
+        shapes = [parse_shape(s) for s in args.grid.split(",")]
+        rows = []
+        for shape in shapes:
+            summary = run_one(args, shape, task_list, engine, evaluate_batch, config,
+                              os.path.join(args.out, shape["name"]), f"{title}, {shape['name']}")
+            rows.append({**shape, "summary": summary})
+        atomic_write(os.path.join(args.out, "grid.json"), json.dumps(rows, indent=2) + "\n")
+        atomic_write(os.path.join(args.out, "grid.md"), grid_markdown(rows))
+        plot_grid(rows, os.path.join(args.out, "scaling.png"), title)
+        print(grid_markdown(rows))
+        return 0
+    if args.search == "beam":
+        shape = parse_shape(f"beam:{args.beam_width}x{args.beam_steps}x{args.beam_rounds}")
+    else:
+        shape = parse_shape(f"{args.trajectories}x{args.turns}")
+    summary = run_one(args, shape, task_list, engine, evaluate_batch, config, args.out, title)
+    print(summary_markdown(summary, title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
