@@ -615,8 +615,13 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
     extra: dict = {"shape": shape["name"], "search": shape["search"], "kernel_budget_per_task": shape["budget"]}
     try:
         if shape["search"] == "beam":
-            if os.path.exists(writer.path) and os.path.getsize(writer.path):
-                raise SystemExit(f"eval: {writer.path} exists; beam search cannot resume (pass another --out)")
+            summary_path = os.path.join(out_dir, "summary.json")
+            if args.resume and os.path.exists(summary_path):   # finished before: nothing to do
+                with open(summary_path) as f:
+                    return json.load(f)
+            # An unfinished beam search starts again: its later rounds depend on every
+            # ranking before them, which the records alone do not pin down.
+            atomic_write(writer.path, "")
             beam = beam_search.BeamConfig(width=shape["width"], keep=args.beam_keep,
                                           steps_per_round=shape["steps"], rounds=shape["rounds"])
             records, result = run_beam(task_list, engine, evaluate_batch, config, beam, writer, args.seed)
@@ -698,8 +703,8 @@ def main(argv=None) -> int:
         differ = sorted(k for k in wanted if previous.get(k) != wanted[k])
         if differ:
             raise SystemExit(f"eval: --resume with a different protocol than {run_file}: {', '.join(differ)}")
-    elif not args.resume and os.path.exists(os.path.join(args.out, "records.jsonl")):
-        raise SystemExit(f"eval: {args.out} already holds records.jsonl; pass --resume or another --out")
+    elif not args.resume and os.path.exists(run_file):
+        raise SystemExit(f"eval: {args.out} already holds a run ({run_file}); pass --resume or another --out")
     atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
 
     engine = build_engine(args, task_list, language)

@@ -187,6 +187,12 @@ def test_beam_search_and_grid_through_the_cli(tmp_path, fake_harness):
         assert len(read_records(tmp_path / "grid" / g["name"])) == 2 * 8
     assert "| 8x1 | trajectories | 8 |" in (tmp_path / "grid" / "grid.md").read_text()
     assert os.path.getsize(tmp_path / "grid" / "scaling.png") > 0
+    with pytest.raises(SystemExit, match="pass --resume"):
+        evaluation.main(cli(tmp_path / "grid", "--grid", "4x2,8x1,beam:4x1x2"))
+    # A finished grid resumed: nothing runs again, the same table comes back.
+    (tmp_path / "grid" / "beam_4x1x2" / "records.jsonl").write_text("")   # a beam's records are not reread
+    assert evaluation.main(cli(tmp_path / "grid", "--grid", "4x2,8x1,beam:4x1x2", "--resume")) == 0
+    assert json.loads((tmp_path / "grid" / "grid.json").read_text()) == grid
     with pytest.raises(ValueError, match="GxT or beam:WxSxR"):
         evaluation.parse_shape("16by8")
 
@@ -225,3 +231,21 @@ def test_oracle_and_corrupted_oracle_on_two_builtin_tasks_on_cpu(tmp_path):
     bad = json.loads((tmp_path / "corrupt" / "summary.json").read_text())
     assert bad["correct_best"] == 0.0 and bad["fast_p"]["0"] == 0.0
     assert {r["status"] for r in read_records(tmp_path / "corrupt")} == {"incorrect"}
+
+
+def test_hf_model_policy_from_a_saved_folder(tmp_path, fake_harness):
+    """A local model folder (what train.py exports) runs through HFEngine: a tiny random model
+    writes no parsable code, so every kernel is a format error and nothing is correct."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=384, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, eos_token_id=1,
+                                      pad_token_id=0, bos_token_id=None)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "model")
+    transformers.ByT5Tokenizer().save_pretrained(tmp_path / "model")
+    assert evaluation.main(["--policy", str(tmp_path / "model"), "--tasks", "builtin", "--device", "cpu",
+                            "--task-ids", TWO[0], "--trajectories", "2", "--turns", "2", "--max-new-tokens", "8",
+                            "--max-prompt-tokens", "100000", "--no-progress", "--out", str(tmp_path / "out")]) == 0
+    records = read_records(tmp_path / "out")
+    assert len(records) == 4 and {r["status"] for r in records} == {"format_error"}
+    assert all(0 < r["completion_tokens"] <= 8 for r in records)
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["correct_best"] == 0.0
