@@ -1,0 +1,434 @@
+"""Warm start for the learning demo: a small causal LM that can already write some kernels.
+
+Kevin-32B starts RL from a model that writes correct kernels some of the time. No pretrained
+model can be downloaded here, so this script makes one, as small as these machines can train
+in a minute or two, so that `train.py --model OUT` shows whether rollout + harness + rewards +
+GRPO raise the share of correct kernels. What it trains, exactly:
+
+- tokenizer: byte-level BPE (`tokenizers`, no download) with Qwen2's normaliser and split
+  regex (AutoTokenizer loads a qwen2 checkpoint's tokenizer as a Qwen2Tokenizer, which imposes
+  them), trained on the turn-0 prompts and the built-in solutions of all built-in tasks in
+  both languages; at most `--vocab-size` tokens (the corpus is small: ~2,850 in practice);
+  ids 0 = <pad>, 1 = </s> (EOS). It has no chat template, so rollout renders prompts with
+  `rollout.PLAIN_CHAT_TEMPLATE`. A turn-0 prompt is ~800 tokens, a CUDA solution ~650.
+- model: `transformers.Qwen2ForCausalLM` from a `Qwen2Config` (`--hidden`, `--layers`,
+  `--heads`), randomly initialised, tied embeddings; a few million parameters.
+- data, drawn afresh at every step: a task from `--tasks`, then a response in the policy's
+  format (`<think>\\n...\\n</think>\\n```python\\n<code>\\n```\\n<summary>`, then EOS) whose code
+  is the task's built-in solution with probability `--correct-share`, else one of two broken
+  variants in equal shares: `wrong_values` (`rollout.corrupt_solution`: +1 on every output
+  store, compiles, wrong numbers) or `no_compile` (`drop_declaration`: the kernel source's
+  first variable declaration removed, a compile error). The thinking and the summary are
+  drawn from a few templates, independent of the variant, so nothing in the text before
+  the code says which variant follows: the choice is made inside the code.
+- prompts: exactly what the rollout shows the policy, `rollout.render_prompt(tokenizer,
+  summarize.build_prompt(task.reference_src, history, language, ...))`. With probability
+  `--later-turn-share` the history holds one or two earlier attempts (codes drawn from the
+  same mixture, their summaries, and feedback written by `summarize.feedback` from a verdict
+  the script makes up for the variant: the harness's real messages differ in detail), so the
+  model has seen the longer prompts of turns > 0. The response there is drawn from the same
+  mixture: the warm start has no reason to fix anything after feedback; RL may teach it.
+- loss: plain next-token cross-entropy on the response tokens and the EOS (mask from the
+  data, never from the pad id); AdamW, linear warm-up, cosine decay to 10%.
+
+The mixture is the room the RL run needs: a fully trained warm start reproduces it (the
+correct rate its samples reach is measured, not assumed: `--eval-samples` samples per task
+from `rollout.HFEngine` at `--eval-temperature`, judged by `kernel_eval.evaluate_batch` with
+no timing), and GRPO can raise the correct rate only by moving probability from the broken
+variants to the solution. A model this small memorises its training tasks: it is not
+expected to write a kernel for a task it has not seen (`--heldout` measures that too).
+
+Usage
+    # CPU, C++ kernels (minutes on 2 cores):
+    python examples/warm_start.py --language cpp --out runs/warm_cpp \\
+        --tasks level1/01_relu,level1/07_row_sum --hidden 128 --layers 2 --steps 300
+    # H200, CUDA kernels (examples/learning_run.sh):
+    python examples/warm_start.py --language cuda --device cuda --out runs/warm_cuda
+    # then: python train.py --model runs/warm_cuda ...   (docs/learning/README.md)
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rollout  # noqa: E402
+import summarize  # noqa: E402
+import tasks as tasks_module  # noqa: E402
+
+VARIANTS = ("correct", "wrong_values", "no_compile")
+DEFAULT_TASKS = "level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim"
+DEFAULT_HELDOUT = "level1/02_gelu_tanh,level2/06_bias_tanh_multiply"
+
+THINKING = (
+    "Okay, the reference computes {what} I will write it as one {lang} function that reads "
+    "each input once and writes each output once.",
+    "Okay, this is {name}. {what} A plain loop over the elements, launched from ModelNew.forward, "
+    "is enough.",
+    "Okay, {what} The output has the shape of the reference's; I allocate it with empty and "
+    "fill every element in my own kernel.",
+    "Okay, let me think about {name}. {what} No torch compute in forward: the kernel does all "
+    "of it.",
+)
+SUMMARIES = (
+    "I wrote a {lang} kernel for {name} and called it from ModelNew.forward.",
+    "One {lang} kernel computes {name}; forward only allocates the output and calls it.",
+    "I replaced the reference's operator with my own {lang} code for {name}.",
+)
+# Verdicts made up for earlier attempts in later-turn prompts (the harness's real messages
+# differ in detail; their shape is the same).
+MADE_UP_VERDICTS = {
+    "correct": {"status": "correct", "speedup": 0.0, "message": ""},
+    "wrong_values": {"status": "incorrect",
+                     "message": "output: {n} of {n} values outside tolerance (atol=0.01, rtol=0.01); "
+                                "max abs diff 1"},
+    "no_compile": {"status": "compile_error",
+                   "message": "error: identifier \"{var}\" is undefined\n1 error detected in the "
+                              "compilation of \"main.cpp\"."},
+}
+
+# transformers' Qwen2Tokenizer pre-tokenisation regex (PRETOKENIZE_REGEX there)
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+_DECLARATION = re.compile(
+    r"^\s*(?:const\s+)?(?:int64_t|int|long|float|double|auto|bool|size_t)\s+(\w+)\s*=[^;]*;\s*$")
+
+
+# ---------------------------------------------------------------------------------------
+# The data: variants of a solution and the texts around it
+
+
+def drop_declaration(code: str) -> tuple[str, str]:
+    """(code without its first variable declaration whose name is used later, that name):
+    the kernel then fails to compile with an undefined identifier. Raises if there is none."""
+    lines = code.split("\n")
+    for i, line in enumerate(lines):
+        match = _DECLARATION.match(line)
+        if match and re.search(r"\b" + re.escape(match.group(1)) + r"\b", "\n".join(lines[i + 1:])):
+            return "\n".join(lines[:i] + lines[i + 1:]), match.group(1)
+    raise ValueError("drop_declaration: no declaration like `const int64_t n = ...;` that is used later")
+
+
+def variant_code(solution: str, variant: str) -> str:
+    if variant == "correct":
+        return solution
+    if variant == "wrong_values":
+        return rollout.corrupt_solution(solution)
+    if variant == "no_compile":
+        return drop_declaration(solution)[0]
+    raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
+
+
+def task_words(task) -> dict:
+    """{name, what}: the task's short name ("relu") and the first line of Model's docstring."""
+    name = task.task_id.rsplit("/", 1)[-1].split("_", 1)[-1].replace("_", " ")
+    what = ""
+    for node in ast.parse(task.reference_src).body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            what = (ast.get_docstring(node) or "").strip().split("\n")[0]
+    return {"name": name, "what": what or f"{name}."}
+
+
+def response_text(task, code: str, language: str, rng: random.Random) -> str:
+    words = dict(task_words(task), lang="CUDA" if language == "cuda" else "C++")
+    thinking = rng.choice(THINKING).format(**words)
+    summary = rng.choice(SUMMARIES).format(**words)
+    return f"<think>\n{thinking}\n</think>\n```python\n{code.strip(chr(10))}\n```\n{summary}"
+
+
+def made_up_feedback(solution: str, variant: str) -> str:
+    verdict = dict(MADE_UP_VERDICTS[variant])
+    var = drop_declaration(solution)[1] if variant == "no_compile" else ""
+    verdict["message"] = verdict["message"].format(n=4096, var=var)
+    return summarize.feedback(verdict)
+
+
+def draw_variant(rng: random.Random, correct_share: float) -> str:
+    if rng.random() < correct_share:
+        return "correct"
+    return rng.choice(VARIANTS[1:])
+
+
+@dataclass
+class Example:
+    task_id: str
+    variant: str
+    n_attempts: int           # earlier attempts shown in the prompt (0: a turn-0 prompt)
+    prompt_ids: list[int]
+    response_ids: list[int]   # the response's tokens, then EOS
+
+
+def draw_example(task, tokenizer, rng: random.Random, args) -> Example:
+    solution = task.solutions[args.language]
+    history = []
+    if rng.random() < args.later_turn_share:
+        for _ in range(rng.choice((1, 2))):
+            earlier = draw_variant(rng, args.correct_share)
+            words = dict(task_words(task), lang="CUDA" if args.language == "cuda" else "C++")
+            history.append(summarize.Attempt(
+                code=variant_code(solution, earlier), summary=rng.choice(SUMMARIES).format(**words),
+                feedback=made_up_feedback(solution, earlier)))
+    prompt = summarize.build_prompt(task.reference_src, history, language=args.language,
+                                    count_tokens=lambda s: len(tokenizer(s, add_special_tokens=False).input_ids),
+                                    max_prompt_tokens=args.max_prompt_tokens)
+    variant = draw_variant(rng, args.correct_share)
+    text = response_text(task, variant_code(solution, variant), args.language, rng)
+    response_ids = list(tokenizer(text, add_special_tokens=False).input_ids) + [tokenizer.eos_token_id]
+    return Example(task.task_id, variant, len(history), rollout.render_prompt(tokenizer, prompt),
+                   response_ids)
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizer and model
+
+
+def build_tokenizer(all_tasks, vocab_size: int, max_token_length: int):
+    """Byte-level BPE trained on every built-in task's turn-0 prompt and solutions, both
+    languages; wrapped as a PreTrainedTokenizerFast so save_pretrained/AutoTokenizer work."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    corpus = []
+    for language in ("cuda", "cpp"):
+        for task in all_tasks:
+            corpus.append(summarize.build_prompt(task.reference_src, [], language=language,
+                                                 count_tokens=len, max_prompt_tokens=1 << 30))
+            corpus.append(response_text(task, task.solutions[language], language, random.Random(0)))
+    bpe = Tokenizer(models.BPE())
+    # Qwen2Tokenizer's own pipeline (NFC, its split regex, byte-level): AutoTokenizer builds a
+    # Qwen2Tokenizer for a qwen2 checkpoint and imposes these, so anything else would tokenise
+    # differently once loaded.
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<pad>", "</s>", "<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), max_token_length=max_token_length))
+    # unk_token: Qwen2Tokenizer adds its default "<|endoftext|>" on loading if the vocabulary
+    # lacks it, which would make len(tokenizer) exceed the model's vocabulary.
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="</s>",
+                                   unk_token="<|endoftext|>", model_max_length=1 << 20)
+
+
+def build_model(tokenizer, args):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads,
+        num_key_value_heads=args.heads, max_position_embeddings=args.max_positions,
+        tie_word_embeddings=True, bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(args.seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+
+
+def response_loss(model, batch: list[Example], device) -> torch.Tensor:
+    """Mean next-token cross-entropy over the response tokens (EOS included) of a batch."""
+    width = max(len(e.prompt_ids) + len(e.response_ids) for e in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    target_mask = torch.zeros_like(ids)
+    for row, e in enumerate(batch):
+        seq = e.prompt_ids + e.response_ids
+        ids[row, :len(seq)] = torch.tensor(seq)
+        attention[row, :len(seq)] = 1
+        target_mask[row, len(e.prompt_ids):len(seq)] = 1
+    ids, attention, target_mask = ids.to(device), attention.to(device), target_mask.to(device)
+    predicts = target_mask[:, 1:].bool()  # position i predicts token i+1
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        hidden = model.model(input_ids=ids, attention_mask=attention).last_hidden_state
+        # logits at the response's positions only: the prompt's would be computed for nothing
+        logits = model.lm_head(hidden[:, :-1][predicts])
+    return torch.nn.functional.cross_entropy(logits.float(), ids[:, 1:][predicts])
+
+
+def lr_at(step: int, args) -> float:
+    warmup = max(1, int(args.warmup_frac * args.steps))
+    if step < warmup:
+        return args.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, args.steps - warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
+    rng = random.Random(f"warm-start:{args.seed}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    model.to(device).train()
+    history = []
+    t0 = time.monotonic()
+    for step in range(args.steps):
+        batch = [draw_example(rng.choice(train_tasks), tokenizer, rng, args) for _ in range(args.batch_size)]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args)
+        loss = response_loss(model, batch, device)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        if step % args.log_every == 0 or step == args.steps - 1:
+            record = {"step": step, "loss": loss.item(), "grad_norm": grad_norm.item(),
+                      "lr": lr_at(step, args), "seconds": time.monotonic() - t0,
+                      "tokens": sum(len(e.prompt_ids) + len(e.response_ids) for e in batch)}
+            history.append(record)
+            log(json.dumps(record))
+    return history
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring the warm start with the real harness
+
+
+def judge_samples(model, tokenizer, eval_tasks, args, device, log) -> dict:
+    """Turn-0 samples from rollout.HFEngine, judged by kernel_eval (no timing): the rollout
+    itself, one turn, so the prompts, the parse and the gate are the RL run's."""
+    import kernel_eval
+    model.to(device).eval()
+    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
+    config = rollout.RolloutConfig(
+        n_trajectories=args.eval_samples, n_turns=1, max_new_tokens=args.max_new_tokens,
+        max_prompt_tokens=args.max_prompt_tokens, temperature=args.eval_temperature,
+        language=args.language)
+
+    def evaluate(pairs):
+        return kernel_eval.evaluate_batch(pairs, device=args.harness_device, time_candidate=False)
+
+    t0 = time.monotonic()
+    samples, _ = rollout.rollout(eval_tasks, engine, evaluate, config)
+    by_task = {}
+    for s in samples:
+        row = by_task.setdefault(s.task_id, {"n": 0, "correct": 0, "statuses": {}, "distinct_codes": set()})
+        row["n"] += 1
+        row["correct"] += s.status == "correct"
+        row["statuses"][s.status] = row["statuses"].get(s.status, 0) + 1
+        row["distinct_codes"].add(s.code)
+    for row in by_task.values():
+        row["distinct_codes"] = len(row["distinct_codes"])
+        row["correct_rate"] = row["correct"] / row["n"]
+    result = {"correct_rate": sum(s.status == "correct" for s in samples) / len(samples),
+              "n": len(samples), "seconds": time.monotonic() - t0, "by_task": by_task,
+              "mean_response_tokens": sum(len(s.completion_ids) for s in samples) / len(samples)}
+    log(json.dumps(result))
+    return result
+
+
+def select_tasks(all_tasks, spec: str):
+    """Tasks whose id ends with one of the comma-separated names (e.g. level1/01_relu)."""
+    chosen = []
+    for name in [n.strip() for n in spec.split(",") if n.strip()]:
+        matches = [t for t in all_tasks if t.task_id.endswith(name)]
+        if len(matches) != 1:
+            raise SystemExit(f"--tasks: {name!r} matches {len(matches)} built-in tasks, need exactly 1")
+        chosen.append(matches[0])
+    return chosen
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="directory for save_pretrained (model + tokenizer)")
+    p.add_argument("--language", choices=("cuda", "cpp"), default="cuda")
+    p.add_argument("--tasks", default=DEFAULT_TASKS, help="comma-separated built-in task names")
+    p.add_argument("--heldout", default=DEFAULT_HELDOUT,
+                   help="tasks not trained on, sampled and judged too ('' for none)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--harness-device", default=None, help="kernel_eval's device (default: cuda for "
+                   "--language cuda, cpu for cpp)")
+    p.add_argument("--seed", type=int, default=0)
+    # data
+    p.add_argument("--correct-share", type=float, default=0.3,
+                   help="share of training responses whose code is the built-in solution")
+    p.add_argument("--later-turn-share", type=float, default=0.3,
+                   help="share of training prompts that show earlier attempts (turns > 0)")
+    p.add_argument("--max-prompt-tokens", type=int, default=3072)
+    # tokenizer and model
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--max-token-length", type=int, default=16, help="longest token, in characters")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--max-positions", type=int, default=4096)
+    # optimisation
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-frac", type=float, default=0.05)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--log-every", type=int, default=20)
+    # measuring
+    p.add_argument("--eval-samples", type=int, default=8, help="turn-0 samples per task (0: skip)")
+    p.add_argument("--eval-temperature", type=float, default=1.0)
+    p.add_argument("--eval-batch-rows", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    args = p.parse_args(argv)
+    args.harness_device = args.harness_device or ("cuda" if args.language == "cuda" else "cpu")
+    if not 0.0 <= args.correct_share <= 1.0 or not 0.0 <= args.later_turn_share <= 1.0:
+        p.error("--correct-share and --later-turn-share must be in [0, 1]")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, "warm_start_log.jsonl")
+    log_file = open(log_path, "w")
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks")
+    all_tasks = tasks_module.load_builtin(root)
+    train_tasks = select_tasks(all_tasks, args.tasks)
+    heldout = select_tasks(all_tasks, args.heldout) if args.heldout else []
+    for task in train_tasks:  # fail now, not after training, if a variant cannot be made
+        for variant in VARIANTS:
+            variant_code(task.solutions[args.language], variant)
+    device = torch.device(args.device)
+    tokenizer = build_tokenizer(all_tasks, args.vocab_size, args.max_token_length)
+    model = build_model(tokenizer, args)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(json.dumps({"event": "start", "params": n_params, "vocab": len(tokenizer),
+                    "tasks": [t.task_id for t in train_tasks], "heldout": [t.task_id for t in heldout],
+                    "args": vars(args)}))
+    history = train(model, train_tasks, tokenizer, args, device, log)
+    model.to(torch.float32)
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    summary = {"params": n_params, "final_loss": history[-1]["loss"],
+               "train_seconds": history[-1]["seconds"], "tasks": [t.task_id for t in train_tasks],
+               "args": vars(args)}
+    if args.eval_samples > 0:
+        summary["train_tasks_eval"] = judge_samples(model, tokenizer, train_tasks, args, device, log)
+        if heldout:
+            summary["heldout_eval"] = judge_samples(model, tokenizer, heldout, args, device, log)
+    with open(os.path.join(args.out, "warm_start.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    log(json.dumps({"event": "done", "out": args.out,
+                    "correct_rate": summary.get("train_tasks_eval", {}).get("correct_rate"),
+                    "heldout_correct_rate": summary.get("heldout_eval", {}).get("correct_rate")}))
+    log_file.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
