@@ -272,7 +272,7 @@ class TurnSeededEngine:
     model, the oracle's own `rng`. A run resumed at turn t then draws what the run that was
     interrupted would have drawn."""
 
-    def __init__(self, engine, seed: int):
+    def __init__(self, engine, seed: int | str):
         self.engine, self.seed, self.turn = engine, seed, 0
         self.prompt_opens_thinking = getattr(engine, "prompt_opens_thinking", False)
 
@@ -322,7 +322,7 @@ def is_candidate_folder(policy: str) -> bool:
 
 
 def run_trajectories(task_list, engine, evaluate_batch, config: rollout.RolloutConfig,
-                     writer: RecordWriter, resume: bool, seed: int) -> list[dict]:
+                     writer: RecordWriter, resume: bool, seed: int | str) -> list[dict]:
     """N independent trajectories x T turns per task; on --resume, the turns already in
     records.jsonl for every trajectory are kept and the rest run from their histories."""
     G, T = config.n_trajectories, config.n_turns
@@ -361,7 +361,7 @@ def run_trajectories(task_list, engine, evaluate_batch, config: rollout.RolloutC
 
 
 def run_beam(task_list, engine, evaluate_batch, config: rollout.RolloutConfig,
-             beam: beam_search.BeamConfig, writer: RecordWriter, seed: int) -> tuple[list[dict], beam_search.BeamResult]:
+             beam: beam_search.BeamConfig, writer: RecordWriter, seed: int | str) -> tuple[list[dict], beam_search.BeamResult]:
     """Kevin's beam search; every refinement round is one rollout over all tasks' W trajectories."""
     seeded = TurnSeededEngine(engine, seed)
     written: list[dict] = []
@@ -613,6 +613,8 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
         progress = tqdm(total=total, desc=shape["name"], unit="kernel", file=sys.stderr)
     writer = RecordWriter(out_dir, levels, progress)
     extra: dict = {"shape": shape["name"], "search": shape["search"], "kernel_budget_per_task": shape["budget"]}
+    # Each shape samples on its own: shapes of a grid do not share their first turn's draws.
+    seed = f"{args.seed}:{shape['name']}"
     try:
         if shape["search"] == "beam":
             summary_path = os.path.join(out_dir, "summary.json")
@@ -624,7 +626,7 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
             atomic_write(writer.path, "")
             beam = beam_search.BeamConfig(width=shape["width"], keep=args.beam_keep,
                                           steps_per_round=shape["steps"], rounds=shape["rounds"])
-            records, result = run_beam(task_list, engine, evaluate_batch, config, beam, writer, args.seed)
+            records, result = run_beam(task_list, engine, evaluate_batch, config, beam, writer, seed)
             extra["beam"] = {"width": beam.width, "keep": beam.keep, "steps_per_round": beam.steps_per_round,
                              "rounds": beam.rounds, "budget": result.budget, "kernels": result.kernels,
                              "kept": [r.kept for r in result.rounds], "all_failed": [r.all_failed for r in result.rounds]}
@@ -632,7 +634,7 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
             records = run_trajectories(task_list, engine, evaluate_batch,
                                        dataclasses.replace(config, n_trajectories=shape["trajectories"],
                                                            n_turns=shape["turns"]),
-                                       writer, args.resume, args.seed)
+                                       writer, args.resume, seed)
     finally:
         if progress is not None:
             progress.close()
