@@ -554,7 +554,7 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
         ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
         ax.set_title(label)
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(title)
+    fig.suptitle(title, y=1.03)
     _save(fig, path)
     plt.close(fig)
 

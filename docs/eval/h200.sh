@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The first real evaluations of eval.py, on one H200 (run from the repository root; results
+# and logs go under $OUT/eval). Two parts, each under the device's 10-minute limit per command:
+#   bash docs/eval/h200.sh oracle   # the oracle and the corrupted oracle over all 24 built-in CUDA solutions
+#   bash docs/eval/h200.sh grid     # inference-time grid at 8 kernels per task, oracle with half its answers corrupted
+# The same on the CPU at a small size (what was run before handing it over):
+#   OUT=/tmp/small DEVICE=cpu SELECT="--task-ids builtin/level1/01_relu" GRID=2x1,1x2,beam:2x1x1 KEEP=1 bash docs/eval/h200.sh oracle grid
+# Records are appended per turn, so a part cut by its timeout keeps what was judged; rerun it with
+# RESUME=--resume to continue (the grid's beam shape starts again).
+set -u
+OUT=${OUT:-runs}
+DEVICE=${DEVICE:-cuda}
+SELECT=${SELECT:-}
+GRID=${GRID:-8x1,4x2,2x4,beam:4x1x2}
+KEEP=${KEEP:-2}
+GRID_SELECT=${GRID_SELECT:---split heldout --n-heldout 6}
+RESUME=${RESUME:-}
+mkdir -p "$OUT/eval"
+for part in "$@"; do
+  case "$part" in
+    oracle)
+      for policy in oracle oracle-corrupt; do
+        timeout 280 python eval.py --policy $policy --tasks builtin --device "$DEVICE" $SELECT \
+          --trajectories 1 --turns 1 --out "$OUT/eval/${policy}_$DEVICE" --no-progress $RESUME \
+          > "$OUT/eval/${policy}_$DEVICE.log" 2>&1
+        echo "$policy: exit $? ($(wc -l < "$OUT/eval/${policy}_$DEVICE/records.jsonl") records)"
+      done ;;
+    grid)
+      timeout 560 python eval.py --policy oracle --corrupt-rate 0.5 --tasks builtin --device "$DEVICE" \
+        ${SELECT:-$GRID_SELECT} --grid "$GRID" --beam-keep "$KEEP" --out "$OUT/eval/grid_$DEVICE" \
+        --no-progress $RESUME > "$OUT/eval/grid_$DEVICE.log" 2>&1
+      echo "grid: exit $?"; cat "$OUT/eval/grid_$DEVICE/grid.md" 2>/dev/null ;;
+    *) echo "unknown part $part (oracle | grid)"; exit 2 ;;
+  esac
+done
