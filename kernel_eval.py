@@ -1955,8 +1955,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
         if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
             cpu1 = _cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
             wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
-        if (not isinstance(times, list) or len(times) != calls
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in times)):
+        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
+                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
             raise _Failure("runtime_error", "candidate returned a malformed timing reply")
         blocks[side].append(([float(x) for x in times], wall))
         if time.monotonic() > deadline:
