@@ -269,13 +269,46 @@ def lr_at(step: int, args) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def on_distribution(model, tokenizer, train_tasks, args) -> dict:
+    """Share of turn-0 samples (at --eval-temperature) whose code is exactly one of the trained
+    variants, and the share of each variant: no harness, a cheap check of how far the
+    model reproduces its mixture rather than garbling it."""
+    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
+    prompts = [engine.encode_prompt(summarize.build_prompt(
+        t.reference_src, [], language=args.language, count_tokens=engine.count_tokens,
+        max_prompt_tokens=args.max_prompt_tokens)) for t in train_tasks]
+    groups = engine.generate(prompts, n=args.check_samples, max_new_tokens=args.max_new_tokens,
+                             temperature=args.eval_temperature)
+    counts = {v: 0 for v in VARIANTS + ("other",)}
+    for task, group in zip(train_tasks, groups):
+        codes = {variant_code(task.solutions[args.language], v).strip(): v for v in VARIANTS}
+        for completion in group:
+            code = summarize.parse_response(completion.text).code
+            counts[codes.get((code or "").strip(), "other")] += 1
+    n = sum(counts.values())
+    return {"on_distribution": 1 - counts["other"] / n, **{k: c / n for k, c in counts.items()}}
+
+
 def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
+    """Next-token training until --steps, --max-seconds, or (checked every --check-every steps)
+    until --target-on-distribution of the samples reproduce a trained variant exactly."""
     rng = random.Random(f"warm-start:{args.seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     model.to(device).train()
     history = []
     t0 = time.monotonic()
     for step in range(args.steps):
+        if args.check_every and step and step % args.check_every == 0:
+            check = dict(on_distribution(model, tokenizer, train_tasks, args), step=step,
+                         seconds=time.monotonic() - t0)
+            model.train()
+            history.append(check)
+            log(json.dumps(check))
+            if check["on_distribution"] >= args.target_on_distribution:
+                break
+        if time.monotonic() - t0 > args.max_seconds:
+            log(json.dumps({"event": "time limit", "step": step}))
+            break
         batch = [draw_example(rng.choice(train_tasks), tokenizer, rng, args) for _ in range(args.batch_size)]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
@@ -297,14 +330,14 @@ def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
 # Measuring the warm start with the real harness
 
 
-def judge_samples(model, tokenizer, eval_tasks, args, device, log) -> dict:
+def judge_samples(model, tokenizer, eval_tasks, args, device, log, n: int | None = None) -> dict:
     """Turn-0 samples from rollout.HFEngine, judged by kernel_eval (no timing): the rollout
     itself, one turn, so the prompts, the parse and the gate are the RL run's."""
     import kernel_eval
     model.to(device).eval()
     engine = rollout.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
     config = rollout.RolloutConfig(
-        n_trajectories=args.eval_samples, n_turns=1, max_new_tokens=args.max_new_tokens,
+        n_trajectories=n or args.eval_samples, n_turns=1, max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.eval_temperature,
         language=args.language)
 
@@ -314,11 +347,16 @@ def judge_samples(model, tokenizer, eval_tasks, args, device, log) -> dict:
     t0 = time.monotonic()
     samples, _ = rollout.rollout(eval_tasks, engine, evaluate, config)
     by_task = {}
+    known = {t.task_id: {variant_code(t.solutions[args.language], v).strip(): v for v in VARIANTS}
+             for t in eval_tasks}
     for s in samples:
-        row = by_task.setdefault(s.task_id, {"n": 0, "correct": 0, "statuses": {}, "distinct_codes": set()})
+        row = by_task.setdefault(s.task_id, {"n": 0, "correct": 0, "statuses": {}, "variants": {},
+                                             "distinct_codes": set()})
         row["n"] += 1
         row["correct"] += s.status == "correct"
         row["statuses"][s.status] = row["statuses"].get(s.status, 0) + 1
+        variant = known[s.task_id].get((s.code or "").strip(), "other")
+        row["variants"][variant] = row["variants"].get(variant, 0) + 1
         row["distinct_codes"].add(s.code)
     for row in by_task.values():
         row["distinct_codes"] = len(row["distinct_codes"])
@@ -328,6 +366,20 @@ def judge_samples(model, tokenizer, eval_tasks, args, device, log) -> dict:
               "mean_response_tokens": sum(len(s.completion_ids) for s in samples) / len(samples)}
     log(json.dumps(result))
     return result
+
+
+def judge_variants(train_tasks, args, log) -> dict:
+    """The harness's verdict on each trained variant of each task (no timing): what the mixture
+    is worth, and, run beside the training, the compile cache warmed for the RL run."""
+    import kernel_eval
+    keys = [(t, v) for t in train_tasks for v in VARIANTS]
+    pairs = [(t.reference_src, variant_code(t.solutions[args.language], v)) for t, v in keys]
+    t0 = time.monotonic()
+    results = kernel_eval.evaluate_batch(pairs, device=args.harness_device, time_candidate=False)
+    verdicts = {f"{t.task_id}:{v}": {"status": r.status, "message": r.message[:300]}
+                for (t, v), r in zip(keys, results)}
+    log(json.dumps({"event": "variants judged", "seconds": time.monotonic() - t0, "verdicts": verdicts}))
+    return verdicts
 
 
 def select_tasks(all_tasks, spec: str):
@@ -373,8 +425,17 @@ def parse_args(argv=None):
     p.add_argument("--warmup-frac", type=float, default=0.05)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--max-seconds", type=float, default=float("inf"), help="stop training after this long")
+    p.add_argument("--check-every", type=int, default=0,
+                   help="every this many steps, sample and stop once --target-on-distribution is met (0: never)")
+    p.add_argument("--check-samples", type=int, default=8, help="samples per task in each check")
+    p.add_argument("--target-on-distribution", type=float, default=0.9,
+                   help="share of samples whose code is exactly a trained variant")
     # measuring
+    p.add_argument("--variants-only", action="store_true",
+                   help="only judge the trained variants with the harness (variants.json in --out), no training")
     p.add_argument("--eval-samples", type=int, default=8, help="turn-0 samples per task (0: skip)")
+    p.add_argument("--heldout-samples", type=int, default=4, help="turn-0 samples per held-out task")
     p.add_argument("--eval-temperature", type=float, default=1.0)
     p.add_argument("--eval-batch-rows", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=1024)
@@ -388,7 +449,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    log_path = os.path.join(args.out, "warm_start_log.jsonl")
+    log_path = os.path.join(args.out, "variants_log.jsonl" if args.variants_only else "warm_start_log.jsonl")
     log_file = open(log_path, "w")
 
     def log(line: str) -> None:
@@ -403,6 +464,10 @@ def main(argv=None) -> int:
     for task in train_tasks:  # fail now, not after training, if a variant cannot be made
         for variant in VARIANTS:
             variant_code(task.solutions[args.language], variant)
+    if args.variants_only:
+        with open(os.path.join(args.out, "variants.json"), "w") as f:
+            json.dump(judge_variants(train_tasks, args, log), f, indent=1)
+        return 0
     device = torch.device(args.device)
     tokenizer = build_tokenizer(all_tasks, args.vocab_size, args.max_token_length)
     model = build_model(tokenizer, args)
@@ -414,13 +479,18 @@ def main(argv=None) -> int:
     model.to(torch.float32)
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
-    summary = {"params": n_params, "final_loss": history[-1]["loss"],
-               "train_seconds": history[-1]["seconds"], "tasks": [t.task_id for t in train_tasks],
-               "args": vars(args)}
+    losses = [h for h in history if "loss" in h]
+    summary = {"params": n_params, "final_loss": losses[-1]["loss"], "steps": losses[-1]["step"] + 1,
+               "train_seconds": losses[-1]["seconds"], "tasks": [t.task_id for t in train_tasks],
+               "checks": [h for h in history if "on_distribution" in h], "args": vars(args)}
+    if args.check_samples:
+        summary["final_check"] = on_distribution(model, tokenizer, train_tasks, args)
+        log(json.dumps(dict(summary["final_check"], event="final check")))
     if args.eval_samples > 0:
         summary["train_tasks_eval"] = judge_samples(model, tokenizer, train_tasks, args, device, log)
         if heldout:
-            summary["heldout_eval"] = judge_samples(model, tokenizer, heldout, args, device, log)
+            summary["heldout_eval"] = judge_samples(model, tokenizer, heldout, args, device, log,
+                                                    n=args.heldout_samples)
     with open(os.path.join(args.out, "warm_start.json"), "w") as f:
         json.dump(summary, f, indent=1)
     log(json.dumps({"event": "done", "out": args.out,
