@@ -1675,9 +1675,9 @@ def _build_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dict
     env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
     if device == "cpu" or compiling:
         env["CUDA_VISIBLE_DEVICES"] = ""
-        # every allocation from glibc's heap, never returned: without this a call's large tensors are
-        # fresh mmaps, and its CPU time is page faults that vary with the machine's memory load
-        env.update(MALLOC_MMAP_THRESHOLD_=str(1 << 30), MALLOC_TRIM_THRESHOLD_=str(1 << 62))
+        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
+        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
+        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
     else:
         env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
     if arch:
