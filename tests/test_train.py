@@ -1,0 +1,130 @@
+"""Tests for train.py: one-line refusals of bad input, the FSDP2 gradient over 2 gloo ranks against
+a single process, and an exact resume (timing off, so scores are exact)."""
+import json
+import os
+import shutil
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import grpo
+import rollout
+import train
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
+    for argv, reason in [
+        (["--model", str(tmp_path / "nope")], "no such directory"),
+        (["--task-ids", "builtin/level9/none"], "no training tasks"),
+        (["--temperature", "0"], "--temperature must be > 0"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            train.main(argv + ["--out", str(tmp_path / "out")])
+        message = str(info.value)
+        assert reason in message and "\n" not in message, message
+
+
+def test_tokenizer_without_eos_is_refused(tmp_path):
+    from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    config = train.Config(model=str(tmp_path / "m"))
+    LlamaForCausalLM(LlamaConfig(**train.TINY_MODELS["tiny-llama"])).save_pretrained(config.model)
+    tokenizer = ByT5Tokenizer()
+    tokenizer.save_pretrained(config.model)
+    path = os.path.join(config.model, "tokenizer_config.json")
+    with open(path) as f:
+        saved = json.load(f)
+    saved["eos_token"] = None
+    with open(path, "w") as f:
+        json.dump(saved, f)
+    with pytest.raises(SystemExit, match="has no eos_token_id"):
+        train.load_policy(config)
+
+
+def _sample(prompt, completion, ret):
+    return rollout.Sample("t", 0, 0, prompt, completion, [0] * len(prompt) + [1] * len(completion), None, "",
+                          False, "correct", ret, ret, 0.0, None, "")
+
+
+def _problem():
+    g = torch.Generator().manual_seed(0)
+    samples = [_sample(torch.randint(3, 300, (n,), generator=g).tolist(),
+                       torch.randint(3, 300, (m,), generator=g).tolist(), float(r))
+               for n, m, r in [(5, 3, 1.0), (7, 2, 0.0), (4, 6, 2.0), (6, 4, 0.5)]]
+    return samples, torch.tensor([0.5, -1.0, 1.5, -1.0])
+
+
+def _gradient(model, samples, advantages, total, world):
+    for batch in train.micro_batches(samples, 0, 1 << 20, torch.device("cpu")):
+        logp, mask = train.completion_logprobs(model, batch, temperature=0.7)
+        loss, _ = grpo.policy_loss(logp, logp.detach(), advantages[batch["rows"]], mask,
+                                   max_tokens=8, total=total)
+        (loss * world).backward()
+
+
+def _rank(rank, port, out):
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model, _ = train.load_policy(train.Config())
+        model = train.shard(model, train.Config(), torch.device("cpu"), 2)
+        samples, advantages = _problem()
+        mine = list(range(rank, 4, 2))   # each rank its own rows, Z over all four
+        _gradient(model, [samples[i] for i in mine], advantages[mine], torch.tensor(4.0 * 8), 2)
+        grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) for n, p in model.named_parameters()}
+        if rank == 0:
+            torch.save(grads, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp2_gradient_on_two_gloo_ranks_equals_one_process(tmp_path):
+    torch.manual_seed(0)
+    model, _ = train.load_policy(train.Config())
+    samples, advantages = _problem()
+    _gradient(model, samples, advantages, torch.tensor(4.0 * 8), 1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank, args=(port, str(tmp_path / "g.pt")), nprocs=2)
+    sharded = torch.load(tmp_path / "g.pt")
+    assert any(float(p.grad.abs().max()) > 0 for p in model.parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(sharded[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    # control: without the global Z (each rank normalising by its own rows) the gradient differs
+    model.zero_grad()
+    _gradient(model, samples[:1], advantages[:1], torch.tensor(1.0 * 8), 1)
+    assert not all(torch.allclose(sharded[n], p.grad) for n, p in model.named_parameters())
+
+
+@pytest.mark.slow
+def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path):
+    common = ["--task-ids", "builtin/level1/01_relu", "--tasks-per-step", "1", "--trajectories", "2",
+              "--turns", "1", "--max-new-tokens", "1100", "--no-time-kernels", "--steps", "3",
+              "--keep-checkpoints", "3"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train.main(common + ["--out", str(whole)])
+    # The same run killed after step 2's checkpoint: step 3's checkpoint and metrics never written.
+    shutil.copytree(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000003")
+    shutil.rmtree(cut / "export")
+    with pytest.raises(SystemExit, match="pass --resume"):
+        train.main(common + ["--out", str(cut)])
+    train.main(common + ["--out", str(cut), "--resume"])
+    lines = {name: [json.loads(x) for x in open(d / "metrics.jsonl")] for name, d in (("whole", whole), ("cut", cut))}
+    assert [r["step"] for r in lines["cut"]] == [1, 2, 3]
+    drop = ("seconds_generation", "seconds_evaluation", "seconds_training", "seconds_step")
+    same = [{k: v for k, v in r.items() if k not in drop} for r in lines["whole"]]
+    assert same == [{k: v for k, v in r.items() if k not in drop} for r in lines["cut"]]
+    assert sum(r["status_counts"].get("correct", 0) for r in lines["whole"]) >= 1, lines["whole"]
+    from transformers import AutoModelForCausalLM
+    a = AutoModelForCausalLM.from_pretrained(whole / "export").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(cut / "export").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

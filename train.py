@@ -1,0 +1,513 @@
+"""train.py: multi-turn GRPO that teaches a policy to write fast kernels (Kevin-32B), one step.
+
+    python train.py                                          # smoke preset: tiny model, CPU, C++ kernels
+    torchrun --nproc_per_node=2 train.py --steps 2 --out runs/smoke2                 # 2 CPU ranks, gloo
+    torchrun --nproc_per_node=8 train.py --preset kevin --model /path/to/QwQ-32B \\
+        --tasks /path/to/KernelBench --out runs/kevin                                 # one node, 8 GPUs
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
+        train.py --preset kevin ...                                                   # two nodes
+    python train.py --out runs/smoke --resume                # continue from the last checkpoint
+
+One step, each a line of `main`'s loop you can point at:
+ 1. draw tasks (uniform, or Kimi k1.5's prioritised sampling); rank r takes tasks[r::world], so a
+    task's whole group (G trajectories x T turns) lives on one rank;
+ 2. rollout: G x T attempts per task, judged by kernel_eval -> Samples with discounted returns;
+ 3. advantages: grpo.group_advantages over each task's G*T samples;
+ 4. old log-probs, once, under no_grad, before the first optimizer step;
+ 5. for each of `optimizer_steps` mini-batches: the global normaliser Z (all-reduced), the clipped
+    loss on micro-batches (the same count on every rank), grad-norm clip, AdamW step;
+ 6. metrics gathered from every rank, written by rank 0; a checkpoint every `save_every` steps.
+
+The log-prob contract: the engine samples from softmax(logits / temperature) (top_p = 1 for
+training), and the old and new log-probs of the ratio are computed here from the same
+logits / temperature. Completion.logprobs are not used: oracle answers have none, and vLLM's
+may come from another kernel; a ratio of two different distributions would not start at 1.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import grpo
+import rollout
+import tasks as tasks_module
+
+TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 byte tokenizer
+    "tiny-llama": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768),
+}
+
+
+@dataclass
+class Config:
+    model: str = "tiny-llama"         # HF id, local path, or a TINY_MODELS name
+    tasks: str = "builtin"            # "builtin", a KernelBench checkout, or a .jsonl/.parquet export
+    levels: str = "1,2"
+    task_ids: str = "builtin/level1/01_relu,builtin/level2/06_bias_tanh_multiply"  # "" = all
+    heldout: int = 0                  # tasks held out of training by tasks.split_tasks (Kevin: 20)
+    out: str = "runs/smoke"
+    resume: bool = False
+    steps: int = 2
+    seed: int = 0
+    device: str = "cpu"               # "cpu" (gloo, C++ kernels) or "cuda" (nccl, CUDA kernels)
+    tasks_per_step: int = 2           # Kevin: 8
+    trajectories: int = 4             # G (Kevin: 16)
+    turns: int = 2                    # T (Kevin: 4)
+    max_prompt_tokens: int = 8192
+    max_new_tokens: int = 2048        # Kevin: 16384 ... (smoke: room for an oracle answer in bytes)
+    late_max_new_tokens: int = 0      # ... raised to 22528 (0: never)
+    late_from_step: int = 30          # ... at step 30
+    temperature: float = 1.0          # Kevin: 0.9
+    gamma: float = 0.4
+    return_mode: str = "sum"
+    sampler: str = "uniform"          # or "prioritized" (Kimi k1.5: weight 1 - success rate + floor)
+    priority_floor: float = 0.05
+    oracle_share: float = 0.5         # share of answers replaced by built-in solutions (smoke only)
+    time_kernels: bool = True         # off: correctness only, so scores are exact (tests)
+    lr: float = 1e-4                  # Kevin: 2e-6
+    warmup_frac: float = 0.03
+    weight_decay: float = 0.0
+    grad_clip: float = 0.05
+    optimizer_steps: int = 2
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    aggregation: str = "dr_grpo"
+    scale_by_std: bool = True
+    micro_batch_tokens: int = 16384   # padded tokens per micro-batch
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    save_every: int = 1
+    keep_checkpoints: int = 2
+    dist_timeout_minutes: int = 120   # evaluation between collectives can take many minutes
+
+
+PRESETS = {
+    "smoke": {},
+    "kevin": dict(model="Qwen/QwQ-32B", device="cuda", task_ids="", heldout=20, steps=100, tasks_per_step=8,
+                  trajectories=16, turns=4, max_new_tokens=16384, late_max_new_tokens=22528,
+                  temperature=0.9, oracle_share=0.0, lr=2e-6, micro_batch_tokens=32768,
+                  activation_checkpointing=True, save_every=5),
+}
+
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=None)
+    args = parser.parse_args(argv)
+    values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k != "preset"}}
+    return Config(**values)
+
+
+# ----------------------------------------------------------------------------- setup
+
+def load_policy(config: Config):
+    """(model, tokenizer); every failure is one line that names the problem."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    if config.model in TINY_MODELS:
+        tokenizer = ByT5Tokenizer()
+        model = LlamaForCausalLM(LlamaConfig(**TINY_MODELS[config.model], eos_token_id=tokenizer.eos_token_id,
+                                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None))
+    else:
+        if config.model.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(config.model)):
+            raise SystemExit(f"train.py: --model {config.model}: no such directory")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(config.model)
+            model = AutoModelForCausalLM.from_pretrained(config.model, torch_dtype=torch.float32)
+        except OSError as error:
+            raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
+    model.config.use_cache = False  # the training forward keeps no KV cache
+    return model, tokenizer
+
+
+def load_tasks(config: Config) -> list:
+    levels = tuple(int(x) for x in config.levels.split(","))
+    if config.tasks == "builtin":
+        found = tasks_module.load_builtin(levels=levels)
+    elif config.tasks.endswith(".jsonl"):
+        found = tasks_module.load_jsonl(config.tasks)
+    elif config.tasks.endswith(".parquet"):
+        found = tasks_module.load_parquet(config.tasks)
+    else:
+        found = tasks_module.load_kernelbench(config.tasks, levels=levels)
+    if config.task_ids:
+        wanted = config.task_ids.split(",")
+        found = [t for t in found if t.task_id in wanted]
+    train, _ = tasks_module.split_tasks(found, n_heldout=config.heldout) if found else ([], [])
+    if not train:
+        raise SystemExit(f"train.py: no training tasks (--tasks {config.tasks} --levels {config.levels} "
+                         f"--task-ids '{config.task_ids}' --heldout {config.heldout})")
+    return train
+
+
+def shard(model, config: Config, device: torch.device, world: int):
+    """FSDP2: each decoder layer its own group, then the root (torchtitan's layout)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    mesh = init_device_mesh(device.type, (world,))
+    kwargs = dict(mesh=mesh)
+    if device.type == "cuda":  # bf16 compute, fp32 master weights and gradient reduction
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if config.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if config.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def draw_tasks(train: list, config: Config, step: int, success: dict) -> list:
+    """Seeded by (seed, step), so every rank draws the same tasks and a resumed run redraws them.
+    prioritized: weight 1 - success rate + priority_floor (Kimi k1.5 §2.3.4, curriculum)."""
+    rng = random.Random(f"draw:{config.seed}:{step}")
+    pool = list(train)
+    chosen = []
+    for _ in range(min(config.tasks_per_step, len(pool))):
+        if config.sampler == "prioritized":
+            rates = [success.get(t.task_id, (0, 0)) for t in pool]   # (correct, attempted)
+            weights = [1.0 - done / max(1, tried) + config.priority_floor for done, tried in rates]
+            chosen.append(pool.pop(rng.choices(range(len(pool)), weights)[0]))
+        else:
+            chosen.append(pool.pop(rng.randrange(len(pool))))
+    return chosen
+
+
+def lr_at(optimizer_step: int, total: int, config: Config) -> float:
+    """Constant after a linear warm-up over warmup_frac of all optimizer steps (Kevin: 3%)."""
+    warmup = max(1, round(config.warmup_frac * total))
+    return config.lr * min(1.0, (optimizer_step + 1) / warmup)
+
+
+# ----------------------------------------------------------------------------- the loss
+
+def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(token) under logits / temperature for the positions that can be trained: the LM
+    head runs only from the shortest prompt on (logits_to_keep), never over the whole batch."""
+    start = int(batch["prompt_lens"].min())
+    width = batch["input_ids"].shape[1]
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   logits_to_keep=width - start + 1, use_cache=False).logits[:, :-1]
+    logp = grpo.token_logprobs(logits / temperature, batch["input_ids"][:, start:])
+    return logp, batch["loss_mask"][:, start:]
+
+
+def micro_batches(samples: list, pad_id: int, token_budget: int, device) -> list[dict]:
+    """Samples sorted by length and packed under a padded-token budget (less padding)."""
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
+    groups, current = [], []
+    for i in order:
+        width = len(samples[i].input_ids)
+        if current and width * (len(current) + 1) > token_budget:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    batches = []
+    for rows in groups:
+        batch = rollout.collate_samples([samples[i] for i in rows], pad_id)
+        batch["prompt_lens"] = torch.tensor([len(samples[i].prompt_ids) for i in rows])
+        batch["rows"] = rows
+        batches.append({k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()})
+    return batches
+
+
+def empty_batch(pad_id: int, device) -> dict:
+    """An all-masked row: lets a rank with fewer micro-batches join every FSDP2 collective."""
+    return {"input_ids": torch.full((1, 2), pad_id, device=device), "attention_mask": torch.ones(1, 2, dtype=torch.long, device=device),
+            "loss_mask": torch.zeros(1, 2, dtype=torch.long, device=device), "prompt_lens": torch.tensor([1]), "rows": []}
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(model, optimizer, out: str, step: int, state: dict, rank: int, keep: int) -> None:
+    """Everything into checkpoints/step_N.tmp, then one rename: a checkpoint exists whole or not at all."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    final = os.path.join(out, "checkpoints", f"step_{step:06d}")
+    tmp = final + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    torch.save(rng, os.path.join(tmp, f"rng_rank{rank}.pt"))
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump({**state, "step": step}, f)
+        os.replace(tmp, final)
+        for old in sorted(checkpoints(out))[:-keep]:
+            shutil.rmtree(old)
+    dist.barrier()
+
+
+def checkpoints(out: str) -> list[str]:
+    root = os.path.join(out, "checkpoints")
+    names = sorted(n for n in os.listdir(root) if not n.endswith(".tmp")) if os.path.isdir(root) else []
+    return [os.path.join(root, n) for n in names]
+
+
+def load_checkpoint(model, optimizer, path: str, rank: int) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    rng = torch.load(os.path.join(path, f"rng_rank{rank}.pt"), weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        return json.load(f)
+
+
+def write_metrics(out: str, record: dict, keep_through: int | None = None) -> None:
+    """Append one step's line; with keep_through, first drop lines of steps lost since a checkpoint."""
+    path = os.path.join(out, "metrics.jsonl")
+    if keep_through is not None and os.path.exists(path):
+        with open(path) as f:
+            lines = [line for line in f if json.loads(line)["step"] <= keep_through]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(lines)
+        os.replace(path + ".tmp", path)
+    if record:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def plot_metrics(out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    keys = ["reward_mean", "correct_rate", "best_speedup", "response_tokens_mean", "seconds_step"]
+    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4 * (len(keys) + 1), 3.2))
+    steps = [r["step"] for r in rows]
+    for ax, key in zip(axes, keys):
+        ax.plot(steps, [r[key] for r in rows], marker="o")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    for turn in range(len(rows[-1]["correct_rate_per_turn"])):
+        axes[-1].plot(steps, [r["correct_rate_per_turn"][turn] for r in rows], marker="o", label=f"turn {turn + 1}")
+    axes[-1].set_title("correct rate per turn")
+    axes[-1].legend()
+    fig.tight_layout()
+    os.makedirs(os.path.join(out, "plots"), exist_ok=True)
+    fig.savefig(os.path.join(out, "plots", "tmp.png"))
+    plt.close(fig)
+    os.replace(os.path.join(out, "plots", "tmp.png"), os.path.join(out, "plots", "curves.png"))
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None) -> None:
+    config = parse_config(argv)
+    if config.temperature <= 0:
+        raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train.py: --device cuda but torch sees no CUDA device")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")   # `python train.py` is a world of one
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=config.dist_timeout_minutes))
+    try:
+        train(config, rank, world, local_world, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def train(config: Config, rank: int, world: int, local_world: int, device: torch.device) -> None:
+    import kernel_eval
+    from tqdm import tqdm
+    language = tasks_module.LANGUAGE_FOR_DEVICE[config.device]
+    train_tasks = load_tasks(config)
+    torch.manual_seed(config.seed)   # same initial weights on every rank
+    model, tokenizer = load_policy(config)
+    model = shard(model.to(device), config, device, world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    engine = rollout.HFEngine(model, tokenizer)
+    if config.oracle_share > 0:
+        engine = rollout.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
+                                           language=language, seed=config.seed + rank)
+    clock = {"generation": 0.0, "evaluation": 0.0}
+
+    def timed(fn, key):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                clock[key] += time.perf_counter() - start
+        return wrapper
+    engine.generate = timed(engine.generate, "generation")
+    evaluate = timed(functools.partial(
+        kernel_eval.evaluate_batch, device=str(device) if device.type == "cuda" else "cpu",
+        time_candidate=config.time_kernels,
+        max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), "evaluation")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    total_optimizer_steps = config.steps * config.optimizer_steps
+    start_step, success = 0, {}
+    if rank == 0:
+        os.makedirs(config.out, exist_ok=True)
+        with open(os.path.join(config.out, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(config), f, indent=1)
+    if not config.resume and checkpoints(config.out):
+        raise SystemExit(f"train.py: --out {config.out} holds checkpoints; pass --resume or choose another --out")
+    if config.resume and checkpoints(config.out):
+        state = load_checkpoint(model, optimizer, checkpoints(config.out)[-1], rank)
+        start_step, success = state["step"], {k: tuple(v) for k, v in state["success"].items()}
+        if rank == 0:
+            write_metrics(config.out, {}, keep_through=start_step)
+    elif rank == 0 and os.path.exists(os.path.join(config.out, "metrics.jsonl")):
+        os.remove(os.path.join(config.out, "metrics.jsonl"))
+    if rank == 0:
+        print(f"train.py: {len(train_tasks)} tasks, {world} rank(s) on {device.type}, {language} kernels, model "
+              f"{config.model}" + (f", oracle-mixed engine ({config.oracle_share:.0%} of answers are built-in "
+                                    "solutions)" if config.oracle_share else ""), flush=True)
+
+    for step in tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step, total=config.steps):
+        step_start = time.perf_counter()
+        clock.update(generation=0.0, evaluation=0.0)
+        if isinstance(engine, rollout.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
+            engine.rng.seed(f"oracle-mixed:{config.seed}:{rank}:{step}")
+        # 1. this step's tasks; each task's whole group on one rank
+        my_tasks = draw_tasks(train_tasks, config, step, success)[rank::world]
+        max_new = config.late_max_new_tokens if config.late_max_new_tokens and step >= config.late_from_step else config.max_new_tokens
+        # 2. rollout: generation and judging, no collective inside
+        rollout_config = rollout.RolloutConfig(
+            n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=max_new,
+            max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature,
+            language=language, gamma=config.gamma, return_mode=config.return_mode)
+        samples, _ = rollout.rollout(my_tasks, engine, evaluate, rollout_config) if my_tasks else ([], [])
+        train_start = time.perf_counter()
+        # 3. advantages per task over its G*T samples
+        advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],
+                                           scale_by_std=config.scale_by_std)
+        # 4. old log-probs, once, before any optimizer step changes the weights
+        order = list(range(len(samples)))
+        random.Random(f"minibatch:{config.seed}:{step}:{rank}").shuffle(order)
+        minis = [[samples[i] for i in order[k::config.optimizer_steps]] for k in range(config.optimizer_steps)]
+        mini_advantages = [advantages[order[k::config.optimizer_steps]] for k in range(config.optimizer_steps)]
+        mini_batches = [micro_batches(m, pad_id, config.micro_batch_tokens, device) for m in minis]
+        with torch.no_grad():
+            for batches in mini_batches:
+                for batch in batches:
+                    batch["old_logprobs"] = completion_logprobs(model, batch, config.temperature)[0]
+        # 5. optimizer steps: the global normaliser, the clipped loss, grad clip, AdamW
+        losses, clip_fracs, grad_norms = [], [], []
+        for k, (batches, adv) in enumerate(zip(mini_batches, mini_advantages)):
+            # Z for the whole optimizer step, over every rank's real rows (grpo.loss_denominator)
+            total = sum((grpo.loss_denominator(b["loss_mask"], config.aggregation, max_new).to(device, torch.float32)
+                         for b in batches), torch.zeros((), device=device))
+            n_batches = torch.tensor(len(batches), device=device)
+            dist.all_reduce(total)
+            dist.all_reduce(n_batches, op=dist.ReduceOp.MAX)
+            batches = batches + [empty_batch(pad_id, device) for _ in range(int(n_batches) - len(batches))]
+            step_loss = 0.0
+            for batch in batches:
+                logp, mask = completion_logprobs(model, batch, config.temperature)
+                old = batch["old_logprobs"] if "old_logprobs" in batch else logp.detach()
+                row_adv = adv[batch["rows"]].to(device) if batch["rows"] else torch.zeros(1, device=device)
+                loss, metrics = grpo.policy_loss(logp, old, row_adv, mask, clip_low=config.clip_low,
+                                                 clip_high=config.clip_high, aggregation=config.aggregation,
+                                                 max_tokens=max_new, total=total)
+                # FSDP2 averages gradients over ranks; Z is already global, so undo the average
+                (loss * world).backward()
+                step_loss += metrics["loss"]
+                if metrics["tokens"]:
+                    clip_fracs.append(metrics["clip_frac_low"] + metrics["clip_frac_high"])
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            lr = lr_at(step * config.optimizer_steps + k, total_optimizer_steps, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(step_loss)
+            grad_norms.append(float(grad_norm))
+        train_seconds = time.perf_counter() - train_start
+        # 6. metrics from every rank; rank 0 writes them; a checkpoint
+        mine = [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated) for s in samples]
+        gathered = [None] * world
+        dist.all_gather_object(gathered, (mine, clip_fracs, dict(clock)))
+        rows = [r for part, _, _ in gathered for r in part]
+        for task_id in {r[0] for r in rows}:
+            done, tried = success.get(task_id, (0, 0))
+            mine_rows = [r for r in rows if r[0] == task_id]
+            success[task_id] = (done + sum(r[2] == "correct" for r in mine_rows), tried + len(mine_rows))
+        if rank == 0:
+            all_clips = [c for _, clips, _ in gathered for c in clips]
+            n = max(1, len(rows))
+            record = {
+                "step": step + 1, "reward_mean": sum(r[3] for r in rows) / n,
+                "correct_rate": sum(r[2] == "correct" for r in rows) / n,
+                "correct_rate_per_turn": [sum(r[2] == "correct" for r in rows if r[1] == t) / max(1, sum(r[1] == t for r in rows))
+                                          for t in range(config.turns)],
+                "best_speedup": max((r[4] for r in rows), default=0.0),
+                "status_counts": {s: sum(r[2] == s for r in rows) for s in sorted({r[2] for r in rows})},
+                "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
+                "loss": sum(losses) / len(losses), "clip_fraction": sum(all_clips) / max(1, len(all_clips)),
+                "grad_norm": grad_norms[-1], "lr": lr,
+                "seconds_generation": max(c["generation"] for _, _, c in gathered),
+                "seconds_evaluation": max(c["evaluation"] for _, _, c in gathered),
+                "seconds_training": train_seconds, "seconds_step": time.perf_counter() - step_start}
+            write_metrics(config.out, record)
+            plot_metrics(config.out)
+            tqdm.write(f"step {step + 1}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
+                       f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']}")
+        if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
+            save_checkpoint(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
+    export(model, tokenizer, config.out, rank)
+
+
+def export(model, tokenizer, out: str, rank: int) -> None:
+    """save_pretrained weights and tokenizer that transformers (and vLLM) load back."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        tmp, final = os.path.join(out, "export.tmp"), os.path.join(out, "export")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, state_dict=full)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
