@@ -67,7 +67,7 @@ class Config:
     trajectories: int = 4             # G (Kevin: 16)
     turns: int = 2                    # T (Kevin: 4)
     max_prompt_tokens: int = 8192
-    max_new_tokens: int = 2048        # Kevin: 16384 ... (smoke: room for an oracle answer in bytes)
+    max_new_tokens: int = 2560        # Kevin: 16384 ... (smoke: room for an oracle answer in bytes)
     late_max_new_tokens: int = 0      # ... raised to 22528 (0: never)
     late_from_step: int = 30          # ... at step 30
     temperature: float = 1.0          # Kevin: 0.9
@@ -363,6 +363,12 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     if config.oracle_share > 0:
         engine = rollout.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=language, seed=config.seed + rank)
+        answers = [rollout.ORACLE_RESPONSE.format(code=t.solutions[language].strip("\n"),
+                                                  summary="I used the task's reference solution.") for t in train_tasks]
+        longest = max(len(tokenizer(a, add_special_tokens=False).input_ids) + 1 for a in answers)
+        if longest > config.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
+            raise SystemExit(f"train.py: the longest oracle answer is {longest} tokens; raise --max-new-tokens "
+                             f"above {config.max_new_tokens}")
     clock = {"generation": 0.0, "evaluation": 0.0}
 
     def timed(fn, key):

@@ -21,6 +21,7 @@ def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
         (["--model", str(tmp_path / "nope")], "no such directory"),
         (["--task-ids", "builtin/level9/none"], "no training tasks"),
         (["--temperature", "0"], "--temperature must be > 0"),
+        (["--max-new-tokens", "100"], "longest oracle answer"),
     ]:
         with pytest.raises(SystemExit) as info:
             train.main(argv + ["--out", str(tmp_path / "out")])
