@@ -661,9 +661,11 @@ class OracleMixedEngine:
                  stop: Sequence[str] = ()) -> list[list[Completion]]:
         from_oracle = [[self.rng.random() < self.oracle_share for _ in range(n)] for _ in prompt_token_ids]
         policy_rows = [ids for ids, picks in zip(prompt_token_ids, from_oracle) for pick in picks if not pick]
+        # Called even with no rows: under FSDP2 a generation unshards the model, a collective
+        # every rank must join.
         sampled = iter([group[0] for group in self.policy.generate(
             policy_rows, n=1, max_new_tokens=max_new_tokens, temperature=temperature,
-            top_p=top_p, stop=stop)] if policy_rows else [])
+            top_p=top_p, stop=stop)])
         out = []
         for ids, picks in zip(prompt_token_ids, from_oracle):
             prompt_text = self.tokenizer.decode(ids, skip_special_tokens=True)

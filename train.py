@@ -355,6 +355,9 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     from tqdm import tqdm
     language = tasks_module.LANGUAGE_FOR_DEVICE[config.device]
     train_tasks = load_tasks(config)
+    if min(config.tasks_per_step, len(train_tasks)) < world:  # every rank generates: a collective under FSDP2
+        raise SystemExit(f"train.py: {min(config.tasks_per_step, len(train_tasks))} tasks per step for {world} ranks; "
+                         "each rank needs at least one task")
     torch.manual_seed(config.seed)   # same initial weights on every rank
     model, tokenizer = load_policy(config)
     model = shard(model.to(device), config, device, world)
@@ -429,6 +432,11 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         minis = [[samples[i] for i in order[k::config.optimizer_steps]] for k in range(config.optimizer_steps)]
         mini_advantages = [advantages[order[k::config.optimizer_steps]] for k in range(config.optimizer_steps)]
         mini_batches = [micro_batches(m, pad_id, config.micro_batch_tokens, device) for m in minis]
+        # every rank runs as many forwards as the busiest one: FSDP2's all-gathers are collectives
+        counts = torch.tensor([len(b) for b in mini_batches], device=device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        for batches, n in zip(mini_batches, counts.tolist()):
+            batches += [empty_batch(pad_id, device) for _ in range(n - len(batches))]
         with torch.no_grad():
             for batches in mini_batches:
                 for batch in batches:
@@ -438,15 +446,12 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         for k, (batches, adv) in enumerate(zip(mini_batches, mini_advantages)):
             # Z for the whole optimizer step, over every rank's real rows (grpo.loss_denominator)
             total = sum((grpo.loss_denominator(b["loss_mask"], config.aggregation, max_new).to(device, torch.float32)
-                         for b in batches), torch.zeros((), device=device))
-            n_batches = torch.tensor(len(batches), device=device)
+                         for b in batches if b["rows"]), torch.zeros((), device=device))
             dist.all_reduce(total)
-            dist.all_reduce(n_batches, op=dist.ReduceOp.MAX)
-            batches = batches + [empty_batch(pad_id, device) for _ in range(int(n_batches) - len(batches))]
             step_loss = 0.0
             for batch in batches:
                 logp, mask = completion_logprobs(model, batch, config.temperature)
-                old = batch["old_logprobs"] if "old_logprobs" in batch else logp.detach()
+                old = batch["old_logprobs"]
                 row_adv = adv[batch["rows"]].to(device) if batch["rows"] else torch.zeros(1, device=device)
                 loss, metrics = grpo.policy_loss(logp, old, row_adv, mask, clip_low=config.clip_low,
                                                  clip_high=config.clip_high, aggregation=config.aggregation,
