@@ -565,18 +565,10 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
 
 def load_tasks(args) -> list:
     levels = tuple(int(x) for x in args.levels.split(",")) if args.levels else None
-    if args.tasks == "builtin":
-        found = tasks_module.load_builtin(levels=levels)
-    elif args.tasks.endswith(".jsonl"):
-        found = tasks_module.load_jsonl(args.tasks)
-    elif args.tasks.endswith(".parquet"):
-        found = tasks_module.load_parquet(args.tasks)
-    elif os.path.isdir(args.tasks):
-        found = tasks_module.load_kernelbench(args.tasks, levels=levels or (1, 2))
-    else:
-        raise SystemExit(f"eval: --tasks is 'builtin', a KernelBench checkout, a .jsonl or a .parquet, got {args.tasks!r}")
-    if levels and not args.tasks == "builtin" and not os.path.isdir(args.tasks):
-        found = [t for t in found if t.level in levels]
+    try:
+        found = tasks_module.load_source(args.tasks, levels)
+    except tasks_module.TaskError as error:
+        raise SystemExit(f"eval: --tasks: {error}")
     if args.split != "all":
         train, heldout = tasks_module.split_tasks(found, n_heldout=min(args.n_heldout, len(found)), seed=args.split_seed)
         found = heldout if args.split == "heldout" else train

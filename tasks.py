@@ -274,6 +274,19 @@ def export_parquet(tasks: list[Task], path: str) -> None:
     os.replace(tmp, path)
 
 
+def load_source(source: str, levels=None) -> list[Task]:
+    """Tasks from a `--tasks` argument: "builtin", a .jsonl or .parquet export, or a KernelBench
+    checkout (levels 1 and 2 unless `levels` says otherwise); `levels` filters every source."""
+    if source == "builtin":
+        return load_builtin(levels=levels)
+    if source.endswith((".jsonl", ".parquet")):
+        found = load_jsonl(source) if source.endswith(".jsonl") else load_parquet(source)
+        return [t for t in found if levels is None or t.level in levels]
+    if os.path.isdir(source):
+        return load_kernelbench(source, levels=levels or (1, 2))
+    raise TaskError(f"tasks: {source!r} is not 'builtin', a KernelBench checkout, a .jsonl or a .parquet")
+
+
 # ---------------------------------------------------------------- split
 
 def split_tasks(tasks: list[Task], n_heldout: int = 20, seed: int = 0,

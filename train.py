@@ -142,14 +142,10 @@ def load_policy(config: Config):
 
 def load_tasks(config: Config) -> list:
     levels = tuple(int(x) for x in config.levels.split(","))
-    if config.tasks == "builtin":
-        found = tasks_module.load_builtin(levels=levels)
-    elif config.tasks.endswith(".jsonl"):
-        found = tasks_module.load_jsonl(config.tasks)
-    elif config.tasks.endswith(".parquet"):
-        found = tasks_module.load_parquet(config.tasks)
-    else:
-        found = tasks_module.load_kernelbench(config.tasks, levels=levels)
+    try:
+        found = tasks_module.load_source(config.tasks, levels)
+    except tasks_module.TaskError as error:
+        raise SystemExit(f"train.py: --tasks: {error}")
     if config.task_ids:
         wanted = config.task_ids.split(",")
         found = [t for t in found if t.task_id in wanted]

@@ -203,6 +203,17 @@ def test_jsonl_round_trip(tmp_path):
     assert not any(p.name.startswith(".tmp_") for p in tmp_path.iterdir())
 
 
+def test_load_source_reads_every_kind_and_filters_levels(tmp_path):
+    builtin = tasks.load_source("builtin", levels=(2,))
+    assert builtin and {t.level for t in builtin} == {2}
+    path = tmp_path / "tasks.jsonl"
+    tasks.export_jsonl(tasks.load_builtin(), str(path))
+    assert [t.task_id for t in tasks.load_source(str(path), levels=(2,))] == [t.task_id for t in builtin]
+    assert [t.task_id for t in tasks.load_source(FIXTURE)] == [t.task_id for t in tasks.load_kernelbench(FIXTURE)]
+    with pytest.raises(TaskError, match="not 'builtin', a KernelBench checkout"):
+        tasks.load_source(str(tmp_path / "missing"))
+
+
 def test_jsonl_without_task_id_gets_a_kernelbench_id(tmp_path):
     path = tmp_path / "kb.jsonl"
     path.write_text(json.dumps({"code": GOOD_REFERENCE, "name": "ReLU", "problem_id": 19, "level": 1}) + "\n")
