@@ -79,7 +79,9 @@ How one evaluation runs, and why
 Verdicts: format_error (precheck), compile_error (a compiler diagnostic, trimmed to its first
 error lines), timeout (which phase), runtime_error (exception, crash signal, exit, malformed data
 on the channel, resource limit), incorrect (wrong values/shape/dtype, NaN or Inf, inputs written,
-a torch compute operator in forward, a wrong result from a timed call), correct. A timing
+a torch compute operator in forward, a wrong result from a timed call), correct, and
+reference_error (the task's reference failed to load, run or give outputs: no verdict on the
+candidate at all; never paid, and rollout drops the task). A timing
 cross-check failure keeps "correct" (the outputs were right) but pays no speedup.
 
 Shared state: torch keeps one precompiled header (.gch) per install; kernel_eval rebuilds it only
@@ -127,7 +129,9 @@ from dataclasses import dataclass, field
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
 _process_time = time.process_time  # CPU timing: this process's CPU time (all threads), not wall
 
-STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct")
+STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error")
+# reference_error: the task's reference failed to load, run or produce outputs. The task's fault,
+# not the candidate's: a trainer drops the task's samples (rollout.py), eval.py reports the task.
 TAG_ENV = "KERNEL_EVAL_TAG"
 POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
 
@@ -271,6 +275,46 @@ def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
         picked = lines[-max_lines:]
     out = "\n".join(picked[:max_lines])
     return out if len(out) <= max_chars else out[: max_chars - 3] + "..."
+
+
+# a compiler's position in a generated source: gcc "/x/main.cpp:12:5:", nvcc "/x/cuda.cu(12):"
+# (load_inline's generated files only: a line of torch's headers is never the candidate's)
+_DIAGNOSTIC_AT = re.compile(r"(/[^\s:()]+/(main\.cpp|cuda\.cu))(?::(\d+)(?::(\d+))?|\((\d+)\))")
+
+
+def point_at_source(diagnostics: str, py_src: str) -> str:
+    """Compiler diagnostics with positions in load_inline's generated files (main.cpp, cuda.cu:
+    headers, then the C++/CUDA strings, then bindings) rewritten to the candidate's .py lines:
+    "main.cpp:12:5: error" -> "line 40 (main.cpp:12:5): error". A generated line is found in the
+    .py by its text and its neighbours (a string literal is copied verbatim); a line not found
+    (a string built at run time, the harness's own headers) keeps the generated file's name."""
+    py = [ln.rstrip() for ln in py_src.splitlines()]
+    cache: dict = {}
+
+    def where(path: str, name: str, line: int, col: str | None) -> str:
+        if path not in cache:
+            try:
+                with open(path, errors="replace") as f:
+                    cache[path] = [ln.rstrip() for ln in f.read().splitlines()]
+            except OSError:
+                cache[path] = None
+        generated, at = cache[path], f"{name}:{line}" + (f":{col}" if col else "")
+        if not generated or not 0 < line <= len(generated) or not generated[line - 1].strip():
+            return at
+        best, best_score, tie = None, -1, False
+        for k, text in enumerate(py):
+            if text != generated[line - 1]:
+                continue
+            score = sum(1 for d in range(-3, 4) if 0 <= k + d < len(py) and 0 < line + d <= len(generated)
+                        and py[k + d] == generated[line - 1 + d])
+            best, best_score, tie = (k, score, False) if score > best_score else (best, best_score, tie or score == best_score)
+        return at if best is None or tie else f"line {best + 1} ({at})"
+
+    def rewrite(m: re.Match) -> str:
+        line = m.group(3) or m.group(5)
+        return where(m.group(1), m.group(2), int(line), m.group(4))
+
+    return "\n".join(_DIAGNOSTIC_AT.sub(rewrite, ln) if "/" in ln else ln for ln in diagnostics.splitlines())
 
 
 def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
@@ -1334,6 +1378,25 @@ def _import_source(path: str, module_name: str):
     return module
 
 
+def describe_exception(exc: BaseException, path: str, max_lines: int = 6, max_chars: int = 800) -> str:
+    """A failure of the code in `path` as the policy (and a user) can act on it: the line of that
+    file where it happened and the exception, without the harness's frames or caret lines:
+    "line 12: SyntaxError: invalid syntax: def forward(self x):", "line 30: NameError: ..."."""
+    if isinstance(exc, SyntaxError) and exc.filename == path:
+        text = (exc.text or "").strip()
+        return f"line {exc.lineno}: {type(exc).__name__}: {exc.msg}" + (f": {_cut(text, 200)}" if text else "")
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == path:
+            line = lineno  # the innermost frame in the code's own file
+    lines = [ln.rstrip() for ln in str(exc).splitlines() if ln.strip()]
+    head = (f"line {line}: " if line else "") + type(exc).__name__
+    text = head + (f": {lines[0]}" if lines else "")
+    if len(lines) > 1:  # e.g. a build error raised at load: its first error lines
+        text += "\n" + trim_error("\n".join(lines[1:]), max_lines=max_lines)
+    return _cut(text, max_chars)
+
+
 def _as_list(out) -> list:
     import torch
     if isinstance(out, torch.Tensor):
@@ -1365,7 +1428,9 @@ def _worker_compile(a) -> None:
                                              "rest": total - t_torch - state["build_s"]}})
     except BaseException:  # noqa: BLE001 - any failure of candidate code is a verdict
         if state["build_error"] is not None:
-            _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(state["build_error"])})
+            with open(a.source) as f:
+                diagnostics = point_at_source(state["build_error"], f.read())
+            _child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(diagnostics)})
         else:
             _child_send(a.reply_fd, {"ok": False, "kind": "import",
                                      "message": trim_error(traceback.format_exc())})
@@ -1437,8 +1502,16 @@ def _worker_serve(a) -> None:
         fds = receive_fds(msg["fds"]) if msg.get("fds") else []
         try:
             if cmd == "load":
-                module = _import_source(a.source, "reference_module" if a.mode == "ref" else "candidate_module")
-                cls = getattr(module, "Model" if a.mode == "ref" else "ModelNew")
+                wanted = "Model" if a.mode == "ref" else "ModelNew"
+                try:
+                    module = _import_source(a.source, "reference_module" if a.mode == "ref" else "candidate_module")
+                except BaseException as e:  # noqa: BLE001 - a failed import is a verdict: say where
+                    _child_send(reply, {"error": describe_exception(e, a.source), "phase": "load"})
+                    continue
+                cls = getattr(module, wanted, None)
+                if not isinstance(cls, type):
+                    _child_send(reply, {"error": f"the code defines no class {wanted}", "phase": "load"})
+                    continue
                 _child_send(reply, {"nonce": nonce})
             elif cmd == "init":
                 init = module.get_init_inputs() if a.mode == "ref" else _bytes_to_tensors(payload)
@@ -1516,8 +1589,8 @@ def _worker_serve(a) -> None:
                 _child_send(reply, {"nonce": nonce})
             else:
                 error(cmd or "?", f"unknown command {cmd!r}")
-        except BaseException:  # noqa: BLE001 - candidate failures become a runtime_error verdict
-            error(cmd or "?", traceback.format_exc())
+        except BaseException as e:  # noqa: BLE001 - candidate failures become a runtime_error verdict
+            _child_send(reply, {"error": describe_exception(e, a.source), "phase": cmd or "?"})
             if cuda:
                 return  # CUDA errors are sticky: nothing after this can be trusted
         finally:
@@ -1716,6 +1789,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             # worker's profile (import torch, load_inline's builds, the rest) is diagnostics only
             profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
             record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
+                      "builds": int(msg.get("builds") or 0),  # 0: nothing was compiled (e.g. an empty file)
                       "torch_preloaded": msg.get("torch_preloaded") is True,
                       "profile": {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}}
         elif msg.get("kind") == "build":
@@ -1743,6 +1817,16 @@ class _Failure(Exception):
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status, self.message = status, message
+
+
+def _reference_failure(f: _Failure) -> _Failure:
+    """The trusted reference failed (load, init, inputs, outputs, its timed calls): the task's
+    fault, whatever the candidate is, so no candidate is judged (or paid 0) for it. Caveat: the
+    candidate runs with the harness's uid and could kill the reference worker during timing; that
+    buys it no reward (reference_error pays nothing) but does cancel its task's group."""
+    if f.status == "reference_error":
+        return f
+    return _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
 
 
 def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
@@ -1830,7 +1914,7 @@ class _ReferenceSession:
             _, self.init_bytes = _ask(self.worker, "reference", "init", cfg.load_timeout_s,
                                       {"cmd": "init", "seed": self.init_seed})
         except _Failure as f:
-            self.failure = _Failure(f.status, f.message)
+            self.failure = _reference_failure(f)
             self._stop()
 
     def ready(self) -> None:
@@ -1853,7 +1937,7 @@ class _ReferenceSession:
                 self.out_bytes = reply["out_bytes"]
                 self.generated = True
             except _Failure as f:
-                self.failure = _Failure(f.status, f.message)
+                self.failure = _reference_failure(f)
                 self._stop()
                 raise self.failure from None
 
@@ -1865,7 +1949,7 @@ class _ReferenceSession:
             try:
                 return _ask(self.worker, "reference", "time", self.cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0]
             except _Failure as f:
-                self.failure = _Failure(f.status, f.message)
+                self.failure = _reference_failure(f)
                 self._stop()
                 raise self.failure from None
 
@@ -2072,7 +2156,8 @@ def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
     if compile_record["status"] == "timeout":
         result.status, result.message = "timeout", compile_record["message"]
         return result
-    result.compiled = compile_record["status"] == "ok"
+    # cached records from before "builds" was kept count as built
+    result.compiled = compile_record["status"] == "ok" and compile_record.get("builds", 1) > 0
     try:
         _run(session, cand, device, cfg, result)
         result.compiled = True

@@ -18,6 +18,12 @@ and after the last turn every trajectory gets discounted returns (Kevin: gamma 0
 Every (trajectory, turn) is its own `Sample`; the task id is the GRPO group key, so grpo.py
 normalises advantages over all G*T samples of a task (Kevin-32B blog, "multi-turn training").
 
+A task whose reference fails in the harness (status "reference_error": it does not load, run or
+give outputs) says nothing about the policy: its candidates are not judged again in later turns,
+and none of its samples is returned (a group of zeros would teach the policy that every answer to
+that task is bad). Each turn's stats list such tasks under "reference_error_tasks"; `on_turn`
+still sees their samples, with that status, so eval.py can report the task.
+
 Token ids are kept end to end: the prompt is rendered with the tokenizer's chat template and
 tokenised once; the completion is the ids exactly as sampled, decoded only to read the text,
 never re-tokenised. `loss_mask` is 1 on sampled tokens only (the EOS that ended a completion
@@ -713,6 +719,9 @@ class _Trajectory:
     turns: list[_Turn] = field(default_factory=list)
 
 
+REFERENCE_ERROR = "reference_error"  # kernel_eval's status for a task whose own reference failed
+
+
 def _field(result, name: str, default=None):
     if isinstance(result, dict):
         return result.get(name, default)
@@ -751,6 +760,7 @@ def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[s
     if start_turn < 0:
         raise ValueError(f"rollout: start_turn must be >= 0, got {start_turn}")
     stats = []
+    broken: set[int] = set()  # indexes of tasks whose reference failed (reference_error)
     for turn in range(config.n_turns):
         prompt_ids = [engine.encode_prompt(summarize.build_prompt(
             tasks[tr.task_index].reference_src, tr.history, language=config.language,
@@ -759,17 +769,22 @@ def rollout(tasks: Sequence[Any], engine, evaluate_batch: Callable[[list[tuple[s
         # Fresh trajectories of a task share their first prompt; continued ones need not.
         shared_prompt = turn == 0 and histories is None
         completions = _generate_turn(engine, prompt_ids, shared_prompt, config)
-        turns = _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config)
+        turns = _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config,
+                            broken)
         for trajectory, record in zip(trajectories, turns):
             trajectory.turns.append(record)
             trajectory.history.append(summarize.Attempt(
                 code=record.code or "", summary=record.summary, feedback=record.feedback))
-        stats.append(turn_stats(start_turn + turn, turns))
+            if record.status == REFERENCE_ERROR:
+                broken.add(trajectory.task_index)
+        stats.append(dict(turn_stats(start_turn + turn, turns),
+                          reference_error_tasks=sorted(tasks[i].task_id for i in broken)))
         if on_turn is not None:
             on_turn(start_turn + turn, [
                 _sample(tasks[tr.task_index].task_id, tr.index, start_turn + turn, record,
                         float("nan"), config) for tr, record in zip(trajectories, turns)])
-    return _samples(tasks, trajectories, config, start_turn), stats
+    kept = [tr for tr in trajectories if tr.task_index not in broken]
+    return _samples(tasks, kept, config, start_turn), stats
 
 
 def _generate_turn(engine, prompt_ids, shared_prompt, config) -> list[Completion]:
@@ -784,12 +799,18 @@ def _generate_turn(engine, prompt_ids, shared_prompt, config) -> list[Completion
     return [group[0] for group in engine.generate(prompt_ids, n=1, **kwargs)]
 
 
-def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config) -> list[_Turn]:
+def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config,
+                broken: set[int] = frozenset()) -> list[_Turn]:
     thinking_open = getattr(engine, "prompt_opens_thinking", False)
     parsed = [summarize.parse_response(c.text, thinking_open) for c in completions]
     rejections: list[str | None] = []
     pairs, pair_rows = [], []
+    results: list[Any] = [None] * len(completions)
     for row, (tr, p) in enumerate(zip(trajectories, parsed)):
+        if tr.task_index in broken:  # its reference failed in an earlier turn: not judged again
+            rejections.append(None)
+            results[row] = {"status": REFERENCE_ERROR, "message": "the task's reference failed in an earlier turn"}
+            continue
         reason = p.error or (None if p.code else "no code in the response")
         if reason is None:
             reason = rewards.check_format(p.code, config.language)
@@ -797,7 +818,6 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
         if reason is None:
             pairs.append((tasks[tr.task_index].reference_src, p.code))
             pair_rows.append(row)
-    results: list[Any] = [None] * len(completions)
     if pairs:
         verdicts = evaluate_batch(pairs)
         if len(verdicts) != len(pairs):
@@ -815,8 +835,8 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                                message=rejections[row]))
             continue
         result = results[row]
-        score = rewards.kernel_score(result, correctness_weight=config.correctness_weight,
-                                     speedup_cap=config.speedup_cap)
+        score = 0.0 if _field(result, "status") == REFERENCE_ERROR else rewards.kernel_score(
+            result, correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap)
         turns.append(_Turn(prompt_ids[row], completion, _field(result, "status"), score,
                            float(_field(result, "speedup", 0.0) or 0.0), parsed[row].code,
                            parsed[row].summary or "", summarize.feedback(result), expected,

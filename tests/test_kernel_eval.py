@@ -915,12 +915,16 @@ def test_cuda_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_roo
     assert result.status == "correct", result.message
 
 
-BROKEN_CPP = '''
+BROKEN_CPP = """
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
-ext = load_inline(name="ext", cpp_sources="torch::Tensor f(torch::Tensor x) { return undefined_thing(x); }",
-                  functions=["f"])
+source = '''
+torch::Tensor f(torch::Tensor x) {
+    return undefined_thing(x);
+}
+'''
+ext = load_inline(name="ext", cpp_sources=source, functions=["f"])
 
 
 class ModelNew(nn.Module):
@@ -929,7 +933,7 @@ class ModelNew(nn.Module):
 
     def forward(self, x):
         return ext.f(x)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -938,5 +942,68 @@ def test_compile_error_is_trimmed_and_cached(cache_root):
     assert result.status == "compile_error" and not result.compiled and result.speedup == 0.0
     assert "undefined_thing" in result.message and "was not declared" in result.message
     assert len(result.message.splitlines()) <= 14 and "c++ -MMD" not in result.message
+    # gcc's position is rewritten to the line of the candidate's .py file that holds it
+    assert "line 8 (main.cpp:" in result.message, result.message
     again = ke._compile(BROKEN_CPP, "cpu", "", ke.EvalConfig(cache_root=cache_root))
     assert again["status"] == "compile_error" and again["cached"]
+
+
+def test_point_at_source_maps_generated_lines_to_the_candidates_file(tmp_path):
+    build = tmp_path / "build" / "abc"
+    build.mkdir(parents=True)
+    (build / "main.cpp").write_text("#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x) {\n"
+                                    "    return undefined_thing(x);\n}\n// bindings\n")
+    py = 'import torch\nsrc = """\ntorch::Tensor f(torch::Tensor x) {\n    return undefined_thing(x);\n}\n"""\n'
+    diag = (f"{build}/main.cpp:3:12: error: 'undefined_thing' was not declared in this scope\n"
+            f"{build}/main.cpp:1:10: fatal error: no such header\n"
+            f"{build}/cuda.cu(7): error: identifier is undefined\n"
+            "/usr/include/torch/x.h:3:1: note: a header's own line is left alone")
+    out = ke.point_at_source(diag, py).splitlines()
+    assert out[0] == "line 4 (main.cpp:3:12): error: 'undefined_thing' was not declared in this scope"
+    assert out[1] == "main.cpp:1:10: fatal error: no such header"  # the harness's header: no .py line
+    assert out[2] == "cuda.cu:7: error: identifier is undefined"  # no such generated file here
+    assert out[3] == "/usr/include/torch/x.h:3:1: note: a header's own line is left alone"
+
+
+def test_describe_exception_gives_the_line_in_the_code_and_no_harness_frames(tmp_path):
+    path = tmp_path / "cand.py"
+    path.write_text("import torch\n\ndef f():\n    return undefined_name\n\nf()\n")
+    with pytest.raises(NameError) as info:
+        exec(compile(path.read_text(), str(path), "exec"), {})
+    assert ke.describe_exception(info.value, str(path)) == "line 4: NameError: name 'undefined_name' is not defined"
+    path.write_text("class ModelNew:\n    def forward(self x):\n        pass\n")
+    with pytest.raises(SyntaxError) as info:
+        compile(path.read_text(), str(path), "exec")
+    message = ke.describe_exception(info.value, str(path))
+    assert message.startswith("line 2: SyntaxError: ") and message.endswith(": def forward(self x):")
+    assert "^" not in message and "\n" not in message
+
+
+PLAIN_CANDIDATE = ("import torch\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale):\n"
+                   "        super().__init__()\n\n    def forward(self, x):\n        return x\n")
+
+
+def test_load_errors_and_broken_references_get_their_own_exact_verdicts(tmp_path):
+    # no compile: candidates without a kernel (no precheck here), references that are not tasks.
+    # A broken reference is the task's fault: "reference_error", never the candidate's runtime_error.
+    broken_forward = REFERENCE.replace("return torch.relu(x) * self.scale + x", "return x @ undefined_matrix")
+    pairs = [
+        (REFERENCE, "import torch\n\nclass ModelNew(torch.nn.Module:\n    pass\n"),  # syntax error, line 3
+        (REFERENCE, ""),  # empty file
+        (REFERENCE, "import torch\n\nclass Model(torch.nn.Module):\n    pass\n"),  # no ModelNew
+        (REFERENCE, "import torch\n\nx = 1\nraise ValueError('bad setup')\n"),  # raises at import
+        ("import torch\n\nprint('not a task')\n", PLAIN_CANDIDATE),  # reference without Model
+        (broken_forward, PLAIN_CANDIDATE),  # reference whose forward fails
+    ]
+    results = ke.evaluate_batch(pairs, device="cpu", cache_root=str(tmp_path), **FAST)
+    got = [(r.status, r.compiled, r.correct, r.speedup, r.message) for r in results]
+    assert got[0][:4] == ("runtime_error", False, False, 0.0), got[0]
+    assert got[0][4].startswith("candidate failed during load: line 3: SyntaxError: "), got[0]
+    assert got[0][4].endswith(": class ModelNew(torch.nn.Module:") and "^" not in got[0][4], got[0]
+    no_class = ("runtime_error", False, False, 0.0, "candidate failed during load: the code defines no class ModelNew")
+    assert got[1] == no_class and got[2] == no_class, got[1:3]
+    assert got[3] == ("runtime_error", False, False, 0.0, "candidate failed during load: line 4: ValueError: bad setup")
+    assert got[4] == ("reference_error", False, False, 0.0, "the task's fault, not the candidate's: "
+                      "reference failed during load: the code defines no class Model"), got[4]
+    assert got[5] == ("reference_error", False, False, 0.0, "the task's fault, not the candidate's: "
+                      "reference failed during check: line 15: NameError: name 'undefined_matrix' is not defined"), got[5]

@@ -442,6 +442,33 @@ def test_rollout_samples_prompts_returns_and_stats(tokenizer):
     assert stats[2]["best_speedup"] == 2.0 and stats[2]["correct_rate"] == 1.0
 
 
+def test_rollout_drops_a_task_whose_reference_failed_and_reports_it(tokenizer):
+    # Task B's reference fails in the harness at turn 0 (kernel_eval's "reference_error"): its
+    # candidates are not judged again, none of its samples is trained on (a group of zeros would
+    # teach the policy that every answer to B is bad), the stats name it, on_turn still shows it.
+    script = {}
+    for task in "AB":
+        for g in range(2):
+            for t in range(2):
+                script[(task, g, t)] = response("Okay.", kernel(f"{task}{g}{t}"), f"summary {task}{g}{t}")
+    verdicts = {f"A{g}{t}": ("correct", 1.0) for g in range(2) for t in range(2)}
+    verdicts.update({f"B{g}{t}": ("reference_error", 0.0) for g in range(2) for t in range(2)})
+    engine = ScriptedEngine(tokenizer, script)
+    evaluate_batch, batches = fake_evaluator(verdicts)
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    seen = []
+    samples, stats = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config,
+                                     on_turn=lambda turn, ss: seen.extend(ss))
+    assert {s.task_id for s in samples} == {"t/a"} and len(samples) == 2 * 2
+    assert [len(b) for b in batches] == [4, 2]  # turn 1 does not send B's candidates again
+    assert [st["reference_error_tasks"] for st in stats] == [["t/b"], ["t/b"]]
+    assert stats[0]["status_counts"] == {"correct": 2, "reference_error": 2}
+    b_seen = [s for s in seen if s.task_id == "t/b"]
+    assert len(b_seen) == 4 and all(s.status == "reference_error" and s.score == 0.0 for s in b_seen)
+    assert "reference failed" in b_seen[0].feedback
+
+
 def test_rollout_keeps_truncated_completions_and_collates_without_masking_by_pad(tokenizer):
     script = {(t, k, turn): response("Okay, " + "long " * 40, kernel(f"{t}{k}{turn}"), "s")
               for t in "AB" for k in range(2) for turn in range(2)}
