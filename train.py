@@ -30,10 +30,8 @@ import dataclasses
 import datetime
 import functools
 import json
-import math
 import os
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+import checkpoint
 import grpo
 import rollout
 import tasks as tasks_module
@@ -62,7 +61,7 @@ class Config:
     resume: bool = False
     steps: int = 2
     seed: int = 0
-    device: str = "cpu"               # "cpu" (gloo, C++ kernels) or "cuda" (nccl, CUDA kernels)
+    device: str = "auto"              # "cpu" (gloo, C++ kernels), "cuda" (nccl, CUDA kernels); auto: cuda if present
     tasks_per_step: int = 2           # Kevin: 8
     trajectories: int = 4             # G (Kevin: 16)
     turns: int = 2                    # T (Kevin: 4)
@@ -131,7 +130,7 @@ def load_policy(config: Config):
             raise SystemExit(f"train.py: --model {config.model}: no such directory")
         try:
             tokenizer = AutoTokenizer.from_pretrained(config.model)
-            model = AutoModelForCausalLM.from_pretrained(config.model, torch_dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
         except OSError as error:
             raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
     if tokenizer.eos_token_id is None:
@@ -167,7 +166,10 @@ def shard(model, config: Config, device: torch.device, world: int):
     if config.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     if config.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x renamed it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in model.model.layers:
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -236,67 +238,80 @@ def empty_batch(pad_id: int, device) -> dict:
             "loss_mask": torch.zeros(1, 2, dtype=torch.long, device=device), "prompt_lens": torch.tensor([1]), "rows": []}
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-def save_checkpoint(model, optimizer, out: str, step: int, state: dict, rank: int, keep: int) -> None:
-    """Everything into checkpoints/step_N.tmp, then one rename: a checkpoint exists whole or not at all."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    final = os.path.join(out, "checkpoints", f"step_{step:06d}")
-    tmp = final + ".tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
-    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
-           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
-    torch.save(rng, os.path.join(tmp, f"rng_rank{rank}.pt"))
-    dist.barrier()
-    if rank == 0:
-        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-            json.dump({**state, "step": step}, f)
-        os.replace(tmp, final)
-        for old in sorted(checkpoints(out))[:-keep]:
-            shutil.rmtree(old)
-    dist.barrier()
-
-
-def checkpoints(out: str) -> list[str]:
-    root = os.path.join(out, "checkpoints")
-    names = sorted(n for n in os.listdir(root) if not n.endswith(".tmp")) if os.path.isdir(root) else []
-    return [os.path.join(root, n) for n in names]
-
-
-def load_checkpoint(model, optimizer, path: str, rank: int) -> dict:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    rng = torch.load(os.path.join(path, f"rng_rank{rank}.pt"), weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if rng["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    with open(os.path.join(path, "trainer_state.json")) as f:
-        return json.load(f)
+def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config, step: int, max_new: int,
+           pad_id: int, device, world: int) -> dict:
+    """Steps 4 and 5: old log-probs, then `optimizer_steps` clipped-loss updates on this batch."""
+    order = list(range(len(samples)))
+    random.Random(f"minibatch:{config.seed}:{step}:{dist.get_rank()}").shuffle(order)
+    minis = [order[k::config.optimizer_steps] for k in range(config.optimizer_steps)]
+    mini_batches = [micro_batches([samples[i] for i in rows], pad_id, config.micro_batch_tokens, device) for rows in minis]
+    # every rank runs as many forwards as the busiest one: FSDP2's all-gathers are collectives
+    counts = torch.tensor([len(b) for b in mini_batches], device=device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    for batches, n in zip(mini_batches, counts.tolist()):
+        batches += [empty_batch(pad_id, device) for _ in range(n - len(batches))]
+    # 4. old log-probs, once, before any optimizer step changes the weights
+    with torch.no_grad():
+        for batch in (b for batches in mini_batches for b in batches):
+            batch["old_logprobs"] = completion_logprobs(model, batch, config.temperature)[0]
+    out = {"loss": [], "clip_fraction": [], "grad_norm": []}
+    for k, (batches, rows) in enumerate(zip(mini_batches, minis)):
+        # 5a. the global normaliser Z of this optimizer step, over every rank's real rows
+        total = sum((grpo.loss_denominator(b["loss_mask"], config.aggregation, max_new).to(device, torch.float32)
+                     for b in batches if b["rows"]), torch.zeros((), device=device))
+        dist.all_reduce(total)
+        step_loss = 0.0
+        for batch in batches:
+            logp, mask = completion_logprobs(model, batch, config.temperature)
+            row_adv = advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"] else torch.zeros(1, device=device)
+            # 5b. the clipped loss (grpo.policy_loss), normalised by the global Z
+            loss, metrics = grpo.policy_loss(logp, batch["old_logprobs"], row_adv, mask, clip_low=config.clip_low,
+                                             clip_high=config.clip_high, aggregation=config.aggregation,
+                                             max_tokens=max_new, total=total)
+            (loss * world).backward()   # FSDP2 averages gradients over ranks; Z is already global
+            step_loss += metrics["loss"]
+            if metrics["tokens"]:
+                out["clip_fraction"].append(metrics["clip_frac_low"] + metrics["clip_frac_high"])
+        # 5c. grad-norm clip, the lr schedule, the optimizer step
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        out["lr"] = lr_at(step * config.optimizer_steps + k, config.steps * config.optimizer_steps, config)
+        for group in optimizer.param_groups:
+            group["lr"] = out["lr"]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        out["loss"].append(step_loss)
+        out["grad_norm"].append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
+    return out
 
 
-def write_metrics(out: str, record: dict, keep_through: int | None = None) -> None:
-    """Append one step's line; with keep_through, first drop lines of steps lost since a checkpoint."""
-    path = os.path.join(out, "metrics.jsonl")
-    if keep_through is not None and os.path.exists(path):
-        with open(path) as f:
-            lines = [line for line in f if json.loads(line)["step"] <= keep_through]
-        with open(path + ".tmp", "w") as f:
-            f.writelines(lines)
-        os.replace(path + ".tmp", path)
-    if record:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+def forward_flops(layer_params: int, model_config, samples: list) -> float:
+    """Model flops of one forward over the samples (a backward is twice that): 2 x decoder-layer
+    parameters per token, 2 x d x vocab per trained token for the LM head, 2 x layers x d x s^2
+    for causal attention (QK^T and AV, half the square)."""
+    d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
+    return sum(2.0 * layer_params * len(s.input_ids) + 2.0 * d * vocab * len(s.completion_ids)
+               + 2.0 * layers * d * len(s.input_ids) ** 2 for s in samples)
+
+
+def step_record(step: int, ranks: list[dict], update_out: dict, config: Config) -> dict:
+    """One metrics.jsonl line from every rank's sample rows, clip fractions, clocks, flops and turn stats."""
+    rows = [r for part in ranks for r in part["rows"]]
+    clips = [c for part in ranks for c in part["clips"]]
+    turns = [t for part in ranks for t in part["turn_stats"]]
+    n = max(1, len(rows))
+    per_turn = [[r for r in rows if r[1] == t] for t in range(config.turns)]
+    return {"step": step + 1, "reward_mean": sum(r[3] for r in rows) / n,
+            "correct_rate": sum(r[2] == "correct" for r in rows) / n,
+            "correct_rate_per_turn": [sum(r[2] == "correct" for r in t) / max(1, len(t)) for t in per_turn],
+            "best_speedup": max((r[4] for r in rows), default=0.0),
+            "status_counts": {s: sum(r[2] == s for r in rows) for s in sorted({r[2] for r in rows})},
+            "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
+            "not_okay_ratio": sum(t["not_okay_ratio"] * t["n"] for t in turns) / max(1, sum(t["n"] for t in turns)),
+            "loss": sum(update_out["loss"]) / len(update_out["loss"]),
+            "clip_fraction": sum(clips) / max(1, len(clips)),
+            "grad_norm": update_out["grad_norm"][-1], "lr": update_out["lr"],
+            "train_flops": sum(part["flops"] for part in ranks),
+            **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
 
 
 def plot_metrics(out: str) -> None:
@@ -329,8 +344,12 @@ def main(argv=None) -> None:
     config = parse_config(argv)
     if config.temperature <= 0:
         raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
+    if config.device == "auto":
+        config.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if config.device not in tasks_module.LANGUAGE_FOR_DEVICE:
+        raise SystemExit(f"train.py: --device {config.device}: choose cpu, cuda or auto")
     if config.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("train.py: --device cuda but torch sees no CUDA device")
+        raise SystemExit("train.py: --device cuda but torch sees no CUDA device; pass --device cpu")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")   # `python train.py` is a world of one
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -356,6 +375,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
                          "each rank needs at least one task")
     torch.manual_seed(config.seed)   # same initial weights on every rank
     model, tokenizer = load_policy(config)
+    layer_params = sum(p.numel() for p in model.model.layers.parameters())
     model = shard(model.to(device), config, device, world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     engine = rollout.HFEngine(model, tokenizer)
@@ -368,7 +388,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         if longest > config.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
             raise SystemExit(f"train.py: the longest oracle answer is {longest} tokens; raise --max-new-tokens "
                              f"above {config.max_new_tokens}")
-    clock = {"generation": 0.0, "evaluation": 0.0}
+    clock = {}
 
     def timed(fn, key):
         def wrapper(*args, **kwargs):
@@ -384,19 +404,18 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         time_candidate=config.time_kernels,
         max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), "evaluation")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    total_optimizer_steps = config.steps * config.optimizer_steps
     start_step, success = 0, {}
     if rank == 0:
         os.makedirs(config.out, exist_ok=True)
         with open(os.path.join(config.out, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(config), f, indent=1)
-    if not config.resume and checkpoints(config.out):
+    if not config.resume and checkpoint.complete(config.out):
         raise SystemExit(f"train.py: --out {config.out} holds checkpoints; pass --resume or choose another --out")
-    if config.resume and checkpoints(config.out):
-        state = load_checkpoint(model, optimizer, checkpoints(config.out)[-1], rank)
+    if config.resume and checkpoint.complete(config.out):
+        state = checkpoint.load(model, optimizer, checkpoint.complete(config.out)[-1], rank)
         start_step, success = state["step"], {k: tuple(v) for k, v in state["success"].items()}
         if rank == 0:
-            write_metrics(config.out, {}, keep_through=start_step)
+            checkpoint.write_metrics(config.out, {}, keep_through=start_step)
     elif rank == 0 and os.path.exists(os.path.join(config.out, "metrics.jsonl")):
         os.remove(os.path.join(config.out, "metrics.jsonl"))
     if rank == 0:
@@ -417,103 +436,36 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=max_new,
             max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature,
             language=language, gamma=config.gamma, return_mode=config.return_mode)
-        samples, _ = rollout.rollout(my_tasks, engine, evaluate, rollout_config) if my_tasks else ([], [])
+        samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, rollout_config)
         train_start = time.perf_counter()
         # 3. advantages per task over its G*T samples
         advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],
                                            scale_by_std=config.scale_by_std)
-        # 4. old log-probs, once, before any optimizer step changes the weights
-        order = list(range(len(samples)))
-        random.Random(f"minibatch:{config.seed}:{step}:{rank}").shuffle(order)
-        minis = [[samples[i] for i in order[k::config.optimizer_steps]] for k in range(config.optimizer_steps)]
-        mini_advantages = [advantages[order[k::config.optimizer_steps]] for k in range(config.optimizer_steps)]
-        mini_batches = [micro_batches(m, pad_id, config.micro_batch_tokens, device) for m in minis]
-        # every rank runs as many forwards as the busiest one: FSDP2's all-gathers are collectives
-        counts = torch.tensor([len(b) for b in mini_batches], device=device)
-        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-        for batches, n in zip(mini_batches, counts.tolist()):
-            batches += [empty_batch(pad_id, device) for _ in range(n - len(batches))]
-        with torch.no_grad():
-            for batches in mini_batches:
-                for batch in batches:
-                    batch["old_logprobs"] = completion_logprobs(model, batch, config.temperature)[0]
-        # 5. optimizer steps: the global normaliser, the clipped loss, grad clip, AdamW
-        losses, clip_fracs, grad_norms = [], [], []
-        for k, (batches, adv) in enumerate(zip(mini_batches, mini_advantages)):
-            # Z for the whole optimizer step, over every rank's real rows (grpo.loss_denominator)
-            total = sum((grpo.loss_denominator(b["loss_mask"], config.aggregation, max_new).to(device, torch.float32)
-                         for b in batches if b["rows"]), torch.zeros((), device=device))
-            dist.all_reduce(total)
-            step_loss = 0.0
-            for batch in batches:
-                logp, mask = completion_logprobs(model, batch, config.temperature)
-                old = batch["old_logprobs"]
-                row_adv = adv[batch["rows"]].to(device) if batch["rows"] else torch.zeros(1, device=device)
-                loss, metrics = grpo.policy_loss(logp, old, row_adv, mask, clip_low=config.clip_low,
-                                                 clip_high=config.clip_high, aggregation=config.aggregation,
-                                                 max_tokens=max_new, total=total)
-                # FSDP2 averages gradients over ranks; Z is already global, so undo the average
-                (loss * world).backward()
-                step_loss += metrics["loss"]
-                if metrics["tokens"]:
-                    clip_fracs.append(metrics["clip_frac_low"] + metrics["clip_frac_high"])
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            lr = lr_at(step * config.optimizer_steps + k, total_optimizer_steps, config)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(step_loss)
-            grad_norms.append(float(grad_norm))
-        train_seconds = time.perf_counter() - train_start
-        # 6. metrics from every rank; rank 0 writes them; a checkpoint
-        mine = [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated) for s in samples]
+        # 4-5. old log-probs, then optimizer steps (global Z, clipped loss, grad clip, AdamW)
+        update_out = update(model, optimizer, samples, advantages, config, step, max_new, pad_id, device, world)
+        clock["training"] = time.perf_counter() - train_start
+        # 6. metrics from every rank, written by rank 0; a checkpoint
+        mine = {"rows": [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated)
+                         for s in samples],
+                "clips": update_out["clip_fraction"], "clock": dict(clock), "turn_stats": turn_stats,
+                # the old log-probs' forward, then forward + backward (2x) in the update
+                "flops": 4 * forward_flops(layer_params, model.config, samples)}
         gathered = [None] * world
-        dist.all_gather_object(gathered, (mine, clip_fracs, dict(clock)))
-        rows = [r for part, _, _ in gathered for r in part]
-        for task_id in {r[0] for r in rows}:
+        dist.all_gather_object(gathered, mine)
+        for task_id, turn, status, *_ in (r for part in gathered for r in part["rows"]):
             done, tried = success.get(task_id, (0, 0))
-            mine_rows = [r for r in rows if r[0] == task_id]
-            success[task_id] = (done + sum(r[2] == "correct" for r in mine_rows), tried + len(mine_rows))
+            success[task_id] = (done + (status == "correct"), tried + 1)
         if rank == 0:
-            all_clips = [c for _, clips, _ in gathered for c in clips]
-            n = max(1, len(rows))
-            record = {
-                "step": step + 1, "reward_mean": sum(r[3] for r in rows) / n,
-                "correct_rate": sum(r[2] == "correct" for r in rows) / n,
-                "correct_rate_per_turn": [sum(r[2] == "correct" for r in rows if r[1] == t) / max(1, sum(r[1] == t for r in rows))
-                                          for t in range(config.turns)],
-                "best_speedup": max((r[4] for r in rows), default=0.0),
-                "status_counts": {s: sum(r[2] == s for r in rows) for s in sorted({r[2] for r in rows})},
-                "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
-                "loss": sum(losses) / len(losses), "clip_fraction": sum(all_clips) / max(1, len(all_clips)),
-                "grad_norm": grad_norms[-1], "lr": lr,
-                "seconds_generation": max(c["generation"] for _, _, c in gathered),
-                "seconds_evaluation": max(c["evaluation"] for _, _, c in gathered),
-                "seconds_training": train_seconds, "seconds_step": time.perf_counter() - step_start}
-            write_metrics(config.out, record)
+            record = step_record(step, gathered, update_out, config)
+            record["seconds_step"] = time.perf_counter() - step_start
+            checkpoint.write_metrics(config.out, record)
             plot_metrics(config.out)
             tqdm.write(f"step {step + 1}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
-                       f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']}")
+                       f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
+                       f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-            save_checkpoint(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
-    export(model, tokenizer, config.out, rank)
-
-
-def export(model, tokenizer, out: str, rank: int) -> None:
-    """save_pretrained weights and tokenizer that transformers (and vLLM) load back."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        tmp, final = os.path.join(out, "export.tmp"), os.path.join(out, "export")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=full)
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-    dist.barrier()
+            checkpoint.save(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
+    checkpoint.export(model, tokenizer, config.out, rank)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,108 @@
+"""checkpoint.py: a training run's out directory survives a kill -9 at any moment.
+
+What a run writes, and why each write cannot be half done:
+
+- checkpoints/step_N: torch.distributed.checkpoint (DCP) shards of the model and optimizer from
+  every rank, each rank's RNG state, and trainer_state.json (step, sampler statistics). All of it
+  goes into step_N.tmp first; rank 0 renames it to step_N once every rank has written, so a
+  checkpoint exists whole or not at all, and a leftover .tmp is ignored and overwritten.
+- metrics.jsonl: one line per step, appended; on resume, lines of steps after the checkpoint
+  (work that is redone) are dropped by rewriting the file under a temp name and renaming it.
+- export/: save_pretrained weights (a full state dict gathered from the shards) and the
+  tokenizer, which transformers and vLLM load back; written to export.tmp, then renamed.
+
+Every function is called on every rank (DCP's save and load and the full state dict are
+collectives); rank 0 alone touches the shared files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+import torch
+import torch.distributed as dist
+
+
+def save(model, optimizer, out: str, step: int, state: dict, rank: int, keep: int) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    final = os.path.join(out, "checkpoints", f"step_{step:06d}")
+    tmp = final + ".tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+    torch.save(rng, os.path.join(tmp, f"rng_rank{rank}.pt"))
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump({**state, "step": step}, f)
+        os.replace(tmp, final)
+        for old in complete(out)[:-keep]:
+            shutil.rmtree(old)
+    dist.barrier()
+
+
+def complete(out: str) -> list[str]:
+    """The whole checkpoints in out, oldest first."""
+    root = os.path.join(out, "checkpoints")
+    names = sorted(n for n in os.listdir(root) if not n.endswith(".tmp")) if os.path.isdir(root) else []
+    return [os.path.join(root, n) for n in names]
+
+
+def load(model, optimizer, path: str, rank: int) -> dict:
+    """Restore model, optimizer and this rank's RNG in place; returns trainer_state.json."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    rng = torch.load(os.path.join(path, f"rng_rank{rank}.pt"), weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        return json.load(f)
+
+
+def write_metrics(out: str, record: dict, keep_through: int | None = None) -> None:
+    """Append one step's line; with keep_through, first drop the lines of later steps."""
+    path = os.path.join(out, "metrics.jsonl")
+    if keep_through is not None and os.path.exists(path):
+        with open(path) as f:
+            lines = [line for line in f if _step_of(line) is not None and _step_of(line) <= keep_through]
+        with open(path + ".tmp", "w") as f:
+            f.writelines(lines)
+        os.replace(path + ".tmp", path)
+    if record:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def _step_of(line: str) -> int | None:
+    """A line's step; None for the half-written last line a kill can leave."""
+    try:
+        return json.loads(line)["step"]
+    except json.JSONDecodeError:
+        return None
+
+
+def export(model, tokenizer, out: str, rank: int) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        tmp, final = os.path.join(out, "export.tmp"), os.path.join(out, "export")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, state_dict=full)
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    dist.barrier()

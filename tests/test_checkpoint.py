@@ -1,0 +1,58 @@
+"""checkpoint.py: a leftover .tmp is never a checkpoint, old ones are pruned, a save restores
+model, optimizer and RNG exactly, and metrics.jsonl drops the steps a resume redoes (and the
+half-written line a kill can leave)."""
+import json
+import os
+import random
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import checkpoint
+
+
+@pytest.fixture
+def world_of_one():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_save_then_load_restores_weights_optimizer_and_rng(tmp_path, world_of_one):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_exp_avg = optimizer.state[model.weight]["exp_avg"].clone()
+    os.makedirs(tmp_path / "checkpoints" / "step_000009.tmp")   # a save killed half way
+    for step in (1, 2, 3):
+        checkpoint.save(model, optimizer, str(tmp_path), step, {"success": {"t": [1, 2]}}, rank=0, keep=2)
+    assert [os.path.basename(p) for p in checkpoint.complete(str(tmp_path))] == ["step_000002", "step_000003"]
+    expected_draw = (torch.rand(1), random.random())
+    with torch.no_grad():
+        model.weight.zero_()
+    optimizer.state[model.weight]["exp_avg"].zero_()
+    torch.rand(5)
+    state = checkpoint.load(model, optimizer, checkpoint.complete(str(tmp_path))[-1], rank=0)
+    assert state == {"success": {"t": [1, 2]}, "step": 3}
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(optimizer.state[model.weight]["exp_avg"], saved_exp_avg)
+    assert (torch.rand(1), random.random()) == expected_draw
+
+
+def test_write_metrics_keeps_the_steps_up_to_the_checkpoint(tmp_path):
+    for step in (1, 2, 3):
+        checkpoint.write_metrics(str(tmp_path), {"step": step, "loss": step / 10})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')   # killed in the middle of a write
+    checkpoint.write_metrics(str(tmp_path), {}, keep_through=2)
+    checkpoint.write_metrics(str(tmp_path), {"step": 3, "loss": 0.5})
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert rows == [{"step": 1, "loss": 0.1}, {"step": 2, "loss": 0.2}, {"step": 3, "loss": 0.5}]
