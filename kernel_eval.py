@@ -310,11 +310,21 @@ def point_at_source(diagnostics: str, py_src: str) -> str:
             best, best_score, tie = (k, score, False) if score > best_score else (best, best_score, tie or score == best_score)
         return at if best is None or tie else f"line {best + 1} ({at})"
 
-    def rewrite(m: re.Match) -> str:
-        line = m.group(3) or m.group(5)
-        return where(m.group(1), m.group(2), int(line), m.group(4))
+    moved = {}  # generated line -> .py line, for gcc's quoted source lines ("    4 |   return y;")
 
-    return "\n".join(_DIAGNOSTIC_AT.sub(rewrite, ln) if "/" in ln else ln for ln in diagnostics.splitlines())
+    def rewrite(m: re.Match) -> str:
+        line = int(m.group(3) or m.group(5))
+        at = where(m.group(1), m.group(2), line, m.group(4))
+        if at.startswith("line "):
+            moved[line] = int(at.split()[1])
+        return at
+
+    def quoted(m: re.Match) -> str:
+        line = int(m.group(2))
+        return f"{m.group(1)}{moved[line]:>{len(m.group(2))}} |" if line in moved else m.group(0)
+
+    out = [_DIAGNOSTIC_AT.sub(rewrite, ln) if "/" in ln else ln for ln in diagnostics.splitlines()]
+    return "\n".join(re.sub(r"^(\s*)(\d+) \|", quoted, ln) for ln in out)
 
 
 def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
@@ -902,6 +912,35 @@ def _supervise(spec: dict, forked: bool = False) -> int:
     return 0
 
 
+# Every worker alive in this process, so that an interrupted batch (Ctrl-C) can stop them all at
+# once: _stop_everything. Registration and _STOPPING are under one lock, so a worker that starts
+# while a batch is being stopped stops itself instead of outliving it.
+_LIVE_WORKERS: set = set()
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+
+
+def _stop_everything(zygote: "_CompileZygote | None") -> None:
+    """An evaluation was interrupted (Ctrl-C, or an exception in the parent): stop every worker,
+    build and reference session now, without waiting for their phases. The supervisors kill their
+    worker's process group and its orphans on SIGTERM; a sweep by tag then kills whatever is left
+    (the supervisors themselves, a compiler a build started)."""
+    with _LIVE_LOCK:
+        _STOPPING.set()
+        workers = list(_LIVE_WORKERS)
+    for w in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(w.proc.pid, signal.SIGTERM)
+    if zygote is not None and zygote.proc is not None:
+        with contextlib.suppress(ProcessLookupError):
+            zygote.proc.kill()
+    time.sleep(0.2)  # the supervisors' own clean-up, which also reaps their orphans
+    tags = [w.tag for w in workers] + ([zygote.tag] if zygote is not None else [])
+    for _ in range(2):  # a process forked during the first sweep carries the tag too
+        for tag in tags:
+            _kill_tree_by_tag(tag)
+
+
 class Worker:
     """A worker process under its supervisor, with a framed channel to it."""
 
@@ -935,6 +974,13 @@ class Worker:
         child_sock.close()
         self.channel = Channel(rep_r, cmd_w, cfg.max_message_bytes)
         self.fds = (rep_r, cmd_w)
+        with _LIVE_LOCK:
+            stopping = _STOPPING.is_set()
+            if not stopping:
+                _LIVE_WORKERS.add(self)
+        if stopping:  # the batch was interrupted while this worker started
+            self.stop()
+            raise _Failure("runtime_error", "the evaluation was interrupted")
 
     def exit_record(self) -> tuple:
         """(exit code or None, whether the supervisor killed it for flooding its output)."""
@@ -950,6 +996,8 @@ class Worker:
         return code, "flooded" in words
 
     def stop(self) -> None:
+        with _LIVE_LOCK:
+            _LIVE_WORKERS.discard(self)
         if self.proc.poll() is None:
             try:
                 os.kill(self.proc.pid, signal.SIGTERM)
@@ -2179,6 +2227,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     Each candidate's worker process starts (imports torch, creates its CUDA context) while its
     kernel compiles; each distinct reference gets one trusted session for the whole batch."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
+    _STOPPING.clear()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     unknown = [t for t in config.cuda_header_tiers if t not in HEADER_TIERS]
@@ -2200,19 +2249,38 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // (2 * max(1, config.build_jobs)))
     compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
     zygote = _CompileZygote() if config.compile_zygote else None  # starts with the first build
-    compiles: dict = {}
-    for i in todo:  # identical candidates share one compile
-        src = pairs[i][1]
-        if src not in compiles:
-            compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygote)
+    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
+    run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
             sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
         sessions[ref_src].users += 1
-    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
-    run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
+    finished = False
+    try:
+        compiles: dict = {}
+        for i in todo:  # identical candidates share one compile
+            src = pairs[i][1]
+            if src not in compiles:
+                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygote)
+        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start)
+        finished = True
+    finally:
+        if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
+            _stop_everything(zygote)
+        run_pool.shutdown(wait=finished, cancel_futures=not finished)
+        compile_pool.shutdown(wait=finished, cancel_futures=not finished)
+        if finished:
+            if zygote:
+                zygote.close()
+            for session in sessions.values():
+                session.close()
+    return results
+
+
+def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start):
+    """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
 
     def job(i):
         t0 = time.monotonic()
@@ -2249,13 +2317,6 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     finally:
         if bar:
             bar.close()
-        run_pool.shutdown()
-        compile_pool.shutdown()
-        if zygote:
-            zygote.close()
-        for session in sessions.values():
-            session.close()
-    return results
 
 
 def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
@@ -2263,11 +2324,39 @@ def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck
     return evaluate_batch([(ref_src, candidate_src)], device=device, precheck=precheck, **cfg)[0]
 
 
+def resolve_device(device: str | None, prog: str) -> str:
+    """--device as given, checked, or (None) cuda when torch sees one, else cpu, said on stderr.
+    A user's mistake is one line that names it and what to do (SystemExit), never a traceback."""
+    import torch
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        why = "torch sees a CUDA device" if device == "cuda" else "torch sees no CUDA device"
+        print(f"{prog}: --device not given: using {device} ({why})", file=sys.stderr)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise SystemExit(f"{prog}: --device {device}: expected cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = f"torch {torch.__version__} was built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+            raise SystemExit(f"{prog}: --device {device}: torch sees no CUDA device ({build}); use --device cpu")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise SystemExit(f"{prog}: --device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)")
+        from torch.utils.cpp_extension import CUDA_HOME
+        if CUDA_HOME is None:
+            raise SystemExit(f"{prog}: --device {device}: no CUDA toolkit (nvcc) to build kernels with; "
+                             "install one or set CUDA_HOME")
+    return device
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Evaluate a candidate kernel against a KernelBench-format reference.")
+    """One verdict, printed; exit 0 on every verdict (the status says how the candidate did), 1 on a
+    usage error, 130 when interrupted."""
+    p = argparse.ArgumentParser(description="Evaluate a candidate kernel against a KernelBench-format reference.",
+                                epilog="Exit code 0 on every verdict (read the status); builds are cached in "
+                                       "--cache-root (default $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval).")
     p.add_argument("reference")
     p.add_argument("candidate")
-    p.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when torch sees one, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trials", type=int, default=None, help="timed calls (default: 100 on cuda, 5 on cpu)")
     p.add_argument("--no-time", action="store_true", help="check correctness only")
@@ -2279,12 +2368,15 @@ def main(argv=None) -> int:
             p.error(f"no such file: {path}")
         with open(path) as f:
             srcs.append(f.read())
+    if a.trials is not None and a.trials < 1:
+        raise SystemExit(f"kernel_eval.py: --trials {a.trials}: must be at least 1")
+    device = resolve_device(a.device, "kernel_eval.py")
     cfg = {"time_candidate": not a.no_time}
     if a.cache_root:
         cfg["cache_root"] = a.cache_root
     if a.trials:
-        cfg["cpu_trials" if a.device == "cpu" else "gpu_trials"] = a.trials
-    result = evaluate(srcs[0], srcs[1], device=a.device, **cfg)
+        cfg["cpu_trials" if device == "cpu" else "gpu_trials"] = a.trials
+    result = evaluate(srcs[0], srcs[1], device=device, **cfg)
     if a.json:
         print(json.dumps(result.to_dict()))
     else:
@@ -2294,6 +2386,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def interrupted(prog: str) -> None:
+    """Ctrl-C: one line and exit 130 at once. evaluate_batch has stopped every worker and build;
+    os._exit skips joining the batch's threads, which would wait for phases nobody needs now."""
+    print(f"{prog}: interrupted; every worker and build of the evaluation was stopped", file=sys.stderr)
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(130)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--_supervise":
         sys.exit(_supervise(json.load(sys.stdin)))
@@ -2301,4 +2403,7 @@ if __name__ == "__main__":
         _zygote_main(int(sys.argv[2]), int(sys.argv[3]))
     if len(sys.argv) > 2 and sys.argv[1] == "--_worker":
         _worker_main(sys.argv[1:])
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        interrupted("kernel_eval.py")

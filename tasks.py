@@ -664,11 +664,14 @@ def _fmt(x, spec) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def check_all(tasks: list[Task], device: str = "cpu", build_workers: int = 1, **kwargs) -> list[CheckResult]:
+def check_all(tasks: list[Task], device: str = "cpu", build_workers: int = 1, done: list | None = None,
+              **kwargs) -> list[CheckResult]:
     """check_task over `tasks` with a progress bar and a live table; errors become verdicts.
 
     `build_workers` solutions compile at once, ahead of the runs (a CUDA build is ~50 s of
     mostly single-threaded nvcc, so a GPU host wants several; a 2-core CPU machine wants 1).
+    `done` (optional) receives each result as soon as it is known: what was checked before a
+    Ctrl-C. On any interruption the queued builds are cancelled and the running ones killed.
     """
     from tqdm import tqdm
 
@@ -679,15 +682,34 @@ def check_all(tasks: list[Task], device: str = "cpu", build_workers: int = 1, **
     # then overlaps the reference runs instead of adding to them. Only module-level code
     # runs there (load_inline); seeds, models and timing stay on this thread.
     cache_dir = kwargs.get("cache_dir")
-    with ThreadPoolExecutor(max_workers=build_workers) as builder:
+    builder = ThreadPoolExecutor(max_workers=build_workers)
+    finished = False
+    try:
         builds = [builder.submit(build_solution, t, device, cache_dir) for t in tasks]
-        return _check_in_order(tasks, builds, device, widths, kwargs)
+        results = _check_in_order(tasks, builds, device, widths, kwargs, [] if done is None else done)
+        finished = True
+        return results
+    finally:
+        # `with ThreadPoolExecutor` would wait for every queued build after a Ctrl-C
+        builder.shutdown(wait=finished, cancel_futures=not finished)
+        if not finished:
+            kill_builds()
 
 
-def _check_in_order(tasks, builds, device, widths, kwargs) -> list[CheckResult]:
+def kill_builds() -> None:
+    """SIGKILL every process this one started (ninja, the compilers), deepest first: the build
+    threads' load_inline then fail at once instead of compiling on after a Ctrl-C."""
+    import signal
+
+    from kernel_eval import _descendants  # the checker may use the harness's helpers (DESIGN.md)
+    for pid in reversed(_descendants(os.getpid())):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _check_in_order(tasks, builds, device, widths, kwargs, results: list) -> list[CheckResult]:
     from tqdm import tqdm
 
-    results = []
     for task, build in tqdm(list(zip(tasks, builds)), desc=f"checking on {device}", unit="task", leave=False):
         try:
             r = check_task(task, device=device, built=build.result(), **kwargs)
@@ -728,7 +750,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="run every built-in reference and its solution")
-    check.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    check.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                       help="cpu (C++ solutions) or cuda (CUDA solutions); default: cuda when torch sees one, else cpu")
     check.add_argument("--root", default="tasks", help="built-in task directory")
     check.add_argument("--only", default=None, help="check only task ids containing this")
     check.add_argument("--trials", type=int, default=3, help="random input sets compared and timed")
@@ -741,36 +764,67 @@ def main(argv=None) -> int:
     check.add_argument("--write-times", default=None, help="write {task_id: ref_ms} here")
     export = sub.add_parser("export", help="write a task set as JSONL")
     export.add_argument("--kernelbench", default=None, help="a KernelBench checkout (else built-in)")
-    export.add_argument("--levels", default="1,2")
+    export.add_argument("--levels", default="1,2", help="comma-separated level numbers, e.g. 1,2")
     export.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
     if args.command == "export":
-        tasks = (load_kernelbench(args.kernelbench, [int(x) for x in args.levels.split(",")])
-                 if args.kernelbench else load_builtin())
+        levels = parse_levels(args.levels, "tasks.py export")
+        tasks = load_kernelbench(args.kernelbench, levels) if args.kernelbench else load_builtin(levels=levels)
         export_jsonl(tasks, args.out)
         print(f"wrote {len(tasks)} tasks to {args.out}")
         return 0
 
+    for name in ("trials", "build_workers"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise SystemExit(f"tasks.py check: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
     tasks = [t for t in load_builtin(args.root) if args.only is None or args.only in t.task_id]
     if not tasks:
-        print(f"no task id contains {args.only!r}", file=sys.stderr)
+        print(f"tasks.py check: no task id contains {args.only!r}", file=sys.stderr)
         return 2
-    workers = args.build_workers or (8 if args.device == "cuda" else 1)
-    results = check_all(tasks, device=args.device, build_workers=workers, trials=args.trials,
-                        atol=args.atol, rtol=args.rtol, seed=args.seed)
+    import kernel_eval
+    device = kernel_eval.resolve_device(args.device, "tasks.py check")
+    device = "cuda" if device.startswith("cuda") else device  # the checker runs on the current device
+    workers = args.build_workers or (8 if device == "cuda" else 1)
+    results: list[CheckResult] = []
+    try:
+        check_all(tasks, device=device, build_workers=workers, trials=args.trials,
+                  atol=args.atol, rtol=args.rtol, seed=args.seed, done=results)
+    except KeyboardInterrupt:
+        if args.json:  # what was checked before the interruption stays readable
+            _atomic_write(args.json, json.dumps([asdict(r) for r in results], indent=1) + "\n")
+        print(f"tasks.py check: interrupted after {len(results)}/{len(tasks)} problems; builds stopped"
+              + (f", partial results in {args.json}" if args.json else ""), file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # skip joining the build threads: their compilers are dead, their work unwanted
     failed = [r for r in results if not r.ok]
-    print(f"{len(results) - len(failed)}/{len(results)} problems ok on {_device_name(args.device)}")
+    print(f"{len(results) - len(failed)}/{len(results)} problems ok on {_device_name(device)}")
     if args.json:
         _atomic_write(args.json, json.dumps([asdict(r) for r in results], indent=1) + "\n")
     if args.write_times:
-        write_times(results, args.write_times, args.device)
+        write_times(results, args.write_times, device)
     return 1 if failed else 0
+
+
+def parse_levels(text: str, prog: str) -> list[int]:
+    """"1,2" -> [1, 2]; anything else is the user's mistake, said in one line."""
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or any(level < 1 for level in levels):
+        raise SystemExit(f"{prog}: --levels {text!r}: expected comma-separated level numbers, e.g. 1,2")
+    return levels
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
     except TaskError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"tasks.py: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # outside the checker's loop (while loading tasks or torch)
+        kill_builds()
+        print("tasks.py: interrupted", file=sys.stderr)
+        os._exit(130)

@@ -943,7 +943,7 @@ def test_compile_error_is_trimmed_and_cached(cache_root):
     assert "undefined_thing" in result.message and "was not declared" in result.message
     assert len(result.message.splitlines()) <= 14 and "c++ -MMD" not in result.message
     # gcc's position is rewritten to the line of the candidate's .py file that holds it
-    assert "line 8 (main.cpp:" in result.message, result.message
+    assert "line 7 (main.cpp:" in result.message and "    7 |     return undefined_thing(x);" in result.message, result.message
     again = ke._compile(BROKEN_CPP, "cpu", "", ke.EvalConfig(cache_root=cache_root))
     assert again["status"] == "compile_error" and again["cached"]
 
@@ -955,14 +955,16 @@ def test_point_at_source_maps_generated_lines_to_the_candidates_file(tmp_path):
                                     "    return undefined_thing(x);\n}\n// bindings\n")
     py = 'import torch\nsrc = """\ntorch::Tensor f(torch::Tensor x) {\n    return undefined_thing(x);\n}\n"""\n'
     diag = (f"{build}/main.cpp:3:12: error: 'undefined_thing' was not declared in this scope\n"
+            "    3 |     return undefined_thing(x);\n"
             f"{build}/main.cpp:1:10: fatal error: no such header\n"
             f"{build}/cuda.cu(7): error: identifier is undefined\n"
             "/usr/include/torch/x.h:3:1: note: a header's own line is left alone")
     out = ke.point_at_source(diag, py).splitlines()
     assert out[0] == "line 4 (main.cpp:3:12): error: 'undefined_thing' was not declared in this scope"
-    assert out[1] == "main.cpp:1:10: fatal error: no such header"  # the harness's header: no .py line
-    assert out[2] == "cuda.cu:7: error: identifier is undefined"  # no such generated file here
-    assert out[3] == "/usr/include/torch/x.h:3:1: note: a header's own line is left alone"
+    assert out[1] == "    4 |     return undefined_thing(x);"  # gcc's quote of the line, renumbered
+    assert out[2] == "main.cpp:1:10: fatal error: no such header"  # the harness's header: no .py line
+    assert out[3] == "cuda.cu:7: error: identifier is undefined"  # no such generated file here
+    assert out[4] == "/usr/include/torch/x.h:3:1: note: a header's own line is left alone"
 
 
 def test_describe_exception_gives_the_line_in_the_code_and_no_harness_frames(tmp_path):

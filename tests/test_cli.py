@@ -1,0 +1,183 @@
+"""The command lines as a newcomer meets them (issue 18): every bad input is one line on stderr that
+names the problem, a non-zero exit and no traceback; a verdict, whatever it is, exits 0; Ctrl-C
+stops kernel_eval.py and tasks.py check within seconds, exit 130, with no process of theirs left.
+
+Each case runs the CLI as a subprocess, as a user would. The SIGINT tests interrupt a real build
+(a fresh cache, so there is one) and find leftovers by a marker in the environment, which every
+worker, build and compiler of the evaluation inherits (kernel_eval passes KERNEL_EVAL_* through)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+REFERENCE = os.path.join(HERE, "adversarial", "reference.py")
+BENIGN = os.path.join(HERE, "adversarial", "cpp", "benign.py")
+NO_CUDA = not torch.cuda.is_available()
+
+
+def run(args, tmp_path, timeout=300, **kw):
+    env = dict(os.environ, KERNEL_EVAL_CACHE=str(tmp_path / "ke_cache"), KERNEL_RL_CACHE=str(tmp_path / "rl_cache"))
+    return subprocess.run([sys.executable] + args, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=tmp_path, **kw)
+
+
+def one_line_refusal(proc, message: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [message], proc.stderr
+
+
+def kernel_eval(tmp_path, candidate_src: str, *extra, reference: str = REFERENCE):
+    cand = tmp_path / "candidate.py"
+    cand.write_text(candidate_src)
+    return run([os.path.join(ROOT, "kernel_eval.py"), reference, str(cand), *extra], tmp_path)
+
+
+# ----------------------------------------------------------------------------- bad arguments
+
+def test_kernel_eval_bad_device_is_one_line(tmp_path):
+    proc = kernel_eval(tmp_path, "", "--device", "bogus")
+    one_line_refusal(proc, "kernel_eval.py: --device bogus: expected cpu, cuda or cuda:N")
+    assert proc.returncode == 1
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
+def test_kernel_eval_cuda_without_cuda_is_one_line(tmp_path):
+    proc = kernel_eval(tmp_path, "", "--device", "cuda")
+    one_line_refusal(proc, f"kernel_eval.py: --device cuda: torch sees no CUDA device "
+                           f"(torch {torch.__version__} was built without CUDA); use --device cpu"
+                     if torch.version.cuda is None else
+                     "kernel_eval.py: --device cuda: torch sees no CUDA device (no GPU is visible); use --device cpu")
+
+
+def test_kernel_eval_trials_must_be_positive(tmp_path):
+    one_line_refusal(kernel_eval(tmp_path, "", "--trials", "0"), "kernel_eval.py: --trials 0: must be at least 1")
+
+
+def test_tasks_export_bad_levels_is_one_line(tmp_path):
+    proc = run([os.path.join(ROOT, "tasks.py"), "export", "--levels", "one", "--out", str(tmp_path / "t.jsonl")], tmp_path)
+    one_line_refusal(proc, "tasks.py export: --levels 'one': expected comma-separated level numbers, e.g. 1,2")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
+def test_tasks_check_cuda_without_cuda_is_one_line(tmp_path):
+    proc = run([os.path.join(ROOT, "tasks.py"), "check", "--device", "cuda"], tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "CUDA_HOME" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("tasks.py check: --device cuda: torch sees no CUDA device")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# ----------------------------------------------------------------------------- verdicts exit 0
+
+@pytest.mark.skipif(not NO_CUDA, reason="the default device is cuda here")
+def test_kernel_eval_syntax_error_is_a_verdict_with_its_line_and_the_device_is_said(tmp_path):
+    proc = kernel_eval(tmp_path, "import torch\n\nclass ModelNew(torch.nn.Module:\n    pass\n", "--json", "--no-time")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "kernel_eval.py: --device not given: using cpu (torch sees no CUDA device)" in proc.stderr.splitlines()
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (verdict["status"], verdict["compiled"]) == ("runtime_error", False)
+    assert verdict["message"].startswith("candidate failed during load: line 3: SyntaxError: "), verdict
+    assert verdict["message"].endswith(": class ModelNew(torch.nn.Module:") and "^" not in verdict["message"]
+
+
+def test_kernel_eval_empty_candidate_has_no_class_and_compiled_nothing(tmp_path):
+    proc = kernel_eval(tmp_path, "", "--json", "--no-time", "--device", "cpu")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (verdict["status"], verdict["compiled"], verdict["message"]) == (
+        "runtime_error", False, "candidate failed during load: the code defines no class ModelNew")
+
+
+def test_kernel_eval_reference_that_is_not_a_task_is_the_tasks_fault(tmp_path):
+    reference = tmp_path / "not_a_task.py"
+    reference.write_text("print('hello')\n")
+    candidate = ("import torch\n\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
+                 "        return x\n")
+    proc = kernel_eval(tmp_path, candidate, "--json", "--no-time", "--device", "cpu", reference=str(reference))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (verdict["status"], verdict["correct"], verdict["message"]) == (
+        "reference_error", False,
+        "the task's fault, not the candidate's: reference failed during load: the code defines no class Model")
+
+
+@pytest.mark.slow
+def test_kernel_eval_compile_error_points_at_the_line_of_the_py_file(tmp_path):
+    candidate = ('import torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n\n'
+                 'source = """\ntorch::Tensor f(torch::Tensor x) {\n    return undefined_thing(x);\n}\n"""\n'
+                 'ext = load_inline(name="ext", cpp_sources=source, functions=["f"])\n\n\n'
+                 'class ModelNew(nn.Module):\n    def forward(self, x):\n        return ext.f(x)\n')
+    proc = kernel_eval(tmp_path, candidate, "--json", "--device", "cpu")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert verdict["status"] == "compile_error" and not verdict["compiled"], verdict
+    assert "line 6 (main.cpp:" in verdict["message"] and "was not declared" in verdict["message"], verdict
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+def marked(mark: str) -> list:
+    """(pid, command name) of every live process whose initial environment carries the marker."""
+    needle = f"KERNEL_EVAL_TEST_MARK={mark}".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/comm") as f:
+                found.append((int(entry), f.read().strip()))
+        except OSError:
+            continue
+    return found
+
+
+def interrupt_mid_build(args, tmp_path) -> subprocess.CompletedProcess:
+    """Start the CLI, wait until a compiler of its runs, SIGINT the CLI alone (its workers are in
+    sessions of their own), and require: exit 130 within 10 s, no traceback, nothing left."""
+    mark = uuid.uuid4().hex
+    env = dict(os.environ, KERNEL_EVAL_TEST_MARK=mark, KERNEL_EVAL_CACHE=str(tmp_path / "ke_cache"),
+               KERNEL_RL_CACHE=str(tmp_path / "rl_cache"))
+    proc = subprocess.Popen([sys.executable] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(name in ("cc1plus", "c++", "g++", "ninja") for _, name in marked(mark)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no build started"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and took < 10, (proc.returncode, took, err[-2000:])
+    assert "Traceback" not in err, err
+    deadline = time.monotonic() + 3  # SIGKILLed processes vanish once reaped
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(mark) == []
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def test_ctrl_c_stops_kernel_eval_mid_build(tmp_path):
+    done = interrupt_mid_build([os.path.join(ROOT, "kernel_eval.py"), REFERENCE, BENIGN, "--device", "cpu"], tmp_path)
+    assert done.stderr.strip().splitlines()[-1] == "kernel_eval.py: interrupted; every worker and build of the evaluation was stopped"
+
+
+def test_ctrl_c_stops_tasks_check_mid_build_and_keeps_partial_results(tmp_path):
+    out = tmp_path / "partial.json"
+    done = interrupt_mid_build([os.path.join(ROOT, "tasks.py"), "check", "--device", "cpu", "--root",
+                                os.path.join(ROOT, "tasks"), "--json", str(out)], tmp_path)
+    assert done.stderr.strip().splitlines()[-1].startswith("tasks.py check: interrupted after 0/"), done.stderr
+    assert json.loads(out.read_text()) == []  # readable: nothing was checked yet
