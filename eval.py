@@ -175,8 +175,14 @@ def _p_key(p: float) -> str:
 
 
 def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> dict:
-    """Overall metrics, per level, and per turn (best so far: turns 0..t)."""
+    """Overall metrics, per level, and per turn (best so far: turns 0..t). A task whose reference
+    failed in the harness (status reference_error) is the task's fault: all of its records are
+    left out of the metrics, not counted against the model, and the task is named under
+    "reference_error_tasks"."""
+    broken = sorted({r["task_id"] for r in records if r.get("status") == rollout.REFERENCE_ERROR})
+    records = [r for r in records if r["task_id"] not in broken]
     summary = metrics(records, ps)
+    summary["reference_error_tasks"] = broken
     levels = sorted({r.get("level") for r in records}, key=lambda x: (x is None, x))
     summary["per_level"] = {str(level): metrics([r for r in records if r.get("level") == level], ps)
                             for level in levels}
@@ -309,7 +315,7 @@ def build_engine(args, task_list, language: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.policy, torch_dtype=dtype).to(args.device)
+    model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=dtype).to(args.device)
     return rollout.HFEngine(model, tokenizer, max_batch_rows=args.max_batch_rows)
 
 
@@ -454,6 +460,9 @@ def summary_markdown(summary: dict, title: str) -> str:
     header = ["", "tasks", "kernels", "correct (kernel)", "avg@N", "best@N", "best speedup (mean)",
               "best speedup (geomean)", *[f"fast_{p}" for p in ps]]
     out = [f"# {title}\n", _table(header, [_metric_row("all", summary)])]
+    if summary.get("reference_error_tasks"):
+        out.append(f"\nLeft out, their reference failed in the harness (the task's fault, not the model's): "
+                   f"{', '.join(summary['reference_error_tasks'])}\n")
     out += ["\n## Per level\n", _table(header, [_metric_row(f"level {lv}", m) for lv, m in summary["per_level"].items()])]
     out += ["\n## Per turn (best so far over turns 0..t)\n",
             _table(header, [_metric_row(f"turn {m['turn']}", m) for m in summary["per_turn"]])]
@@ -564,7 +573,7 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
 
 
 def load_tasks(args) -> list:
-    levels = tuple(int(x) for x in args.levels.split(",")) if args.levels else None
+    levels = tuple(tasks_module.parse_levels(args.levels, "eval")) if args.levels else None
     try:
         found = tasks_module.load_source(args.tasks, levels)
     except tasks_module.TaskError as error:
@@ -657,7 +666,8 @@ def main(argv=None) -> int:
     ap.add_argument("--beam-steps", type=int, default=4, help="turns a round")
     ap.add_argument("--beam-rounds", type=int, default=2)
     ap.add_argument("--grid", default=None, help="shapes at one kernel budget, e.g. 16x8,32x4,128x1,beam:16x4x2")
-    ap.add_argument("--device", default="cuda", help="cpu | cuda | cuda:N (harness and model)")
+    ap.add_argument("--device", default=None, help="cpu | cuda | cuda:N (harness and model; default: cuda "
+                    "when torch sees one, else cpu)")
     ap.add_argument("--language", choices=tasks_module.LANGUAGES, default=None, help="default: from --device")
     ap.add_argument("--max-new-tokens", type=int, default=16384)
     ap.add_argument("--max-prompt-tokens", type=int, default=8192)
@@ -669,11 +679,15 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-
+    for name in ("trajectories", "turns", "beam_width", "beam_keep", "beam_steps", "beam_rounds",
+                 "max_new_tokens", "http_workers", "max_batch_rows"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"eval: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    import kernel_eval
+    args.device = kernel_eval.resolve_device(args.device, "eval")
     language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]
     task_list = load_tasks(args)
     os.makedirs(args.out, exist_ok=True)
-    import kernel_eval
     evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device)
     title = f"{os.path.basename(args.policy.rstrip('/'))} on {args.tasks} ({language}, {args.device})"
 
@@ -726,4 +740,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # kernel_eval stopped its workers; every judged turn is in records.jsonl
+        print("eval: interrupted; the turns judged so far are in --out's records.jsonl (--resume continues)",
+              file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(130)

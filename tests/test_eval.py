@@ -69,6 +69,35 @@ def test_metrics_of_nothing_and_untrusted_speedups():
     assert evaluation.best_speedups(bad) == {"A": 0.0}   # correct, but no speedup to trust
 
 
+def test_a_task_whose_reference_failed_is_left_out_and_named():
+    # kernel_eval's reference_error is the task's fault: none of the task's records counts against
+    # the model (here B would otherwise lower every rate), and the summary names the task.
+    broken = [dict(r, status="reference_error", correct=False, speedup=0.0) for r in RECORDS if r["task_id"] == "B"]
+    others = [dict(r, status="correct" if r["correct"] else "incorrect") for r in RECORDS if r["task_id"] != "B"]
+    s = evaluation.summarize_records(others + broken)
+    assert s["reference_error_tasks"] == ["B"]
+    assert (s["n_tasks"], s["n_kernels"]) == (3, 12)
+    assert s["correct_best"] == 1.0 and s["correct_avg"] == pytest.approx((1 + 1 + 0.5) / 3)
+    assert s["per_level"]["1"]["n_tasks"] == 1
+    assert "their reference failed in the harness (the task's fault, not the model's): B" in \
+        evaluation.summary_markdown(s, "t")
+    assert evaluation.summarize_records(others)["reference_error_tasks"] == []
+
+
+def test_eval_cli_refuses_bad_arguments_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for extra, message in ((["--device", "bogus"], "eval: --device bogus: expected cpu, cuda or cuda:N"),
+                           (["--device", "cpu", "--levels", "one"],
+                            "eval: --levels 'one': expected comma-separated level numbers, e.g. 1,2"),
+                           (["--device", "cpu", "--turns", "0"], "eval: --turns 0: must be at least 1")):
+        proc = subprocess.run([sys.executable, os.path.join(root, "eval.py"), "--policy", "oracle",
+                               "--out", str(tmp_path / "out"), *extra], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.strip().splitlines() == [message], proc.stderr
+
+
 def test_beam_records_are_grouped_by_lineage():
     # W = 2, keep 1: round 1's two slots both continue round-0 slot 0, whose kernel was correct.
     records = [{**rec("T", 0, 0, True, 1.2, 1), "round": 0, "parent": None},
