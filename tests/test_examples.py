@@ -1,64 +1,152 @@
-"""examples/learning_rl.py: one GRPO update moves probability towards the rewarded completion."""
-import argparse
+"""The learning demo's pieces: examples/learning_report.py (table, done-when check, PNG),
+examples/learning_train.py (train.py's main with a verdict memo, a time budget and extra.jsonl),
+and examples/learning_run.sh end to end on the CPU at its smallest size (slow)."""
+import json
 import os
+import subprocess
 import sys
 
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-import rollout  # noqa: E402
-import learning_rl  # noqa: E402
+import learning_report  # noqa: E402
+import learning_train  # noqa: E402
 
 
-def _sample(trajectory: int, completion: list[int], ret: float) -> rollout.Sample:
-    prompt = [5, 6, 7, 8]
-    return rollout.Sample(
-        task_id="t", trajectory=trajectory, turn=0, prompt_ids=prompt, completion_ids=completion,
-        loss_mask=[0] * len(prompt) + [1] * len(completion), logprobs=None, text="",
-        truncated=False, status="correct" if ret else "incorrect", score=ret,
-        discounted_return=ret, speedup=0.0, code=None, feedback="")
+def _row(step, correct, reward, per_turn=None, statuses=None):
+    return {"step": step, "correct_rate": correct, "reward_mean": reward,
+            "correct_rate_per_turn": per_turn or [correct, correct],
+            "status_counts": statuses or {"correct": 1, "format_error": 1}, "seconds_step": 10.0}
 
 
-def _completion_logprob(model, sample) -> float:
-    ids = torch.tensor([sample.input_ids])
-    logp = model(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
-    targets = ids[0, 1:]
-    start = len(sample.prompt_ids) - 1
-    return float(logp[start:].gather(-1, targets[start:, None]).sum().detach())
+def _write_run(folder, rows, extra=()):
+    os.makedirs(folder)
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(os.path.join(folder, "extra.jsonl"), "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in extra)
+    return os.path.join(folder, "metrics.jsonl")
 
 
-def test_grpo_update_raises_the_rewarded_completion_and_lowers_the_other():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=2, tie_word_embeddings=True))
-    good, bad = _sample(0, [9, 10, 11, 1], 0.3), _sample(1, [12, 13, 14, 1], 0.0)
-    samples = [good, bad, _sample(2, [9, 10, 11, 1], 0.3), _sample(3, [12, 13, 14, 1], 0.0)]
-    args = argparse.Namespace(micro_batch=2, optimizer_steps=2, max_new_tokens=8, temperature=1.0,
-                              clip_low=0.2, clip_high=0.28, grad_clip=1.0, seed=0)
-    before = (_completion_logprob(model, good), _completion_logprob(model, bad))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    metrics = learning_rl.grpo_update(model, optimizer, samples, args, torch.device("cpu"))
-    after = (_completion_logprob(model, good), _completion_logprob(model, bad))
-    assert after[0] > before[0] and after[1] < before[1]
-    assert metrics["advantage_nonzero"] == 1.0
+def test_done_when_by_hand():
+    rising = [_row(s, 0.1 if s <= 5 else 0.3, 0.03 if s <= 5 else 0.09) for s in range(1, 11)]
+    check = learning_report.done_when(rising)
+    assert check["enough_steps"] and check["rate_ok"] and check["reward_rose"] and check["met"]
+    assert check["first_correct"] == pytest.approx(0.1) and check["last_correct"] == pytest.approx(0.3)
+    # +20 points from 30%: neither 2x nor +30 points
+    modest = [_row(s, 0.3 if s <= 5 else 0.5, 0.1 if s <= 5 else 0.2) for s in range(1, 11)]
+    assert not learning_report.done_when(modest)["rate_ok"]
+    # +30 points from 40% passes by the second rule
+    assert learning_report.done_when([_row(s, 0.4 if s <= 5 else 0.7, s) for s in range(1, 11)])["met"]
+    # reward must rise with the rate
+    assert not learning_report.done_when([_row(s, 0.1 if s <= 5 else 0.3, 1.0 - s / 10) for s in range(1, 11)])["met"]
+    # fewer than 2 x window steps: the windows overlap, never "met"
+    short = learning_report.done_when([_row(s, 0.1 if s <= 2 else 0.9, s) for s in range(1, 8)])
+    assert short["rate_ok"] and not short["enough_steps"] and not short["met"]
 
 
-def test_all_equal_returns_change_nothing():
-    # Zero advantages everywhere: the loss and its gradient are exactly zero (AdamW without
-    # weight decay then leaves every parameter as it was).
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=1, num_attention_heads=2,
-                                         num_key_value_heads=2, tie_word_embeddings=True))
-    samples = [_sample(0, [9, 10, 1], 0.0), _sample(1, [12, 13, 1], 0.0)]
-    args = argparse.Namespace(micro_batch=2, optimizer_steps=1, max_new_tokens=8, temperature=1.0,
-                              clip_low=0.2, clip_high=0.28, grad_clip=1.0, seed=0)
-    before = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    learning_rl.grpo_update(model, optimizer, samples, args, torch.device("cpu"))
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+def test_report_table_and_png(tmp_path):
+    rows = [_row(s, 0.1 * s, 0.03 * s, per_turn=[0.1 * s, 0.05 * s],
+                 statuses={"correct": s, "format_error": 10 - s}) for s in range(1, 11)]
+    extra = [{"step": 1, "event": "harness", "pairs": 8, "judged": 3, "seconds": 1.0},
+             {"step": 1, "event": "harness", "pairs": 6, "judged": 1, "seconds": 1.0},
+             {"step": 1, "event": "advantages", "n": 20, "nonzero": 0.75},
+             {"step": 1, "event": "update", "tokens": 100, "approx_kl_old": 0.0, "clip_frac_low": 0, "clip_frac_high": 0},
+             {"step": 1, "event": "update", "tokens": 300, "approx_kl_old": 0.04, "clip_frac_low": 0, "clip_frac_high": 0}]
+    a = _write_run(str(tmp_path / "rl_seed0"), rows, extra)
+    b = _write_run(str(tmp_path / "rl_seed1"), rows[:3])
+    png = str(tmp_path / "seeds.png")
+    runs = [learning_report.load_run(a), learning_report.load_run(b)]
+    text = learning_report.report(runs)
+    assert "**rl_seed0** (10 steps)" in text and "Done-when: **met**" in text
+    assert "too few steps: 3 < 10" in text and "Runs meeting it: 1 of 2." in text
+    # step 1 of seed 0: 10% correct, turns 10.0 / 5.0, format errors 90%, 4 of 14 judged, KL 0.03 (token-weighted)
+    assert "| 1 | 10.0% | 10.0 / 5.0 | 0.0300 | 90.0% | 4 / 14 | 75.0% | 0.03 | 10 |" in text
+    assert learning_report.main([a, b, str(tmp_path / "none" / "metrics.jsonl"), "--png", png]) == 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_reads_the_old_learning_rl_metrics():
+    old = os.path.join(ROOT, "docs", "learning", "h200_lr3e-4", "rl_seed0_metrics.jsonl")
+    run = learning_report.load_run(old)
+    assert run["label"] == "rl_seed0_metrics" and run["rows"][0]["step"] == 1
+    assert run["rows"][1]["correct_rate_per_turn"] == pytest.approx([0.703125, 0.28125])
+
+
+def test_verdict_memo_judges_each_pair_once(tmp_path):
+    calls = []
+
+    def fake_evaluate(pairs, **kwargs):
+        calls.append(list(pairs))
+        return [f"verdict of {code}" for _, code in pairs]
+
+    recorder = learning_train.Recorder(str(tmp_path / "extra.jsonl"))
+    evaluate = learning_train.memo_evaluate(fake_evaluate, recorder)
+    assert evaluate([("r", "a"), ("r", "b"), ("r", "a")], device="cpu") == ["verdict of a", "verdict of b", "verdict of a"]
+    assert evaluate([("r", "a"), ("r2", "a")]) == ["verdict of a", "verdict of a"]
+    assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]
+    plain = learning_train.memo_evaluate(fake_evaluate, recorder, enabled=False)
+    plain([("r", "a"), ("r", "a")])
+    assert calls[-1] == [("r", "a"), ("r", "a")]
+    with open(tmp_path / "extra.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert [(e["step"], e["pairs"], e["judged"]) for e in lines] == [(1, 3, 2), (1, 2, 1), (1, 2, 2)]
+
+
+def test_recorders_number_steps_like_metrics(tmp_path):
+    import grpo
+    recorder = learning_train.Recorder(str(tmp_path / "extra.jsonl"))
+    advantages = learning_train.recording_advantages(grpo.group_advantages, recorder)
+    loss_fn = learning_train.recording_loss(grpo.policy_loss, recorder)
+    adv = advantages([0.3, 0.0, 0.0, 0.0], ["t", "t", "u", "u"])
+    logp = torch.zeros(4, 3)
+    loss_fn(logp, logp, adv, torch.ones(4, 3), max_tokens=3)
+    with open(tmp_path / "extra.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert lines[0] == {"step": 1, "event": "advantages", "n": 4, "nonzero": 0.5}
+    assert lines[1]["step"] == 1 and lines[1]["event"] == "update" and lines[1]["tokens"] == 12
+    assert lines[1]["approx_kl_old"] == 0.0
+
+
+def test_budget_stops_before_a_step_that_would_not_fit(tmp_path, monkeypatch):
+    from tqdm import tqdm
+    clock = [1000.0]
+    monkeypatch.setattr(learning_train.time, "time", lambda: clock[0])
+    recorder = learning_train.Recorder(str(tmp_path / "extra.jsonl"))
+    budgeted = learning_train.budgeted_tqdm(tqdm, deadline=1100.0, recorder=recorder)
+    done = []
+    for step in budgeted(range(10), disable=True):
+        done.append(step)
+        recorder.advantage_calls += 1
+        clock[0] += 30.0   # each step takes 30 s: steps start at 1000, 1030, 1060; 1090 + 30 > 1100
+    assert done == [0, 1, 2]
+    with open(tmp_path / "extra.jsonl") as f:
+        assert json.loads(f.readline())["event"] == "budget"
+
+
+@pytest.mark.slow
+def test_learning_run_cpu_smallest(tmp_path):
+    """The whole script on the CPU: a 2-step warm start, train.py for 1 step of G=2 x T=1 on relu,
+    the report. Junk policy, no oracle: every answer a format error, so no build (about 2 minutes)."""
+    env = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), MODE="cpu", WS_STEPS="2",
+               G="2", T="1", STEPS="1", SEEDS="0", ORACLE_SHARE="0", MAX_NEW="64", VARIANTS="0",
+               BUDGET="900", PYTHON=sys.executable, KERNEL_EVAL_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "learning_run.sh")], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == ["learning.tgz", "report.md", "rl_seed0_curves.png", "rl_seed0_metrics.jsonl",
+                                       "run_info.txt", "seeds.png"]
+    with open(out / "rl_seed0_metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    assert [r["step"] for r in rows] == [1] and len(rows[0]["correct_rate_per_turn"]) == 1
+    assert sum(rows[0]["status_counts"].values()) == 2
+    report = (out / "report.md").read_text()
+    assert "**rl_seed0** (1 steps)" in report and "too few steps" in report
+    with open(tmp_path / "work" / "rl_seed0" / "config.json") as f:
+        config = json.load(f)
+    assert config["lr"] == 3e-5 and config["grad_clip"] == 1.0 and config["time_kernels"] is False

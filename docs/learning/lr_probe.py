@@ -2,7 +2,9 @@
 rates, on 16 teacher-forced warm-start examples (relu and row_sum, C++, returns 0.3 for the solution, 0
 for the broken variants) of a CPU warm start (hidden 128, 2 layers, 200 steps: see README.md).
 Prints the per-token KL(old || new) on those samples and the mean change of the sequence log-prob
-of the solution and of the broken variants. Usage: python docs/learning/lr_probe.py WARM_START_DIR"""
+of the solution and of the broken variants. Usage: python docs/learning/lr_probe.py WARM_START_DIR
+examples/learning_rl.py was retired when the demo moved to train.py; the probe ran at commit 24702ad.
+To run it again: git show 24702ad:examples/learning_rl.py > examples/learning_rl.py (not committed)."""
 import sys, random, copy, argparse, torch, json
 sys.path.insert(0,'examples'); sys.path.insert(0,'.')
 import warm_start as ws, learning_rl, rollout, tasks
