@@ -76,6 +76,7 @@ class Config:
     priority_floor: float = 0.05
     oracle_share: float = 0.5         # share of answers replaced by built-in solutions (smoke only)
     time_kernels: bool = True         # off: correctness only, so scores are exact (tests)
+    reuse_verdicts: bool = False      # judge each distinct (task, code) once per run (needs --no-time-kernels)
     lr: float = 1e-4                  # Kevin: 2e-6
     warmup_frac: float = 0.03
     weight_decay: float = 0.0
@@ -87,10 +88,12 @@ class Config:
     scale_by_std: bool = True
     micro_batch_tokens: int = 16384   # padded tokens per micro-batch
     activation_checkpointing: bool = False
+    compile: bool = False             # torch.compile each decoder layer's training forward
     cpu_offload: bool = False
     save_every: int = 1
     keep_checkpoints: int = 2
     dist_timeout_minutes: int = 120   # evaluation between collectives can take many minutes
+    max_minutes: float = 0.0          # no step starts that would end past this (0: none); the export is written
 
 
 PRESETS = {
@@ -171,6 +174,8 @@ def shard(model, config: Config, device: torch.device, world: int):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in model.model.layers:
+        if config.compile:   # fuses norms, rotary, SwiGLU; forward only, so FSDP2's hooks stay eager
+            layer.forward = torch.compile(layer.forward, dynamic=True)
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
@@ -254,7 +259,8 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     with torch.no_grad():
         for batch in (b for batches in mini_batches for b in batches):
             batch["old_logprobs"] = completion_logprobs(model, batch, config.temperature)[0]
-    out = {"loss": [], "clip_fraction": [], "grad_norm": []}
+    out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [],
+           "advantage_nonzero": float((advantages != 0).float().mean()) if len(samples) else 0.0}
     for k, (batches, rows) in enumerate(zip(mini_batches, minis)):
         # 5a. the global normaliser Z of this optimizer step, over every rank's real rows
         total = sum((grpo.loss_denominator(b["loss_mask"], config.aggregation, max_new).to(device, torch.float32)
@@ -272,6 +278,7 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
             step_loss += metrics["loss"]
             if metrics["tokens"]:
                 out["clip_fraction"].append(metrics["clip_frac_low"] + metrics["clip_frac_high"])
+                out["approx_kl"].append(metrics["approx_kl_old"])   # k3 KL(old || new): how far updates moved
         # 5c. grad-norm clip, the lr schedule, the optimizer step
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         out["lr"] = lr_at(step * config.optimizer_steps + k, config.steps * config.optimizer_steps, config)
@@ -297,6 +304,7 @@ def step_record(step: int, ranks: list[dict], update_out: dict, config: Config) 
     """One metrics.jsonl line from every rank's sample rows, clip fractions, clocks, flops and turn stats."""
     rows = [r for part in ranks for r in part["rows"]]
     clips = [c for part in ranks for c in part["clips"]]
+    kls = [c for part in ranks for c in part["approx_kl"]]
     turns = [t for part in ranks for t in part["turn_stats"]]
     n = max(1, len(rows))
     per_turn = [[r for r in rows if r[1] == t] for t in range(config.turns)]
@@ -308,7 +316,8 @@ def step_record(step: int, ranks: list[dict], update_out: dict, config: Config) 
             "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
             "not_okay_ratio": sum(t["not_okay_ratio"] * t["n"] for t in turns) / max(1, sum(t["n"] for t in turns)),
             "loss": sum(update_out["loss"]) / len(update_out["loss"]),
-            "clip_fraction": sum(clips) / max(1, len(clips)),
+            "clip_fraction": sum(clips) / max(1, len(clips)), "approx_kl": sum(kls) / max(1, len(kls)),
+            "advantage_nonzero": sum(p["advantage_nonzero"] * len(p["rows"]) for p in ranks) / n,
             "grad_norm": update_out["grad_norm"][-1], "lr": update_out["lr"],
             "train_flops": sum(part["flops"] for part in ranks),
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
@@ -338,12 +347,33 @@ def plot_metrics(out: str) -> None:
     os.replace(os.path.join(out, "plots", "tmp.png"), os.path.join(out, "plots", "curves.png"))
 
 
+def reusing_verdicts(evaluate):
+    """evaluate_batch that judges each distinct (reference, code) pair once per run."""
+    verdicts = {}
+
+    def evaluate_once(pairs, **kwargs):
+        new = sorted(set(pairs) - verdicts.keys())
+        if new:
+            verdicts.update(zip(new, evaluate(new, **kwargs)))
+        return [verdicts[pair] for pair in pairs]
+    return evaluate_once
+
+
+def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
+    """Whether the next step would end past --max-minutes, agreed by all ranks (their clocks differ)."""
+    late = torch.tensor(float(projected_seconds > 60 * max_minutes), device=device)
+    dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return bool(late)
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> None:
     config = parse_config(argv)
     if config.temperature <= 0:
         raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
+    if config.reuse_verdicts and config.time_kernels:
+        raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
     if config.device == "auto":
         config.device = "cuda" if torch.cuda.is_available() else "cpu"
     if config.device not in tasks_module.LANGUAGE_FOR_DEVICE:
@@ -366,6 +396,7 @@ def main(argv=None) -> None:
 
 
 def train(config: Config, rank: int, world: int, local_world: int, device: torch.device) -> None:
+    started = time.perf_counter()   # --max-minutes counts the setup too
     import kernel_eval
     from tqdm import tqdm
     language = tasks_module.LANGUAGE_FOR_DEVICE[config.device]
@@ -403,8 +434,10 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         kernel_eval.evaluate_batch, device=str(device) if device.type == "cuda" else "cpu",
         time_candidate=config.time_kernels,
         max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), "evaluation")
+    if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
+        evaluate = reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    start_step, success = 0, {}
+    start_step, success, longest_step = 0, {}, 0.0
     if rank == 0:
         os.makedirs(config.out, exist_ok=True)
         with open(os.path.join(config.out, "config.json"), "w") as f:
@@ -423,8 +456,13 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
               f"{config.model}" + (f", oracle-mixed engine ({config.oracle_share:.0%} of answers are built-in "
                                     "solutions)" if config.oracle_share else ""), flush=True)
 
+    completed = start_step
     for step in tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step, total=config.steps):
         step_start = time.perf_counter()
+        if config.max_minutes and out_of_time(step_start - started + longest_step, config.max_minutes, device):
+            if rank == 0:
+                tqdm.write(f"train.py: stopping before step {step + 1}: --max-minutes {config.max_minutes} would pass")
+            break
         clock.update(generation=0.0, evaluation=0.0)
         if isinstance(engine, rollout.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
             engine.rng.seed(f"oracle-mixed:{config.seed}:{rank}:{step}")
@@ -436,7 +474,8 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=max_new,
             max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature,
             language=language, gamma=config.gamma, return_mode=config.return_mode)
-        samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, rollout_config)
+        with torch.compiler.set_stance("force_eager"):   # decoding's shapes would recompile each step
+            samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, rollout_config)
         train_start = time.perf_counter()
         # 3. advantages per task over its G*T samples
         advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],
@@ -447,7 +486,8 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         # 6. metrics from every rank, written by rank 0; a checkpoint
         mine = {"rows": [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated)
                          for s in samples],
-                "clips": update_out["clip_fraction"], "clock": dict(clock), "turn_stats": turn_stats,
+                "clips": update_out["clip_fraction"], "approx_kl": update_out["approx_kl"],
+                "advantage_nonzero": update_out["advantage_nonzero"], "clock": dict(clock), "turn_stats": turn_stats,
                 # the old log-probs' forward, then forward + backward (2x) in the update
                 "flops": 4 * forward_flops(layer_params, model.config, samples)}
         gathered = [None] * world
@@ -463,8 +503,12 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             tqdm.write(f"step {step + 1}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
                        f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
                        f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
+        longest_step = max(longest_step, time.perf_counter() - step_start)
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             checkpoint.save(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
+        completed = step + 1
+    if completed % config.save_every and completed < config.steps:   # stopped early by --max-minutes
+        checkpoint.save(model, optimizer, config.out, completed, {"success": success}, rank, config.keep_checkpoints)
     checkpoint.export(model, tokenizer, config.out, rank)
 
 

@@ -14,6 +14,7 @@ bf16 by the datasheet: 989).
   python bench/train_step.py --model tiny-llama --device cpu --rows 4 --prompt 64 --completion 32 --budgets 512
 """
 import argparse
+import itertools
 import json
 import os
 import random
@@ -112,6 +113,7 @@ def main(argv=None) -> None:
     parser.add_argument("--completion", type=int, default=1024)
     parser.add_argument("--budgets", default="16384,32768", help="micro-batch padded-token budgets")
     parser.add_argument("--checkpointing", default="off,on")
+    parser.add_argument("--compile", default="off", help="off, on or off,on: train.py's --compile")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     args = parser.parse_args(argv)
@@ -126,27 +128,27 @@ def main(argv=None) -> None:
     print(f"model {args.model}; {args.rows} rows, prompts ~{args.prompt} tokens (+-25%), completions "
           f"{args.completion // 2}-{args.completion}; FSDP2 on one {device.type} device, bf16 compute on cuda; "
           f"MFU against {args.peak_tflops:.0f} TFLOP/s")
-    print("| micro-batch tokens | activation ckpt | s / update | model TFLOP/s | MFU | peak GiB |")
-    print("|---:|---|---:|---:|---:|---:|")
-    for checkpointing in args.checkpointing.split(","):
-        for budget in (int(b) for b in args.budgets.split(",")):
-            config = train.Config(model=args.model, device=device.type, micro_batch_tokens=budget,
-                                  activation_checkpointing=checkpointing == "on", lr=1e-7)
-            torch.manual_seed(0)
-            model, _ = train.load_policy(config)
-            layer_params = sum(p.numel() for p in model.model.layers.parameters())
-            model = train.shard(model.to(device), config, device, 1)
-            samples = synthetic_samples(args.rows, args.prompt, args.completion, model.config.vocab_size)
-            try:
-                seconds, flops, peak = measure(model, layer_params, samples, config, device, args.repeats)
-                rate = flops / seconds / 1e12
-                print(f"| {budget} | {checkpointing} | {seconds:.2f} | {rate:.0f} | {rate / args.peak_tflops:.1%} | "
-                      f"{peak:.1f} |", flush=True)
-            except torch.OutOfMemoryError:
-                print(f"| {budget} | {checkpointing} | out of memory | | | |", flush=True)
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    print("| micro-batch tokens | activation ckpt | compile | s / update | model TFLOP/s | MFU | peak GiB |")
+    print("|---:|---|---|---:|---:|---:|---:|")
+    for checkpointing, compiled, budget in itertools.product(args.checkpointing.split(","), args.compile.split(","),
+                                                              [int(b) for b in args.budgets.split(",")]):
+        config = train.Config(model=args.model, device=device.type, micro_batch_tokens=budget,
+                              activation_checkpointing=checkpointing == "on", compile=compiled == "on", lr=1e-7)
+        torch.manual_seed(0)
+        model, _ = train.load_policy(config)
+        layer_params = sum(p.numel() for p in model.model.layers.parameters())
+        model = train.shard(model.to(device), config, device, 1)
+        samples = synthetic_samples(args.rows, args.prompt, args.completion, model.config.vocab_size)
+        try:
+            seconds, flops, peak = measure(model, layer_params, samples, config, device, args.repeats)
+            rate = flops / seconds / 1e12
+            print(f"| {budget} | {checkpointing} | {compiled} | {seconds:.2f} | {rate:.0f} | {rate / args.peak_tflops:.1%} | "
+                  f"{peak:.1f} |", flush=True)
+        except torch.OutOfMemoryError:
+            print(f"| {budget} | {checkpointing} | {compiled} | out of memory | | | |", flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     dist.destroy_process_group()
 
 

@@ -3,8 +3,8 @@
     python examples/learning_report.py RUN_A/metrics.jsonl RUN_B/metrics.jsonl --png seeds.png > report.md
 
 Each argument is a train.py metrics.jsonl (or the older examples/learning_rl.py one: 0-based
-steps, `correct_rate_by_turn`); an `extra.jsonl` beside it (examples/learning_train.py) adds the
-harness, advantage and KL columns. A run is labelled by its folder's name, or by the file's
+steps, `correct_rate_by_turn`); their advantage_nonzero and approx_kl fill the advantage and KL
+columns. A run is labelled by its folder's name, or by the file's
 name when that is not `metrics.jsonl`.
 
 Done-when (issue 14), per run: the mean correct rate of the last `--window` steps is at least 2x
@@ -30,22 +30,10 @@ def load_run(path: str) -> dict:
         r.setdefault("correct_rate_per_turn", r.get("correct_rate_by_turn", []))
     name = os.path.basename(path)
     label = os.path.basename(os.path.dirname(os.path.abspath(path))) if name == "metrics.jsonl" else name.split(".")[0]
-    extra = {}
-    extra_path = os.path.join(os.path.dirname(os.path.abspath(path)), "extra.jsonl") if name == "metrics.jsonl" else None
-    if extra_path and os.path.exists(extra_path):
-        with open(extra_path) as f:
-            for line in f:
-                e = json.loads(line)
-                step = extra.setdefault(e["step"], {"pairs": 0, "judged": 0, "kl_tokens": 0, "kl_sum": 0.0,
-                                                     "kl_last": None, "nonzero": None})
-                if e["event"] == "harness":
-                    step["pairs"] += e["pairs"]
-                    step["judged"] += e["judged"]
-                elif e["event"] == "advantages":
-                    step["nonzero"] = e["nonzero"]
-                elif e["event"] == "update":
-                    step["kl_tokens"] += e["tokens"]
-                    step["kl_sum"] += e["approx_kl_old"] * e["tokens"]
+    # train.py's approx_kl (k3 KL(old || new) per token over the step's loss calls) and the share of
+    # samples with a nonzero advantage; the older learning_rl.py rows call the first approx_kl_old
+    extra = {r["step"]: {"kl": r.get("approx_kl", r.get("approx_kl_old")), "nonzero": r.get("advantage_nonzero")}
+             for r in rows if "advantage_nonzero" in r}
     return {"label": label, "path": path, "rows": rows, "extra": extra}
 
 
@@ -78,7 +66,7 @@ def run_table(run: dict) -> str:
     head = ["step", "correct", " / ".join(f"turn {t + 1}" for t in range(turns)) or "per turn", "reward mean"]
     head += [f"{s} share" for s in statuses]
     if extra:
-        head += ["judged / sent", "adv. nonzero", "KL old (nats/tok)"]
+        head += ["adv. nonzero", "KL old (nats/tok)"]
     head += ["step s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
@@ -88,9 +76,7 @@ def run_table(run: dict) -> str:
         cells += [_pct(r.get("status_counts", {}).get(s, 0) / n) for s in statuses]
         if extra:
             e = extra.get(r["step"], {})
-            kl = e.get("kl_sum", 0.0) / e["kl_tokens"] if e.get("kl_tokens") else None
-            cells += [f"{e.get('judged', '-')} / {e.get('pairs', '-')}",
-                      _pct(e.get("nonzero")), "-" if kl is None else f"{kl:.3g}"]
+            cells += [_pct(e.get("nonzero")), "-" if e.get("kl") is None else f"{e['kl']:.3g}"]
         seconds = r.get("seconds_step", r.get("elapsed"))
         cells += ["-" if seconds is None else f"{seconds:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")

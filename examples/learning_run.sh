@@ -12,10 +12,10 @@
 #     each trained variant; it also fills kernel_eval's compile cache for the samples that reproduce them.
 #  2. examples/warm_start.py: the warm start (a Qwen2-shaped model, random init, next-token loss on
 #     responses in the policy's format) for WS_SECONDS at most; saved with save_pretrained in $WORK/warm.
-#  3. per seed, side by side: examples/learning_train.py = train.py's main, unchanged, with a verdict
-#     memo, a time budget (no new step that would not end by the deadline) and extra.jsonl (KL, harness,
-#     advantages); see its docstring. `timeout` is the backstop: a cut step is lost, every finished one
-#     is in metrics.jsonl and plots/curves.png (train.py writes both after each step).
+#  3. per seed, side by side: train.py with --reuse-verdicts (each distinct kernel judged once: this
+#     policy repeats a few kernels, and a correctness-only verdict does not change) and --max-minutes (no
+#     step starts that would end past the deadline; the export is still written). `timeout` is the
+#     backstop: a cut step is lost, every finished one is in metrics.jsonl and plots/curves.png.
 #  4. examples/learning_report.py: the per-step table, the done-when check, one PNG of both seeds.
 # $OUT gets at most 8 files (what the device tool brings back): report.md, seeds.png, run_info.txt,
 # rl_seed{0,1}_metrics.jsonl, rl_seed{0,1}_curves.png, learning.tgz (every run's metrics.jsonl,
@@ -64,7 +64,7 @@ SEEDS=${SEEDS:-"0 1"}
 VERDICT_MEMO=${VERDICT_MEMO:-1}
 BUDGET=${BUDGET:-555}      # seconds for the whole script
 TAIL=${TAIL:-25}           # seconds kept after the RL runs: report, copies
-export PYTHONUNBUFFERED=1 VERDICT_MEMO
+export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 start=$(date +%s)
 rl_end=$(( start + BUDGET - TAIL ))
@@ -99,10 +99,12 @@ note "warm start exit $?"
 # 3. GRPO through train.py, the seeds side by side
 left=$(( rl_end - $(date +%s) ))
 note "RL: ${left} s to the deadline"
+max_minutes=$(awk -v l="$left" 'BEGIN { printf "%.3f", (l - 10) / 60 }')
+reuse=$([ "$VERDICT_MEMO" = 1 ] && echo --reuse-verdicts || echo --no-reuse-verdicts)
 port=29600
 for seed in $SEEDS; do
     port=$(( port + 1 ))
-    MASTER_PORT=$port DEADLINE=$(( rl_end - 10 )) timeout -s INT -k 10 "$left" "$PY" examples/learning_train.py \
+    MASTER_PORT=$port timeout -s INT -k 10 "$left" "$PY" train.py $reuse --max-minutes "$max_minutes" \
         --model "$WORK/warm" --tasks builtin --task-ids "$task_ids" --heldout 0 --out "$WORK/rl_seed$seed" \
         --steps "$STEPS" --seed "$seed" --device "$DEVICE" --tasks-per-step "$n_tasks" --trajectories "$G" \
         --turns "$T" --max-prompt-tokens "$MAX_PROMPT" --max-new-tokens "$MAX_NEW" --temperature "$TEMPERATURE" \

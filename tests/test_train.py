@@ -129,3 +129,25 @@ def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path):
     a = AutoModelForCausalLM.from_pretrained(whole / "export").state_dict()
     b = AutoModelForCausalLM.from_pretrained(cut / "export").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_reused_verdicts_judge_each_distinct_pair_once():
+    calls = []
+
+    def evaluate(pairs, **kwargs):
+        calls.append(list(pairs))
+        return [f"verdict of {code} for {ref}" for ref, code in pairs]
+    once = train.reusing_verdicts(evaluate)
+    assert once([("r", "a"), ("r", "b"), ("r", "a")]) == ["verdict of a for r", "verdict of b for r", "verdict of a for r"]
+    assert once([("r", "a"), ("r2", "a")]) == ["verdict of a for r", "verdict of a for r2"]
+    assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]
+    with pytest.raises(SystemExit, match="--reuse-verdicts needs --no-time-kernels"):
+        train.main(["--reuse-verdicts"])
+
+
+def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
+    train.main(["--max-minutes", "0.0001", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert "stopping before step 1: --max-minutes" in captured.out + captured.err
+    assert not os.path.exists(tmp_path / "metrics.jsonl")
+    assert os.path.exists(tmp_path / "export" / "config.json")
