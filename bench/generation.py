@@ -1,0 +1,107 @@
+"""Generation throughput of the engines train.py can use, side by side in one run.
+
+Rows (new tokens per second over the whole batch; a random model never samples EOS, so every row
+runs to --new tokens):
+  HFEngine, plain        rollout.HFEngine on the model as loaded (bf16 on cuda)
+  HFEngine, FSDP2        the same on train.shard's FSDP2 model (one rank; bf16 compute, fp32 master
+                         weights), as train.py generates: unsharded once per generation
+  generate, dynamic      model.generate, sampling, no log-probs, no stop handling
+  generate, static       the same with cache_implementation="static"
+
+  python bench/generation.py --shape qwen2-8m --batches 64,128       # the learning demo's policy shape
+  python bench/generation.py --shape qwen2-1.5b --batches 64,256      # DESIGN.md's measurement shape
+  python bench/generation.py --device cpu --shape qwen2-8m --batches 4 --prompt 32 --new 16
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rollout  # noqa: E402
+import train  # noqa: E402
+
+SHAPES = {
+    "qwen2-8m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=4, num_attention_heads=6,
+                     num_key_value_heads=6, vocab_size=2849, tie_word_embeddings=True),
+    "qwen2-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6),
+}
+
+
+class _Tokenizer:
+    """What HFEngine needs of a tokenizer for token-id prompts: ids in, text out."""
+    pad_token_id, eos_token_id, chat_template = 0, 1, None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+    def batch_decode(self, rows, skip_special_tokens=False):
+        return [self.decode(r) for r in rows]
+
+
+def build(shape: str, device, dtype):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(**SHAPES[shape], max_position_embeddings=8192, eos_token_id=1, pad_token_id=0, bos_token_id=1)
+    with torch.device(device):
+        return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def timed(fn, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2-8m")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batches", default="64,128")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--rows", default="hf_plain,hf_fsdp2,generate_dynamic,generate_static")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29531")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    plain = build(args.shape, device, dtype)
+    fsdp = train.shard(build(args.shape, device, torch.float32), train.Config(device=device.type), device, 1)
+    tokenizer = _Tokenizer()
+    print(f"{args.shape} ({sum(p.numel() for p in plain.parameters()) / 1e6:.1f}M parameters), {device}, "
+          f"prompts {args.prompt} tokens, {args.new} new tokens, temperature 1; new tokens per second")
+    batches = [int(b) for b in args.batches.split(",")]
+    print("| engine | " + " | ".join(f"batch {b}" for b in batches) + " |")
+    print("|---|" + "---:|" * len(batches))
+    for row in args.rows.split(","):
+        cells = []
+        for batch in batches:
+            g = torch.Generator().manual_seed(batch)
+            prompts = torch.randint(2, SHAPES[args.shape]["vocab_size"], (batch, args.prompt), generator=g)
+            if row.startswith("hf_"):
+                engine = rollout.HFEngine(plain if row == "hf_plain" else fsdp, tokenizer, max_batch_rows=batch)
+                run = lambda: engine.generate(prompts.tolist(), max_new_tokens=args.new, temperature=1.0)  # noqa: E731
+            else:
+                cache = {"cache_implementation": "static"} if row == "generate_static" else {}
+                run = lambda: plain.generate(  # noqa: E731
+                    input_ids=prompts.to(device), attention_mask=torch.ones_like(prompts, device=device),
+                    max_new_tokens=args.new, min_new_tokens=args.new, do_sample=True, top_k=0, temperature=1.0,
+                    pad_token_id=0, **cache)
+            run()   # warm-up
+            cells.append(f"{batch * args.new / timed(run, device):,.0f}")
+        print(f"| {row} | " + " | ".join(cells) + " |", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
