@@ -143,7 +143,7 @@ def load_policy(config: Config):
 
 
 def load_tasks(config: Config) -> list:
-    levels = tuple(int(x) for x in config.levels.split(","))
+    levels = tuple(tasks_module.parse_levels(config.levels, "train.py"))
     try:
         found = tasks_module.load_source(config.tasks, levels)
     except tasks_module.TaskError as error:
@@ -374,12 +374,14 @@ def main(argv=None) -> None:
         raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
     if config.reuse_verdicts and config.time_kernels:
         raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
-    if config.device == "auto":
-        config.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if config.device not in tasks_module.LANGUAGE_FOR_DEVICE:
-        raise SystemExit(f"train.py: --device {config.device}: choose cpu, cuda or auto")
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("train.py: --device cuda but torch sees no CUDA device; pass --device cpu")
+    for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
+                 "micro_batch_tokens", "save_every", "keep_checkpoints"):
+        if getattr(config, name) < 1:
+            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
+    tasks_module.parse_levels(config.levels, "train.py")
+    import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
+    config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
+    config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")   # `python train.py` is a world of one
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -513,4 +515,8 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        main()
+    except KeyboardInterrupt:   # kernel_eval has stopped its workers; checkpoints are whole or absent
+        print("train.py: interrupted; resume with --resume", file=sys.stderr)
+        os._exit(130)

@@ -30,7 +30,7 @@ run)
   ;;
 mfu)
   timeout ${MFU_LIMIT:-400} python bench/train_step.py --model $MODEL --rows 64 --prompt 1024 --completion 1024 \
-      --budgets ${BUDGETS:-16384,32768} --checkpointing ${CKPT:-off,on} --repeats ${REPEATS:-2} 2>&1 | grep -v "Loading weights" > "$OUT/mfu.md"
+      --budgets ${BUDGETS:-16384,32768} --checkpointing ${CKPT:-off,on} --repeats ${REPEATS:-2} --compile ${COMPILE:-off} 2>&1 | grep -v "Loading weights" > "$OUT/mfu.md"
   cat "$OUT/mfu.md"
   ;;
 esac

@@ -22,6 +22,9 @@ def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
         (["--task-ids", "builtin/level9/none"], "no training tasks"),
         (["--temperature", "0"], "--temperature must be > 0"),
         (["--max-new-tokens", "100"], "longest oracle answer"),
+        (["--levels", "one"], "--levels 'one': expected comma-separated level numbers"),
+        (["--turns", "0"], "--turns 0: must be at least 1"),
+        (["--device", "bogus"], "--device bogus: expected cpu, cuda or cuda:N"),
     ]:
         with pytest.raises(SystemExit) as info:
             train.main(argv + ["--out", str(tmp_path / "out")])
