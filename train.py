@@ -40,9 +40,11 @@ import torch
 import torch.distributed as dist
 
 import checkpoint
+import engines
 import grpo
 import rollout
 import tasks as tasks_module
+import train_log
 
 TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 byte tokenizer
     "tiny-llama": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -291,62 +293,6 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     return out
 
 
-def forward_flops(layer_params: int, model_config, samples: list) -> float:
-    """Model flops of one forward over the samples (a backward is twice that): 2 x decoder-layer
-    parameters per token, 2 x d x vocab per trained token for the LM head, 2 x layers x d x s^2
-    for causal attention (QK^T and AV, half the square)."""
-    d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
-    return sum(2.0 * layer_params * len(s.input_ids) + 2.0 * d * vocab * len(s.completion_ids)
-               + 2.0 * layers * d * len(s.input_ids) ** 2 for s in samples)
-
-
-def step_record(step: int, ranks: list[dict], update_out: dict, config: Config) -> dict:
-    """One metrics.jsonl line from every rank's sample rows, clip fractions, clocks, flops and turn stats."""
-    rows = [r for part in ranks for r in part["rows"]]
-    clips = [c for part in ranks for c in part["clips"]]
-    kls = [c for part in ranks for c in part["approx_kl"]]
-    turns = [t for part in ranks for t in part["turn_stats"]]
-    n = max(1, len(rows))
-    per_turn = [[r for r in rows if r[1] == t] for t in range(config.turns)]
-    return {"step": step + 1, "reward_mean": sum(r[3] for r in rows) / n,
-            "correct_rate": sum(r[2] == "correct" for r in rows) / n,
-            "correct_rate_per_turn": [sum(r[2] == "correct" for r in t) / max(1, len(t)) for t in per_turn],
-            "best_speedup": max((r[4] for r in rows), default=0.0),
-            "status_counts": {s: sum(r[2] == s for r in rows) for s in sorted({r[2] for r in rows})},
-            "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
-            "not_okay_ratio": sum(t["not_okay_ratio"] * t["n"] for t in turns) / max(1, sum(t["n"] for t in turns)),
-            "loss": sum(update_out["loss"]) / len(update_out["loss"]),
-            "clip_fraction": sum(clips) / max(1, len(clips)), "approx_kl": sum(kls) / max(1, len(kls)),
-            "advantage_nonzero": sum(p["advantage_nonzero"] * len(p["rows"]) for p in ranks) / n,
-            "grad_norm": update_out["grad_norm"][-1], "lr": update_out["lr"],
-            "train_flops": sum(part["flops"] for part in ranks),
-            **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
-
-
-def plot_metrics(out: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
-    keys = ["reward_mean", "correct_rate", "best_speedup", "response_tokens_mean", "seconds_step"]
-    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4 * (len(keys) + 1), 3.2))
-    steps = [r["step"] for r in rows]
-    for ax, key in zip(axes, keys):
-        ax.plot(steps, [r[key] for r in rows], marker="o")
-        ax.set_title(key)
-        ax.set_xlabel("step")
-    for turn in range(len(rows[-1]["correct_rate_per_turn"])):
-        axes[-1].plot(steps, [r["correct_rate_per_turn"][turn] for r in rows], marker="o", label=f"turn {turn + 1}")
-    axes[-1].set_title("correct rate per turn")
-    axes[-1].legend()
-    fig.tight_layout()
-    os.makedirs(os.path.join(out, "plots"), exist_ok=True)
-    fig.savefig(os.path.join(out, "plots", "tmp.png"))
-    plt.close(fig)
-    os.replace(os.path.join(out, "plots", "tmp.png"), os.path.join(out, "plots", "curves.png"))
-
-
 def reusing_verdicts(evaluate):
     """evaluate_batch that judges each distinct (reference, code) pair once per run."""
     verdicts = {}
@@ -411,11 +357,11 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     layer_params = sum(p.numel() for p in model.model.layers.parameters())
     model = shard(model.to(device), config, device, world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    engine = rollout.HFEngine(model, tokenizer)
+    engine = engines.HFEngine(model, tokenizer)
     if config.oracle_share > 0:
-        engine = rollout.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
+        engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=language, seed=config.seed + rank)
-        answers = [rollout.ORACLE_RESPONSE.format(code=t.solutions[language].strip("\n"),
+        answers = [engines.ORACLE_RESPONSE.format(code=t.solutions[language].strip("\n"),
                                                   summary="I used the task's reference solution.") for t in train_tasks]
         longest = max(len(tokenizer(a, add_special_tokens=False).input_ids) + 1 for a in answers)
         if longest > config.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
@@ -466,7 +412,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
                 tqdm.write(f"train.py: stopping before step {step + 1}: --max-minutes {config.max_minutes} would pass")
             break
         clock.update(generation=0.0, evaluation=0.0)
-        if isinstance(engine, rollout.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
+        if isinstance(engine, engines.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
             engine.rng.seed(f"oracle-mixed:{config.seed}:{rank}:{step}")
         # 1. this step's tasks; each task's whole group on one rank
         my_tasks = draw_tasks(train_tasks, config, step, success)[rank::world]
@@ -486,22 +432,19 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         update_out = update(model, optimizer, samples, advantages, config, step, max_new, pad_id, device, world)
         clock["training"] = time.perf_counter() - train_start
         # 6. metrics from every rank, written by rank 0; a checkpoint
-        mine = {"rows": [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated)
-                         for s in samples],
-                "clips": update_out["clip_fraction"], "approx_kl": update_out["approx_kl"],
-                "advantage_nonzero": update_out["advantage_nonzero"], "clock": dict(clock), "turn_stats": turn_stats,
-                # the old log-probs' forward, then forward + backward (2x) in the update
-                "flops": 4 * forward_flops(layer_params, model.config, samples)}
+        # flops: the old log-probs' forward, then forward + backward (2x) in the update
+        mine = train_log.rank_summary(samples, turn_stats, update_out, clock,
+                                      4 * train_log.forward_flops(layer_params, model.config, samples))
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         for task_id, turn, status, *_ in (r for part in gathered for r in part["rows"]):
             done, tried = success.get(task_id, (0, 0))
             success[task_id] = (done + (status == "correct"), tried + 1)
         if rank == 0:
-            record = step_record(step, gathered, update_out, config)
+            record = train_log.step_record(step, gathered, update_out, config.turns)
             record["seconds_step"] = time.perf_counter() - step_start
             checkpoint.write_metrics(config.out, record)
-            plot_metrics(config.out)
+            train_log.plot_curves(config.out)
             tqdm.write(f"step {step + 1}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
                        f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
                        f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")

@@ -2,7 +2,7 @@
 updates) on synthetic rollout batches of a randomly initialised Qwen2-shaped model, and the
 step-time split of a real train.py run.
 
-MFU = model flops / seconds / peak, with train.forward_flops's count (decoder-layer parameters,
+MFU = model flops / seconds / peak, with train_log.forward_flops's count (decoder-layer parameters,
 the LM head on trained tokens only, causal attention) times 4: the old log-probs' forward, then
 forward + backward. Recomputation under activation checkpointing is not model flops (it lowers
 MFU, as it should). Padding is not model flops either. Peak: --peak-tflops (H200/H100 SXM dense
@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import grpo  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+import train_log  # noqa: E402
 
 QWEN2_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
@@ -74,7 +75,7 @@ def measure(model, layer_params, samples, config, device, repeats: int) -> tuple
     """(seconds per update, model flops per update, peak GiB) of train.update on samples."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples])
-    flops = 4 * train.forward_flops(layer_params, model.config, samples)
+    flops = 4 * train_log.forward_flops(layer_params, model.config, samples)
     times = []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -1,0 +1,46 @@
+"""train_log.py: a metrics.jsonl line from two ranks' summaries, checked by hand, and the flop count."""
+import json
+import types
+
+import train_log
+
+
+def _summary(rows, loss, clips, kl, nonzero, clock, turn_stats, flops):
+    return {"rows": rows, "loss": loss, "clips": clips, "approx_kl": kl, "advantage_nonzero": nonzero,
+            "clock": clock, "turn_stats": turn_stats, "flops": flops}
+
+
+def test_step_record_from_two_ranks_by_hand(tmp_path):
+    # (task, turn, status, score, speedup, completion tokens, truncated)
+    rank0 = _summary([("a", 0, "correct", 0.3, 1.5, 100, False), ("a", 1, "format_error", 0.0, 0.0, 300, True)],
+                     [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0},
+                     [{"n": 2, "not_okay_ratio": 0.5}], 1e12)
+    rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False), ("b", 1, "correct", 0.9, 3.0, 200, False)],
+                     [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5},
+                     [{"n": 2, "not_okay_ratio": 0.0}], 2e12)
+    update_out = {"loss": [0.25, -0.5], "grad_norm": [0.2, 0.1], "lr": 1e-5}
+    record = train_log.step_record(4, [rank0, rank1], update_out, n_turns=2)
+    assert record["step"] == 5
+    assert record["reward_mean"] == (0.3 + 0.9) / 4 and record["correct_rate"] == 0.5
+    assert record["correct_rate_per_turn"] == [0.5, 0.5]
+    assert record["best_speedup"] == 3.0
+    assert record["status_counts"] == {"correct": 2, "format_error": 1, "incorrect": 1}
+    assert record["response_tokens_mean"] == 200 and record["truncated_rate"] == 0.25
+    assert record["not_okay_ratio"] == 0.25
+    assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
+    assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
+    assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
+    assert record["train_flops"] == 3e12
+    assert (record["seconds_generation"], record["seconds_evaluation"], record["seconds_training"]) == (7.0, 2.0, 1.5)
+    record["seconds_step"] = 10.0
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.write(json.dumps(record) + "\n")
+    train_log.plot_curves(str(tmp_path))
+    assert (tmp_path / "plots" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_forward_flops_by_hand():
+    config = types.SimpleNamespace(hidden_size=4, num_hidden_layers=2, vocab_size=10)
+    sample = types.SimpleNamespace(input_ids=[0] * 5, completion_ids=[0] * 2)
+    # 2 x 100 params x 5 tokens + 2 x 4 x 10 x 2 trained + 2 x 2 layers x 4 x 5^2
+    assert train_log.forward_flops(100, config, [sample, sample]) == 2 * (1000 + 160 + 400)

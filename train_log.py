@@ -1,0 +1,88 @@
+"""train_log.py: what train.py reports after each step, and the training phase's model flops.
+
+Every rank summarises its own samples (`rank_summary`); rank 0 gathers the summaries and turns
+them into one metrics.jsonl line (`step_record`): reward, correct rate (overall and per turn),
+best speedup, status counts, response length, truncation, Kevin's "not okay" ratio (a response
+that does not open its thinking as the template expects), the loss's clip fraction, approx KL
+between the old and the updated policy, the share of samples with a nonzero advantage, grad
+norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
+`plot_curves` redraws plots/curves.png from metrics.jsonl.
+
+MFU accounting (`forward_flops`): model flops of a forward over a sample of s tokens of which c
+are trained = 2 x P x s (P: decoder-layer parameters) + 2 x d x V x c (the LM head runs on the
+trained positions only) + 2 x L x d x s^2 (causal attention: QK^T and AV, half the square). A
+backward is twice a forward; train.py's update does one forward for the old log-probs and one
+forward + backward per sample, so 4x. Recomputation and padding are not model flops.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+
+def forward_flops(layer_params: int, model_config, samples: list) -> float:
+    """Model flops of one forward over the samples (a backward is twice that): 2 x decoder-layer
+    parameters per token, 2 x d x vocab per trained token for the LM head, 2 x layers x d x s^2
+    for causal attention (QK^T and AV, half the square)."""
+    d, layers, vocab = model_config.hidden_size, model_config.num_hidden_layers, model_config.vocab_size
+    return sum(2.0 * layer_params * len(s.input_ids) + 2.0 * d * vocab * len(s.completion_ids)
+               + 2.0 * layers * d * len(s.input_ids) ** 2 for s in samples)
+
+
+def rank_summary(samples: list, turn_stats: list[dict], update_out: dict, clock: dict, flops: float) -> dict:
+    """What one rank sends to rank 0 after a step (all_gather_object): a row per sample, not the samples."""
+    return {"rows": [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated)
+                     for s in samples],
+            "loss": update_out["loss"], "clips": update_out["clip_fraction"], "approx_kl": update_out["approx_kl"],
+            "advantage_nonzero": update_out["advantage_nonzero"], "clock": dict(clock), "turn_stats": turn_stats,
+            "flops": flops}
+
+
+def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) -> dict:
+    """One metrics.jsonl line from every rank's rank_summary. Each rank's loss is its share of the
+    optimizer step's loss (normalised by the global Z), so the step's loss is their sum (averaged
+    over the optimizer steps); grad norm and lr are the same on every rank: rank 0's update_out."""
+    rows = [r for part in ranks for r in part["rows"]]
+    clips = [c for part in ranks for c in part["clips"]]
+    kls = [c for part in ranks for c in part["approx_kl"]]
+    turns = [t for part in ranks for t in part["turn_stats"]]
+    n = max(1, len(rows))
+    per_turn = [[r for r in rows if r[1] == t] for t in range(n_turns)]
+    return {"step": step + 1, "reward_mean": sum(r[3] for r in rows) / n,
+            "correct_rate": sum(r[2] == "correct" for r in rows) / n,
+            "correct_rate_per_turn": [sum(r[2] == "correct" for r in t) / max(1, len(t)) for t in per_turn],
+            "best_speedup": max((r[4] for r in rows), default=0.0),
+            "status_counts": {s: sum(r[2] == s for r in rows) for s in sorted({r[2] for r in rows})},
+            "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
+            "not_okay_ratio": sum(t["not_okay_ratio"] * t["n"] for t in turns) / max(1, sum(t["n"] for t in turns)),
+            "loss": sum(sum(part["loss"]) for part in ranks) / len(update_out["loss"]),
+            "clip_fraction": sum(clips) / max(1, len(clips)), "approx_kl": sum(kls) / max(1, len(kls)),
+            "advantage_nonzero": sum(p["advantage_nonzero"] * len(p["rows"]) for p in ranks) / n,
+            "grad_norm": update_out["grad_norm"][-1], "lr": update_out["lr"],
+            "train_flops": sum(part["flops"] for part in ranks),
+            **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
+
+
+def plot_curves(out: str) -> None:
+    """plots/curves.png from metrics.jsonl, written under a temp name and renamed (never half a PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    keys = ["reward_mean", "correct_rate", "best_speedup", "response_tokens_mean", "seconds_step"]
+    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4 * (len(keys) + 1), 3.2))
+    steps = [r["step"] for r in rows]
+    for ax, key in zip(axes, keys):
+        ax.plot(steps, [r[key] for r in rows], marker="o")
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    for turn in range(len(rows[-1]["correct_rate_per_turn"])):
+        axes[-1].plot(steps, [r["correct_rate_per_turn"][turn] for r in rows], marker="o", label=f"turn {turn + 1}")
+    axes[-1].set_title("correct rate per turn")
+    axes[-1].legend()
+    fig.tight_layout()
+    os.makedirs(os.path.join(out, "plots"), exist_ok=True)
+    fig.savefig(os.path.join(out, "plots", "tmp.png"))
+    plt.close(fig)
+    os.replace(os.path.join(out, "plots", "tmp.png"), os.path.join(out, "plots", "curves.png"))
