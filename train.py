@@ -89,6 +89,7 @@ class Config:
     aggregation: str = "dr_grpo"
     scale_by_std: bool = True
     micro_batch_tokens: int = 16384   # padded tokens per micro-batch
+    generation_batch_rows: int = 64   # rows the HF engine decodes at once
     activation_checkpointing: bool = False
     compile: bool = False             # torch.compile each decoder layer's training forward
     cpu_offload: bool = False
@@ -321,7 +322,7 @@ def main(argv=None) -> None:
     if config.reuse_verdicts and config.time_kernels:
         raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
     for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
-                 "micro_batch_tokens", "save_every", "keep_checkpoints"):
+                 "micro_batch_tokens", "generation_batch_rows", "save_every", "keep_checkpoints"):
         if getattr(config, name) < 1:
             raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
     tasks_module.parse_levels(config.levels, "train.py")
@@ -357,7 +358,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     layer_params = sum(p.numel() for p in model.model.layers.parameters())
     model = shard(model.to(device), config, device, world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    engine = engines.HFEngine(model, tokenizer)
+    engine = engines.HFEngine(model, tokenizer, max_batch_rows=config.generation_batch_rows)
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=language, seed=config.seed + rank)

@@ -17,7 +17,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
                      [{"n": 2, "not_okay_ratio": 0.5}], 1e12)
     rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False), ("b", 1, "correct", 0.9, 3.0, 200, False)],
                      [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5},
-                     [{"n": 2, "not_okay_ratio": 0.0}], 2e12)
+                     [{"n": 2, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"]}], 2e12)
     update_out = {"loss": [0.25, -0.5], "grad_norm": [0.2, 0.1], "lr": 1e-5}
     record = train_log.step_record(4, [rank0, rank1], update_out, n_turns=2)
     assert record["step"] == 5
@@ -30,7 +30,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
     assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
     assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
-    assert record["train_flops"] == 3e12
+    assert record["train_flops"] == 3e12 and record["reference_error_tasks"] == ["c"]
     assert (record["seconds_generation"], record["seconds_evaluation"], record["seconds_training"]) == (7.0, 2.0, 1.5)
     record["seconds_step"] = 10.0
     with open(tmp_path / "metrics.jsonl", "w") as f:
