@@ -40,13 +40,16 @@ LANGUAGE=${LANGUAGE:-cuda}
 DEVICE=${DEVICE:-cuda}
 TASKS=${TASKS:-level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim}
 HELDOUT=${HELDOUT-level1/02_gelu_tanh,level2/06_bias_tanh_multiply}
-# the warm start: 8.8M parameters; 100 s (the 2026-12-01 run: loss 0.013 at 73 s, 0.007 at 120 s)
+# the warm start: 8.8M parameters; 100 s (the 2026-12-01 run: loss 0.013 at 73 s, 0.007 at 120 s).
+# WS_STEPS sets the cosine schedule's length: 600 left lr at 9.5e-4 when the second run's 100 s ran
+# out at step 121 (loss 0.045, 86% format errors); 150 lets it decay within the time.
 HIDDEN=${HIDDEN:-384}; LAYERS=${LAYERS:-4}; HEADS=${HEADS:-6}
-WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-600}; WS_SECONDS=${WS_SECONDS:-100}; WS_LR=${WS_LR:-1e-3}
+WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-150}; WS_SECONDS=${WS_SECONDS:-100}; WS_LR=${WS_LR:-1e-3}
 WS_CHECK=${WS_CHECK:-8}    # samples per task in the final exact-variant check (generation only)
 WS_EVAL=${WS_EVAL:-0}      # samples per task judged by the harness after the warm start (0: RL's step 1,
                            # sampled before any update, measures the warm start on G x T x tasks samples)
 TEMPERATURE=${TEMPERATURE:-0.6}
+GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64
 G=${G:-16}; T=${T:-2}; MAX_NEW=${MAX_NEW:-1024}; MAX_PROMPT=${MAX_PROMPT:-3072}  # warm start: 4096 positions
 # RL_LR: 3e-4 moved the policy by 1.1-1.5 nats/token in its first optimizer step and collapsed it to all
 # format errors after two steps (docs/learning/README.md); 3e-5 moved the CPU probe's log-probs by
@@ -75,7 +78,7 @@ n_tasks=$(echo "$TASKS" | tr ',' '\n' | wc -l)
 warmup_frac=$(awk -v w="$WARMUP" -v s="$STEPS" 'BEGIN { printf "%.6f", w / (2 * s) }')
 { date -u; nvidia-smi -L 2>/dev/null; git log --oneline -1 2>/dev/null; git status --short 2>/dev/null | head -20
   for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL \
-           TEMPERATURE G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
+           TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
       echo "$v=${!v}"; done; } > "$WORK/run_info.txt"
 note() { echo "$(( $(date +%s) - start )) s: $*" | tee -a "$WORK/run_info.txt"; }
 
@@ -105,7 +108,7 @@ port=29600
 for seed in $SEEDS; do
     port=$(( port + 1 ))
     MASTER_PORT=$port timeout -s INT -k 10 "$left" "$PY" train.py $reuse --max-minutes "$max_minutes" \
-        --model "$WORK/warm" --tasks builtin --task-ids "$task_ids" --heldout 0 --out "$WORK/rl_seed$seed" \
+        --generation-batch-rows "$GEN_ROWS" --model "$WORK/warm" --tasks builtin --task-ids "$task_ids" --heldout 0 --out "$WORK/rl_seed$seed" \
         --steps "$STEPS" --seed "$seed" --device "$DEVICE" --tasks-per-step "$n_tasks" --trajectories "$G" \
         --turns "$T" --max-prompt-tokens "$MAX_PROMPT" --max-new-tokens "$MAX_NEW" --temperature "$TEMPERATURE" \
         --gamma 0.4 --return-mode sum --oracle-share "$ORACLE_SHARE" --no-time-kernels --lr "$RL_LR" \
