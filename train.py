@@ -210,11 +210,12 @@ def lr_at(optimizer_step: int, total: int, config: Config) -> float:
 
 def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(token) under logits / temperature for the positions that can be trained: the LM
-    head runs only from the shortest prompt on (logits_to_keep), never over the whole batch."""
+    head runs only from the shortest prompt on (logits_to_keep), never over the whole batch.
+    No attention mask: rows are right-padded, so under the causal mask no real token sees a pad,
+    and without a padding mask SDPA can take its flash kernel (pads' outputs are never trained)."""
     start = int(batch["prompt_lens"].min())
     width = batch["input_ids"].shape[1]
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   logits_to_keep=width - start + 1, use_cache=False).logits[:, :-1]
+    logits = model(input_ids=batch["input_ids"], logits_to_keep=width - start + 1, use_cache=False).logits[:, :-1]
     logp = grpo.token_logprobs(logits / temperature, batch["input_ids"][:, start:])
     return logp, batch["loss_mask"][:, start:]
 

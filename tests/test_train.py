@@ -154,3 +154,22 @@ def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
     assert "stopping before step 1: --max-minutes" in captured.out + captured.err
     assert not os.path.exists(tmp_path / "metrics.jsonl")
     assert os.path.exists(tmp_path / "export" / "config.json")
+
+
+def test_right_padded_rows_get_the_log_probs_they_get_alone():
+    """completion_logprobs runs without a padding mask (right padding under the causal mask):
+    each row's trained log-probs equal those of the row alone, with no padding at all."""
+    torch.manual_seed(0)
+    model, _ = train.load_policy(train.Config())
+    samples, _ = _problem()
+    together = train.micro_batches(samples, 0, 1 << 20, torch.device("cpu"))[0]
+    logp, mask = train.completion_logprobs(model, together, temperature=0.7)
+    start = int(together["prompt_lens"].min())
+    for row, i in enumerate(together["rows"]):
+        alone = train.micro_batches([samples[i]], 0, 1 << 20, torch.device("cpu"))[0]
+        logp_alone, mask_alone = train.completion_logprobs(model, alone, temperature=0.7)
+        n_prompt = len(samples[i].prompt_ids)
+        got = logp[row][mask[row].bool()]
+        want = logp_alone[0][mask_alone[0].bool()]
+        assert int(mask[row].sum()) == len(samples[i].completion_ids) and start <= n_prompt
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
