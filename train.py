@@ -55,6 +55,8 @@ TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 by
 @dataclass
 class Config:
     model: str = "tiny-llama"         # HF id, local path, or a TINY_MODELS name
+    engine: str = "hf"                # "hf" (the policy itself) or "vllm" (colocated, asleep while training)
+    vllm_memory: float = 0.3          # the GPU share vLLM's KV cache may take when awake
     tasks: str = "builtin"            # "builtin", a KernelBench checkout, or a .jsonl/.parquet export
     levels: str = "1,2"
     task_ids: str = "builtin/level1/01_relu,builtin/level2/06_bias_tanh_multiply"  # "" = all
@@ -327,6 +329,10 @@ def main(argv=None) -> None:
         if getattr(config, name) < 1:
             raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
     tasks_module.parse_levels(config.levels, "train.py")
+    if config.engine not in ("hf", "vllm"):
+        raise SystemExit(f"train.py: --engine {config.engine}: expected hf or vllm")
+    if config.engine == "vllm" and config.model in TINY_MODELS:
+        raise SystemExit(f"train.py: --engine vllm loads --model from disk; {config.model} is built in memory")
     import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
     config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
     config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
@@ -359,7 +365,15 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     layer_params = sum(p.numel() for p in model.model.layers.parameters())
     model = shard(model.to(device), config, device, world)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    engine = engines.HFEngine(model, tokenizer, max_batch_rows=config.generation_batch_rows)
+    vllm = None
+    if config.engine == "vllm":   # weights from --model, then synced from the policy before each rollout
+        if rank == 0:
+            print("train.py: --engine vllm has never run on this project's machines (vLLM cannot be installed "
+                  "there); it is written against vLLM's public API", flush=True)
+        vllm = engines.VLLMEngine(config.model, tokenizer, gpu_memory_utilization=config.vllm_memory,
+                                  seed=config.seed + rank, distributed_executor_backend="external_launcher")
+        vllm.sleep()
+    engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=config.generation_batch_rows)
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=language, seed=config.seed + rank)
@@ -424,8 +438,14 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=max_new,
             max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature,
             language=language, gamma=config.gamma, return_mode=config.return_mode)
+        if vllm:   # weights first: the sync needs no KV-cache memory; every rank syncs (all-gathers)
+            vllm.wake_up(["weights"])
+            vllm.sync_weights(model)
+            vllm.wake_up(["kv_cache"])
         with torch.compiler.set_stance("force_eager"):   # decoding's shapes would recompile each step
             samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, rollout_config)
+        if vllm:
+            vllm.sleep()
         train_start = time.perf_counter()
         # 3. advantages per task over its G*T samples
         advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],

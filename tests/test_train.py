@@ -173,3 +173,50 @@ def test_right_padded_rows_get_the_log_probs_they_get_alone():
         want = logp_alone[0][mask_alone[0].bool()]
         assert int(mask[row].sum()) == len(samples[i].completion_ids) and start <= n_prompt
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_path, monkeypatch, capsys):
+    """vLLM cannot be installed here: a fake `vllm` module records what train.py asks of it."""
+    import sys
+    import types
+    from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    log = []
+    tokenizer = ByT5Tokenizer()
+    model_dir = str(tmp_path / "model")
+    LlamaForCausalLM(LlamaConfig(**train.TINY_MODELS["tiny-llama"], eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+    class FakeLLM:
+        def __init__(self, model, **kwargs):
+            log.append(("init", model, kwargs["seed"], kwargs["distributed_executor_backend"]))
+            target = types.SimpleNamespace(load_weights=lambda weights: log.append(("load", [n for n, _ in weights])))
+            worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=target))
+            self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=worker))
+
+        def generate(self, prompts, params, use_tqdm=False):
+            log.append(("generate", len(prompts), params.n))
+            done = types.SimpleNamespace(token_ids=[tokenizer.eos_token_id], logprobs=None, text="", finish_reason="stop")
+            return [types.SimpleNamespace(outputs=[done] * params.n) for _ in prompts]
+
+        def sleep(self, level):
+            log.append(("sleep", level))
+
+        def wake_up(self, tags=None):
+            log.append(("wake", tags))
+
+        def reset_prefix_cache(self):
+            log.append(("reset",))
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, SamplingParams=types.SimpleNamespace))
+    train.main(["--engine", "vllm", "--model", model_dir, "--oracle-share", "0", "--steps", "2", "--turns", "1",
+                "--trajectories", "2", "--task-ids", "builtin/level1/01_relu", "--tasks-per-step", "1",
+                "--no-time-kernels", "--out", str(tmp_path / "out")])
+    assert "--engine vllm has never run" in capsys.readouterr().out
+    n_weights = len(LlamaForCausalLM.from_pretrained(model_dir).state_dict())
+    kinds = [entry[0] for entry in log]
+    assert log[0] == ("init", model_dir, 0, "external_launcher") and log[1] == ("sleep", 1)
+    one_step = ["wake"] + ["load"] * n_weights + ["reset", "wake", "generate", "sleep"]
+    assert kinds == ["init", "sleep"] + one_step * 2, kinds
+    wakes = [entry[1] for entry in log if entry[0] == "wake"]
+    assert wakes == [["weights"], ["kv_cache"]] * 2
