@@ -58,6 +58,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import beam_search
+import engines
 import rewards
 import rollout
 import summarize
@@ -307,16 +308,16 @@ def build_engine(args, task_list, language: str):
     model (hub id or local path with config.json)."""
     if args.policy in ("oracle", "oracle-corrupt"):
         rate = 1.0 if args.policy == "oracle-corrupt" else args.corrupt_rate
-        return rollout.OracleEngine(task_list, language=language, corrupt_rate=rate, seed=args.seed)
+        return engines.OracleEngine(task_list, language=language, corrupt_rate=rate, seed=args.seed)
     if args.base_url:
-        return rollout.OpenAIEngine(args.base_url, args.model or args.policy,
+        return engines.OpenAIEngine(args.base_url, args.model or args.policy,
                                     api_key=os.environ.get(args.api_key_env), max_workers=args.http_workers)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=dtype).to(args.device)
-    return rollout.HFEngine(model, tokenizer, max_batch_rows=args.max_batch_rows)
+    return engines.HFEngine(model, tokenizer, max_batch_rows=args.max_batch_rows)
 
 
 def is_candidate_folder(policy: str) -> bool:

@@ -2,15 +2,19 @@
 
 Rows (new tokens per second over the whole batch; a random model never samples EOS, so every row
 runs to --new tokens):
-  HFEngine, plain        rollout.HFEngine on the model as loaded (bf16 on cuda)
-  HFEngine, FSDP2        the same on train.shard's FSDP2 model (one rank; bf16 compute, fp32 master
+  hf_fast                engines.HFEngine's fast decoder (static cache, shared prefill, CUDA-graph
+                         decode step) on the model as loaded (bf16 on cuda)
+  hf_fast_fsdp2          the same on train.shard's FSDP2 model (one rank; bf16 compute, fp32 master
                          weights), as train.py generates: unsharded once per generation
+  hf_plain, hf_fsdp2     the same two through transformers generate (HFEngine(fast=False))
   generate, dynamic      model.generate, sampling, no log-probs, no stop handling
   generate, static       the same with cache_implementation="static"
 
   python bench/generation.py --shape qwen2-8m --batches 64,128       # the learning demo's policy shape
   python bench/generation.py --shape qwen2-1.5b --batches 64,256      # DESIGN.md's measurement shape
   python bench/generation.py --device cpu --shape qwen2-8m --batches 4 --prompt 32 --new 16
+
+Each cell is timed after one warm-up call of --warmup-new tokens (kernels loaded, allocator warm).
 """
 import argparse
 import os
@@ -21,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import rollout  # noqa: E402
+import engines  # noqa: E402
 import train  # noqa: E402
 
 SHAPES = {
@@ -68,7 +72,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default="64,128")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=256)
-    parser.add_argument("--rows", default="hf_plain,hf_fsdp2,generate_dynamic,generate_static")
+    parser.add_argument("--warmup-new", type=int, default=16)
+    parser.add_argument("--rows", default="hf_fast,hf_fast_fsdp2,generate_static,generate_dynamic,hf_plain,hf_fsdp2")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -89,16 +94,17 @@ def main(argv=None) -> None:
             g = torch.Generator().manual_seed(batch)
             prompts = torch.randint(2, SHAPES[args.shape]["vocab_size"], (batch, args.prompt), generator=g)
             if row.startswith("hf_"):
-                engine = rollout.HFEngine(plain if row == "hf_plain" else fsdp, tokenizer, max_batch_rows=batch)
-                run = lambda: engine.generate(prompts.tolist(), max_new_tokens=args.new, temperature=1.0)  # noqa: E731
+                engine = engines.HFEngine(fsdp if row.endswith("fsdp2") else plain, tokenizer, max_batch_rows=batch,
+                                          fast=row.startswith("hf_fast"))
+                run = lambda new: engine.generate(prompts.tolist(), max_new_tokens=new, temperature=1.0)  # noqa: E731
             else:
                 cache = {"cache_implementation": "static"} if row == "generate_static" else {}
-                run = lambda: plain.generate(  # noqa: E731
+                run = lambda new: plain.generate(  # noqa: E731
                     input_ids=prompts.to(device), attention_mask=torch.ones_like(prompts, device=device),
-                    max_new_tokens=args.new, min_new_tokens=args.new, do_sample=True, top_k=0, temperature=1.0,
+                    max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0, temperature=1.0,
                     pad_token_id=0, **cache)
-            run()   # warm-up
-            cells.append(f"{batch * args.new / timed(run, device):,.0f}")
+            run(args.warmup_new)
+            cells.append(f"{batch * args.new / timed(lambda: run(args.new), device):,.0f}")
         print(f"| {row} | " + " | ".join(cells) + " |", flush=True)
     dist.destroy_process_group()
 

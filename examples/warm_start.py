@@ -10,18 +10,18 @@ GRPO raise the share of correct kernels. What it trains, exactly:
   them), trained on the turn-0 prompts and the built-in solutions of all built-in tasks in
   both languages; at most `--vocab-size` tokens (the corpus is small: ~2,850 in practice);
   ids 0 = <pad>, 1 = </s> (EOS). It has no chat template, so rollout renders prompts with
-  `rollout.PLAIN_CHAT_TEMPLATE`. A turn-0 prompt is ~800 tokens, a CUDA solution ~650.
+  `engines.PLAIN_CHAT_TEMPLATE`. A turn-0 prompt is ~800 tokens, a CUDA solution ~650.
 - model: `transformers.Qwen2ForCausalLM` from a `Qwen2Config` (`--hidden`, `--layers`,
   `--heads`), randomly initialised, tied embeddings; a few million parameters.
 - data, drawn afresh at every step: a task from `--tasks`, then a response in the policy's
   format (`<think>\\n...\\n</think>\\n```python\\n<code>\\n```\\n<summary>`, then EOS) whose code
   is the task's built-in solution with probability `--correct-share`, else one of two broken
-  variants in equal shares: `wrong_values` (`rollout.corrupt_solution`: +1 on every output
+  variants in equal shares: `wrong_values` (`engines.corrupt_solution`: +1 on every output
   store, compiles, wrong numbers) or `no_compile` (`drop_declaration`: the kernel source's
   first variable declaration removed, a compile error). The thinking and the summary are
   drawn from a few templates, independent of the variant, so nothing in the text before
   the code says which variant follows: the choice is made inside the code.
-- prompts: exactly what the rollout shows the policy, `rollout.render_prompt(tokenizer,
+- prompts: exactly what the rollout shows the policy, `engines.render_prompt(tokenizer,
   summarize.build_prompt(task.reference_src, history, language, ...))`. With probability
   `--later-turn-share` the history holds one or two earlier attempts (codes drawn from the
   same mixture, their summaries, and feedback written by `summarize.feedback` from a verdict
@@ -33,7 +33,7 @@ GRPO raise the share of correct kernels. What it trains, exactly:
 
 The mixture is the room the RL run needs: a fully trained warm start reproduces it (the
 correct rate its samples reach is measured, not assumed: `--eval-samples` samples per task
-from `rollout.HFEngine` at `--eval-temperature`, judged by `kernel_eval.evaluate_batch` with
+from `engines.HFEngine` at `--eval-temperature`, judged by `kernel_eval.evaluate_batch` with
 no timing), and GRPO can raise the correct rate only by moving probability from the broken
 variants to the solution. A model this small memorises its training tasks: it is not
 expected to write a kernel for a task it has not seen (`--heldout` measures that too).
@@ -62,6 +62,7 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import engines  # noqa: E402
 import rollout  # noqa: E402
 import summarize  # noqa: E402
 import tasks as tasks_module  # noqa: E402
@@ -124,7 +125,7 @@ def variant_code(solution: str, variant: str) -> str:
     if variant == "correct":
         return solution
     if variant == "wrong_values":
-        return rollout.corrupt_solution(solution)
+        return engines.corrupt_solution(solution)
     if variant == "no_compile":
         return drop_declaration(solution)[0]
     raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
@@ -185,7 +186,7 @@ def draw_example(task, tokenizer, rng: random.Random, args) -> Example:
     variant = draw_variant(rng, args.correct_share)
     text = response_text(task, variant_code(solution, variant), args.language, rng)
     response_ids = list(tokenizer(text, add_special_tokens=False).input_ids) + [tokenizer.eos_token_id]
-    return Example(task.task_id, variant, len(history), rollout.render_prompt(tokenizer, prompt),
+    return Example(task.task_id, variant, len(history), engines.render_prompt(tokenizer, prompt),
                    response_ids)
 
 
@@ -273,7 +274,7 @@ def on_distribution(model, tokenizer, train_tasks, args) -> dict:
     """Share of turn-0 samples (at --eval-temperature) whose code is exactly one of the trained
     variants, and the share of each variant: no harness, a cheap check of how far the
     model reproduces its mixture rather than garbling it."""
-    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
+    engine = engines.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
     prompts = [engine.encode_prompt(summarize.build_prompt(
         t.reference_src, [], language=args.language, count_tokens=engine.count_tokens,
         max_prompt_tokens=args.max_prompt_tokens)) for t in train_tasks]
@@ -331,11 +332,11 @@ def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
 
 
 def judge_samples(model, tokenizer, eval_tasks, args, device, log, n: int | None = None) -> dict:
-    """Turn-0 samples from rollout.HFEngine, judged by kernel_eval (no timing): the rollout
+    """Turn-0 samples from engines.HFEngine, judged by kernel_eval (no timing): the rollout
     itself, one turn, so the prompts, the parse and the gate are the RL run's."""
     import kernel_eval
     model.to(device).eval()
-    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
+    engine = engines.HFEngine(model, tokenizer, max_batch_rows=args.eval_batch_rows)
     config = rollout.RolloutConfig(
         n_trajectories=n or args.eval_samples, n_turns=1, max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens, temperature=args.eval_temperature,

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
+import engines
 import eval as evaluation
-import rollout
 import tasks as tasks_module
 
 
@@ -231,7 +231,7 @@ def test_candidate_folder_is_judged_as_it_is(tmp_path, fake_harness):
     folder = tmp_path / "cands" / TWO[0]
     folder.mkdir(parents=True)
     (folder / "0.py").write_text(relu.solutions["cpp"])
-    (folder / "1.py").write_text(rollout.corrupt_solution(relu.solutions["cpp"]))
+    (folder / "1.py").write_text(engines.corrupt_solution(relu.solutions["cpp"]))
     (folder / "2.py").write_text("import torch\nclass ModelNew(torch.nn.Module):\n"
                                  "    def forward(self, x):\n        return torch.relu(x)\n")
     args = ["--policy", str(tmp_path / "cands"), "--tasks", "builtin", "--device", "cpu", "--task-ids", ",".join(TWO),

@@ -1,313 +1,24 @@
-"""Tests for rollout.py: engines (HF on a tiny random model, OpenAI over a local HTTP server,
-oracle, vLLM weight sync against a fake LLM), FSDP2 generation on CPU, the multi-turn rollout
-and its samples; and one slow end-to-end run on real C++ kernels with the oracle engine."""
-import http.server
-import json
+"""Tests for rollout.py: the multi-turn rollout and its samples with a scripted engine and a
+tiny HF model, the oracle-mixed engine through a scripted policy; and one slow end-to-end run
+on real C++ kernels with the oracle engine. The engines' own tests are in test_engines.py."""
 import math
-import os
-import socket
-import threading
 from dataclasses import dataclass
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+import engines
 import rollout
 import summarize
+from test_engines import EOS, tiny_model
 
 transformers = pytest.importorskip("transformers")
-from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-EOS = 1  # ByT5Tokenizer: pad 0, eos 1, unk 2, bytes 3..258
-
-
-def byte_id(ch: str) -> int:
-    return ord(ch) + 3
-
-
-def tiny_model(seed: int = 0, eos_logit: float = 0.0, favoured: dict[int, float] | None = None):
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=384, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=16384, eos_token_id=EOS, pad_token_id=0,
-                         bos_token_id=None)
-    model = LlamaForCausalLM(config)
-    # A bias on the output layer makes chosen tokens (EOS, a stop character) likely enough
-    # that the paths which depend on them are exercised.
-    with torch.no_grad():
-        head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        for token, logit in {EOS: eos_logit, **(favoured or {})}.items():
-            head.bias[token] = logit
-    model.lm_head = head
-    # Checkpoint defaults that must NOT leak into the sampling distribution.
-    model.generation_config.top_k = 5
-    model.generation_config.repetition_penalty = 1.5
-    model.generation_config.temperature = 0.3
-    model.eval()
-    return model
+from transformers import ByT5Tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return ByT5Tokenizer()
-
-
-# ------------------------------------------------------------------------- HF engine
-
-
-def naive_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Row by row, token by token: keep the most likely tokens until their mass reaches top_p."""
-    out = torch.full_like(logits, float("-inf"))
-    probs = logits.softmax(-1)
-    for row in range(logits.shape[0]):
-        mass = 0.0
-        for token in sorted(range(logits.shape[1]), key=lambda t: -float(probs[row, t])):
-            out[row, token] = logits[row, token]
-            mass += float(probs[row, token])
-            if mass >= top_p:
-                break
-    return out
-
-
-def test_hf_ids_exact_cut_at_eos_and_logprobs_match_unpadded_forward(tokenizer):
-    model = tiny_model(eos_logit=2.0)
-    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=5)
-    prompts = [engine.encode_prompt("hi"), engine.encode_prompt("a much longer prompt, padded less")]
-    torch.manual_seed(1)
-    temperature, top_p, max_new = 0.8, 0.9, 24
-    groups = engine.generate(prompts, n=4, max_new_tokens=max_new, temperature=temperature, top_p=top_p)
-    assert [len(g) for g in groups] == [4, 4]
-    reasons = set()
-    for prompt, group in zip(prompts, groups):
-        for c in group:
-            reasons.add(c.finish_reason)
-            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            assert 0 not in c.token_ids  # no padding inside a completion
-            if c.finish_reason == "stop":
-                assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
-            else:
-                assert len(c.token_ids) == max_new and EOS not in c.token_ids
-            # The same model on the unpadded sequence, temperature and top-p applied by hand.
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + c.token_ids])).logits[0].float()
-            steps = logits[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)] / temperature
-            expected = naive_top_p(steps, top_p).log_softmax(-1)
-            expected = expected.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
-            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
-    assert reasons == {"stop", "length"}, "pick eos_logit so that both endings occur"
-
-
-def test_hf_greedy_batch_with_left_padding_equals_one_at_a_time(tokenizer):
-    model = tiny_model(seed=3)
-    engine = rollout.HFEngine(model, tokenizer, max_batch_rows=8)
-    prompts = [engine.encode_prompt(t) for t in ("x", "a longer prompt than x", "mid size")]
-    batched = engine.generate(prompts, n=1, max_new_tokens=12, temperature=0.0)
-    for prompt, group in zip(prompts, batched):
-        alone = engine.generate([prompt], n=1, max_new_tokens=12, temperature=0.0)[0][0]
-        assert group[0].token_ids == alone.token_ids
-
-
-def test_hf_stop_string_ends_completion_at_first_occurrence(tokenizer):
-    model = tiny_model(seed=5, favoured={byte_id("Z"): 2.5})
-    engine = rollout.HFEngine(model, tokenizer)
-    torch.manual_seed(0)
-    groups = engine.generate([engine.encode_prompt("go")], n=6, max_new_tokens=40,
-                             temperature=1.0, stop=("Z",))
-    stopped = [c for c in groups[0] if c.finish_reason == "stop" and c.token_ids[-1] != EOS]
-    assert stopped, "the favoured stop character should end some completions"
-    for c in stopped:
-        assert c.token_ids[-1] == byte_id("Z") and byte_id("Z") not in c.token_ids[:-1]
-        assert len(c.logprobs) == len(c.token_ids)
-
-
-def test_render_prompt_falls_back_without_chat_template(tokenizer):
-    ids = rollout.render_prompt(tokenizer, "hé")
-    assert tokenizer.decode(ids) == rollout.PLAIN_CHAT_TEMPLATE.format(prompt="hé")
-    assert EOS not in ids  # no special tokens added behind the template's back
-
-
-# ------------------------------------------------------------------------- FSDP2 on CPU
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _fsdp_worker(rank: int, world: int, port: int, device_type: str, results):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device("cpu") if device_type == "cpu" else torch.device("cuda", rank)
-    if device_type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("gloo" if device_type == "cpu" else "nccl", rank=rank, world_size=world)
-    try:
-        tokenizer = ByT5Tokenizer()
-        reference = tiny_model(seed=7).to(device)
-        model = tiny_model(seed=7).to(device)
-        mesh = init_device_mesh(device_type, (world,))
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        # Each rank decodes a different prompt for a different number of steps: with
-        # per-step all-gathers this would hang; unsharded once, it cannot.
-        prompt = rollout.render_prompt(tokenizer, ["short", "a different prompt"][rank % 2])
-        max_new = 6 + 7 * rank
-        got = rollout.HFEngine(model, tokenizer).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
-        want = rollout.HFEngine(reference, tokenizer).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
-        resharded = all(isinstance(p, DTensor) for p in model.parameters())
-        full = dict(rollout.iter_full_weights(model))
-        weights_equal = all(torch.equal(full[k], v) for k, v in reference.state_dict().items())
-        ids = torch.tensor([[5, 6, 7, 8]], device=device)
-        loss = model(ids, labels=ids).loss
-        loss.backward()
-        results[rank] = (got[0][0].token_ids == want[0][0].token_ids, resharded, weights_equal,
-                         math.isfinite(float(loss.detach())))
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_fsdp_ranks(world: int, device_type: str) -> dict:
-    manager = mp.Manager()
-    results = manager.dict()
-    mp.spawn(_fsdp_worker, args=(world, _free_port(), device_type, results), nprocs=world)
-    return dict(results)
-
-
-@pytest.mark.slow
-def test_fsdp2_generation_on_two_gloo_ranks():
-    # (same tokens as the unsharded model, params sharded again, full weights, training works)
-    assert _run_fsdp_ranks(2, "cpu") == {0: (True, True, True, True), 1: (True, True, True, True)}
-
-
-@pytest.mark.gpu
-def test_fsdp2_generation_on_two_cuda_ranks():
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 CUDA devices")
-    assert _run_fsdp_ranks(2, "cuda") == {0: (True, True, True, True), 1: (True, True, True, True)}
-
-
-@pytest.mark.gpu
-def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer):
-    model = tiny_model(eos_logit=2.0).cuda()
-    engine = rollout.HFEngine(model, tokenizer)
-    prompts = [engine.encode_prompt("hi"), engine.encode_prompt("a much longer prompt, padded less")]
-    torch.manual_seed(1)
-    groups = engine.generate(prompts, n=4, max_new_tokens=24, temperature=0.8, top_p=0.9)
-    for prompt, group in zip(prompts, groups):
-        for c in group:
-            with torch.no_grad():
-                logits = model(torch.tensor([prompt + c.token_ids], device="cuda")).logits[0].float().cpu()
-            steps = logits[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)] / 0.8
-            expected = naive_top_p(steps, 0.9).log_softmax(-1)
-            expected = expected.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
-            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-3)
-            if c.finish_reason == "stop":
-                assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
-
-
-# ------------------------------------------------------------------------- vLLM pieces
-
-
-def test_vllm_weight_name_strips_wrappers():
-    assert rollout.vllm_weight_name("_orig_mod.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
-    assert rollout.vllm_weight_name("model._fsdp_wrapped_module.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight") == "model.layers.1.self_attn.q_proj.weight"
-    assert rollout.vllm_weight_name("module.lm_head.weight") == "lm_head.weight"
-    assert rollout.vllm_weight_name("model.embed_tokens.weight") == "model.embed_tokens.weight"
-
-
-class _FakeVLLMModel:
-    def __init__(self, log):
-        self.log = log
-
-    def load_weights(self, weights):
-        weights = list(weights)
-        self.log.append(("load", [(n, t.clone()) for n, t in weights]))
-
-
-class _FakeLLM:
-    """Only the attributes sync_weights_into touches, in vLLM's V1 layout."""
-
-    def __init__(self):
-        self.log = []
-        runner = type("Runner", (), {"model": _FakeVLLMModel(self.log)})()
-        worker = type("Worker", (), {"model_runner": None, "worker": type("W", (), {"model_runner": runner})()})()
-        executor = type("Executor", (), {"driver_worker": worker})()
-        self.llm_engine = type("Engine", (), {"model_executor": executor})()
-
-    def reset_prefix_cache(self):
-        self.log.append(("reset", None))
-
-
-def test_sync_weights_streams_full_tensors_one_at_a_time_then_resets_cache():
-    inner = tiny_model(seed=2)
-    wrapped = torch.nn.Module()
-    wrapped._orig_mod = inner  # what torch.compile's wrapper looks like
-    llm = _FakeLLM()
-    sent = rollout.sync_weights_into(llm, wrapped)
-    expected = inner.state_dict()
-    loads = [entry for kind, entry in llm.log if kind == "load"]
-    assert sent == len(expected) == len(loads)
-    assert all(len(batch) == 1 for batch in loads)
-    assert llm.log[-1] == ("reset", None) and [k for k, _ in llm.log].count("reset") == 1
-    for (name, tensor), in loads:
-        assert torch.equal(tensor, expected[name])
-
-
-# ------------------------------------------------------------------------- OpenAI engine
-
-
-class _ChatHandler(http.server.BaseHTTPRequestHandler):
-    requests: list = []
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append((self.path, self.headers.get("Authorization"), body))
-        text = body["messages"][0]["content"]
-        # One choice per request whatever n says, as some servers do.
-        reply = {"choices": [{"index": 0, "finish_reason": "length" if "cut" in text else "stop",
-                              "message": {"role": "assistant", "content": f"echo: {text}",
-                                          "reasoning_content": "Okay, thinking."}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        return None
-
-
-def test_openai_engine_against_local_server():
-    _ChatHandler.requests = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        engine = rollout.OpenAIEngine(f"http://127.0.0.1:{server.server_port}/v1", "tiny",
-                                      api_key="k", max_workers=2)
-        prompts = [engine.encode_prompt("héllo"), engine.encode_prompt("please cut")]
-        groups = engine.generate(prompts, n=2, max_new_tokens=7, temperature=0.5, top_p=0.9, stop=["END"])
-    finally:
-        server.shutdown()
-    assert len(_ChatHandler.requests) == 4  # n=2, one choice per reply
-    path, auth, body = _ChatHandler.requests[0]
-    assert path == "/v1/chat/completions" and auth == "Bearer k"
-    assert (body["model"], body["n"], body["max_tokens"], body["temperature"], body["top_p"], body["stop"]) == ("tiny", 2, 7, 0.5, 0.9, ["END"])
-    assert {b["messages"][0]["content"] for _, _, b in _ChatHandler.requests} == {"héllo", "please cut"}
-    first = groups[0][0]
-    assert first.text == "<think>\nOkay, thinking.\n</think>\necho: héllo"
-    assert bytes(first.token_ids).decode() == first.text and first.logprobs is None
-    assert [c.finish_reason for c in groups[0]] == ["stop", "stop"]
-    assert [c.finish_reason for c in groups[1]] == ["length", "length"]
 
 
 # ------------------------------------------------------------------------- the rollout
@@ -347,7 +58,7 @@ class ScriptedEngine:
         self.prompt_opens_thinking = True   # as QwQ's template, which ends the prompt in <think>
 
     def encode_prompt(self, text):
-        return rollout.render_prompt(self.tokenizer, text)
+        return engines.render_prompt(self.tokenizer, text)
 
     def count_tokens(self, text):
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -366,7 +77,7 @@ class ScriptedEngine:
                 finish = "stop"
                 if self.truncate_at is not None and len(ids_out) > self.truncate_at:
                     ids_out, finish = ids_out[:self.truncate_at], "length"
-                group.append(rollout.Completion(ids_out, None, self.tokenizer.decode(ids_out, skip_special_tokens=True), finish))
+                group.append(engines.Completion(ids_out, None, self.tokenizer.decode(ids_out, skip_special_tokens=True), finish))
             out.append(group)
         self.turn += 1
         return out
@@ -498,11 +209,17 @@ def test_rollout_keeps_truncated_completions_and_collates_without_masking_by_pad
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 0, 0, 0], [1] * 7]
 
 
-def test_rollout_with_tiny_hf_model_end_to_end(tokenizer):
+@pytest.mark.parametrize("device,fast", [
+    ("cpu", False), ("cpu", True),
+    pytest.param("cuda", True, marks=pytest.mark.gpu)])
+def test_rollout_with_tiny_hf_model_end_to_end(tokenizer, device, fast):
     """Random text: nothing parses, nothing is evaluated, every sample still has exact
-    prompt/completion ids and masks, and truncated ones are marked."""
-    model = tiny_model(seed=11, eos_logit=2.0)
-    engine = rollout.HFEngine(model, tokenizer)
+    prompt/completion ids and masks, and truncated ones are marked; through plain generate
+    and the fast decoder (on CUDA with its graph-captured step, in bf16)."""
+    model = tiny_model(seed=11, eos_logit=2.0).to(device)
+    if device == "cuda":
+        model = model.to(torch.bfloat16)
+    engine = engines.HFEngine(model, tokenizer, fast=fast)
     evaluate_batch, batches = fake_evaluator({})
     config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=16,
                                    max_prompt_tokens=100_000, language="cpp", temperature=1.0)
@@ -544,37 +261,6 @@ def test_rollout_takes_no_code_from_a_completion_cut_inside_thinking_the_templat
     assert {s.status for s in closed_samples} == {"correct"}
 
 
-def test_template_opens_thinking_reads_the_chat_template(tokenizer):
-    assert rollout.template_opens_thinking(tokenizer) is False   # plain fallback template
-
-    class QwQLike:
-        chat_template = "set"
-
-        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-            return f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n<think>\n"
-    assert rollout.template_opens_thinking(QwQLike()) is True
-
-
-# ------------------------------------------------------------------------- oracle
-
-
-def test_oracle_answers_the_matching_task_and_corrupts_on_request():
-    head = "class ModelNew:\n    src = '"
-    engine = rollout.OracleEngine([
-        FakeTask("a", "REF A", {"cpp": head + "float* out; out[i] = in[i];'"}),
-        FakeTask("b", "REF B", {"cpp": head + "y[j] = 2 * x[j];'"})], corrupt_rate=0.5, seed=3)
-    groups = engine.generate([engine.encode_prompt("...REF B..."), engine.encode_prompt("REF A")],
-                             n=8, max_new_tokens=10_000)
-    codes_b = {summarize.parse_response(c.text).code for c in groups[0]}
-    assert codes_b == {head + "y[j] = 2 * x[j];'\n", head + "y[j] = (2 * x[j]) + 1;'\n"}
-    assert {summarize.parse_response(c.text).code for c in groups[1]} <= {
-        head + "float* out; out[i] = in[i];'\n", head + "float* out; out[i] = (in[i]) + 1;'\n"}
-    cut = engine.generate([engine.encode_prompt("REF A")], n=1, max_new_tokens=20)[0][0]
-    assert cut.finish_reason == "length" and len(cut.token_ids) == 20
-    with pytest.raises(ValueError, match="none of the tasks"):
-        engine.generate([engine.encode_prompt("REF C")], n=1, max_new_tokens=10)
-
-
 def test_oracle_mixed_engine_writes_oracle_answers_in_policy_tokens(tokenizer):
     solution = {"t/a": kernel("A"), "t/b": kernel("B")}
     tasks_ = [FakeTask(t.task_id, t.reference_src, {"cpp": solution[t.task_id]}) for t in (TASK_A, TASK_B)]
@@ -583,12 +269,12 @@ def test_oracle_mixed_engine_writes_oracle_answers_in_policy_tokens(tokenizer):
     prompts = [policy.encode_prompt(f"solve {t.reference_src}") for t in tasks_]
     for share, want_oracle in ((0.0, 0), (1.0, 16)):
         policy.turn = 0
-        engine = rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=share, language="cpp")
+        engine = engines.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=share, language="cpp")
         groups = engine.generate(prompts, n=8, max_new_tokens=100_000)
         oracle = [c for g in groups for c in g if c.logprobs is None and c.text != "policy text"]
         assert len(oracle) == want_oracle
     policy.turn = 0
-    engine = rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=0.5, language="cpp", seed=2)
+    engine = engines.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=0.5, language="cpp", seed=2)
     groups = engine.generate(prompts, n=8, max_new_tokens=100_000)
     for task, group in zip(tasks_, groups):
         kinds = {c.text == "policy text" for c in group}
@@ -600,11 +286,11 @@ def test_oracle_mixed_engine_writes_oracle_answers_in_policy_tokens(tokenizer):
             assert c.token_ids == tokenizer(c.text, add_special_tokens=False).input_ids + [EOS]
             assert summarize.parse_response(c.text).code.strip() == task.solutions["cpp"].strip()
             assert c.finish_reason == "stop"
-    cut = rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=1.0, language="cpp")
+    cut = engines.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=1.0, language="cpp")
     short = cut.generate(prompts[:1], n=1, max_new_tokens=12)[0][0]
     assert (short.finish_reason, len(short.token_ids)) == ("length", 12)
     with pytest.raises(ValueError, match="oracle_share"):
-        rollout.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=1.5, language="cpp")
+        engines.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=1.5, language="cpp")
 
 
 @pytest.mark.slow
@@ -619,7 +305,7 @@ def test_oracle_rollout_on_real_kernels(language, device):
     builtin = [t for t in tasks_module.load_builtin() if t.task_id in wanted]
     assert [t.task_id for t in builtin] == list(wanted)
     # seed 1 with rate 0.5 gives both kinds in these 8 answers.
-    engine = rollout.OracleEngine(builtin, language=language, corrupt_rate=0.5, seed=1)
+    engine = engines.OracleEngine(builtin, language=language, corrupt_rate=0.5, seed=1)
 
     def evaluate_batch(pairs):
         return kernel_eval.evaluate_batch(pairs, device=device)
@@ -629,7 +315,7 @@ def test_oracle_rollout_on_real_kernels(language, device):
     samples, stats = rollout.rollout(builtin, engine, evaluate_batch, config)
     assert len(samples) == 8
     solution = {t.task_id: summarize.parse_response(
-        rollout.ORACLE_RESPONSE.format(code=t.solutions[language].strip("\n"), summary="")).code
+        engines.ORACLE_RESPONSE.format(code=t.solutions[language].strip("\n"), summary="")).code
         for t in builtin}
     seen = [(s.code != solution[s.task_id], s.status, s.score, s.feedback[:300]) for s in samples]
     assert {corrupted for corrupted, *_ in seen} == {True, False}, seen
@@ -699,31 +385,3 @@ def test_rollout_continues_from_histories_at_a_turn_offset_and_reports_each_turn
         rollout.rollout([TASK_A, TASK_B], engine, fake_evaluator(verdicts)[0], config, histories=histories[:3])
 
 
-def test_corrupt_solution_changes_every_builtin_solution_and_still_passes_the_gate():
-    import ast
-
-    import rewards
-    import tasks as tasks_module
-    for task in tasks_module.load_builtin():
-        for language, source in task.solutions.items():
-            corrupted = rollout.corrupt_solution(source)
-            changed = [(a, b) for a, b in zip(source.split("\n"), corrupted.split("\n")) if a != b]
-            assert changed, (task.task_id, language)
-            for before, after in changed:
-                assert ") + 1;" in after and after.replace(") + 1;", ";").replace("(", "") == before.replace("(", ""), (before, after)
-            ast.parse(corrupted)
-            assert rewards.check_format(corrupted, language) is None, (task.task_id, language)
-
-
-@pytest.mark.slow
-def test_corrupted_accumulating_solution_fails_the_harness():
-    """The matmul solution writes its output only through `c[j] += ...` on a local alias of C
-    (corrupt_solution raised on it before); corrupted, the harness finds it wrong."""
-    import kernel_eval
-    import tasks as tasks_module
-    matmul = next(t for t in tasks_module.load_builtin() if t.task_id == "builtin/level1/09_matmul")
-    corrupted = rollout.corrupt_solution(matmul.solutions["cpp"])
-    assert "c[j] += (aik * b[j]) + 1;" in corrupted
-    (result,) = kernel_eval.evaluate_batch([(matmul.reference_src, corrupted)], device="cpu")
-    assert (result.status, result.correct) == ("incorrect", False), result.message
-    assert "outside tolerance" in result.message

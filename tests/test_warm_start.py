@@ -9,8 +9,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
+import engines  # noqa: E402
 import rewards  # noqa: E402
-import rollout  # noqa: E402
 import summarize  # noqa: E402
 import tasks  # noqa: E402
 import warm_start  # noqa: E402
@@ -51,7 +51,7 @@ def test_turn0_prompt_is_exactly_the_rollouts(tokenizer):
     args = warm_start.parse_args(["--out", "unused", "--language", "cpp", "--later-turn-share", "0"])
     task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
     example = warm_start.draw_example(task, tokenizer, random.Random(1), args)
-    engine_like = rollout.HFEngine.__new__(rollout.HFEngine)  # encode_prompt/count_tokens only
+    engine_like = engines.HFEngine.__new__(engines.HFEngine)  # encode_prompt/count_tokens only
     engine_like.tokenizer = tokenizer
     expected = engine_like.encode_prompt(summarize.build_prompt(
         task.reference_src, [], language="cpp", count_tokens=engine_like.count_tokens,
@@ -108,8 +108,8 @@ def test_saved_checkpoint_loads_with_auto_classes(tokenizer, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     text = summarize.build_prompt(ALL_TASKS[0].reference_src, [], language="cuda",
                                   count_tokens=len, max_prompt_tokens=1 << 20)
-    assert rollout.render_prompt(loaded_tok, text) == rollout.render_prompt(tokenizer, text)
+    assert engines.render_prompt(loaded_tok, text) == engines.render_prompt(tokenizer, text)
     assert loaded_tok.eos_token_id == 1 and loaded_tok.pad_token_id == 0
     assert len(loaded_tok) == loaded.config.vocab_size  # no token the model cannot embed
-    ids = torch.tensor([rollout.render_prompt(tokenizer, text)[:50]])
+    ids = torch.tensor([engines.render_prompt(tokenizer, text)[:50]])
     assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -1,0 +1,908 @@
+"""Engines: prompt token ids in, sampled completions out.
+
+An engine is whatever the rollout samples from: the policy itself (HFEngine), a colocated
+vLLM (VLLMEngine), a served or hosted model over HTTP (OpenAIEngine), the tasks' own
+solutions (OracleEngine), or a policy with a seeded share of oracle answers mixed in
+(OracleMixedEngine). All of them fit one small interface, `Engine`:
+
+    generate(prompt_token_ids, *, n, max_new_tokens, temperature, top_p, stop)
+        -> list[list[Completion]]          # n completions per prompt, in prompt order
+    encode_prompt(text) -> list[int]        # one user message in the chat template, tokenised once
+    count_tokens(text) -> int               # what summarize.build_prompt budgets with
+
+The log-prob contract. A Completion's `token_ids` are exactly the ids sampled (the EOS that
+ended it included, never re-tokenised), and `logprobs[i]` is log pi(token_ids[i] | prefix)
+under the distribution actually sampled from:
+
+    pi = softmax(top_p_filter(logits / temperature, top_p))     (temperature > 0)
+    pi = softmax(logits)                                        (temperature 0: greedy)
+
+so a fresh forward pass over prompt + completion, put through the same transform, gives the
+same numbers (tests/test_engines.py checks every path against that naive form). Engines that
+cannot report them (HTTP, oracle) give None; train.py computes its own old log-probs anyway.
+A completion is cut right after the token that sampled an EOS or completed a stop string
+("stop"), or at max_new_tokens ("length").
+
+HFEngine has two decoders on the policy itself:
+- the fast one (default on CUDA): each distinct prompt is prefilled once into a preallocated
+  (static) KV cache and its rows copied to its n samples; each decoding step is one forward
+  of the whole batch, captured once in a CUDA graph (static input and output buffers, the
+  outputs read before the next replay) and replayed; sampling, EOS detection and the
+  per-row finish step stay on the device, with one host check every `check_every` steps
+  (stop strings are decoded then); the loop ends when every row has finished, and rows are
+  batched by prompt length so short prompts do not carry long ones' padding. On the CPU
+  the same code runs without the graph (the tests use it).
+- plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches, our
+  own temperature/top-p as the last logits processor, a stopping criterion that records
+  each row's cut.
+Under FSDP2 either one runs inside `unsharded_for_generation`: the model is all-gathered once
+per generate call, not once per step.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import inspect
+import json
+import random
+import re
+import urllib.error
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+
+import torch
+
+# Used when a tokenizer has no chat template (e.g. ByT5Tokenizer in the tests).
+PLAIN_CHAT_TEMPLATE = "User: {prompt}\nAssistant: "
+
+
+@dataclass
+class Completion:
+    """One sampled response. `token_ids` are exactly the sampled ids (the EOS that ended it
+    included); `logprobs[i]` is log p(token_ids[i]) under the engine's sampling distribution,
+    or None when the engine does not report them; `finish_reason` is "stop" (EOS or a stop
+    string) or "length" (cut at max_new_tokens)."""
+    token_ids: list[int]
+    logprobs: list[float] | None
+    text: str
+    finish_reason: str
+
+
+class Engine(Protocol):
+    """What the rollout needs of an engine (see the module docstring for the contract)."""
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+
+
+# ---------------------------------------------------------------------------------------
+# Prompts
+
+
+def render_prompt_text(tokenizer, text: str) -> str:
+    """One user message in the tokenizer's chat template, generation prompt added.
+    Tokenizers without a template get PLAIN_CHAT_TEMPLATE."""
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return PLAIN_CHAT_TEMPLATE.format(prompt=text)
+
+
+def render_prompt(tokenizer, text: str) -> list[int]:
+    """`render_prompt_text`, tokenised once."""
+    # The template already holds every special token the model expects.
+    return list(tokenizer(render_prompt_text(tokenizer, text), add_special_tokens=False).input_ids)
+
+
+def template_opens_thinking(tokenizer) -> bool:
+    """Whether the chat template ends the prompt inside <think> (QwQ, Qwen3): then a
+    completion starts in the middle of its reasoning (summarize.parse_response's thinking_open)."""
+    return render_prompt_text(tokenizer, "x").rstrip().endswith("<think>")
+
+
+def _eos_ids(tokenizer, model=None) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(tokenizer, "eos_token_id", None),
+                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source is not None:
+            ids.update(int(i) for i in source)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------
+# HF engine
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of most likely tokens whose probability
+    reaches top_p (the most likely token always kept); the rest get -inf."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class _SamplingDistribution:
+    """The last logits processor: temperature and top-p, applied by us rather than by
+    transformers, so the distribution sampled from is exactly the one whose log-probs we
+    keep (custom processors run before transformers' own warpers, which we switch off)."""
+
+    def __init__(self, temperature: float, top_p: float):
+        self.temperature = temperature
+        self.top_p = top_p
+        self.log_probs: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature > 0:
+            scores = top_p_filter(scores / self.temperature, self.top_p)
+        self.log_probs = scores.float().log_softmax(dim=-1)
+        return scores
+
+
+class _FinishRecorder:
+    """A stopping criterion that records, per row, how many tokens were sampled when the row
+    finished (EOS or a stop string), and the log-prob of each sampled token. The cut is what
+    generate itself did, so nothing is inferred afterwards from pad ids. Without stop strings
+    it stays on the device (no host sync per step)."""
+
+    def __init__(self, prompt_width: int, n_rows: int, eos_ids: set[int], stop: Sequence[str],
+                 tokenizer, distribution: _SamplingDistribution, device):
+        self.prompt_width = prompt_width
+        self.eos_ids = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        self.stop = [s for s in stop if s]
+        # A character is at most 4 tokens (byte-level vocabularies split UTF-8), so a stop
+        # string completed by the last token lies within this many trailing tokens.
+        self.tail_tokens = 4 * max((len(s) for s in self.stop), default=0) + 4
+        self.tokenizer = tokenizer
+        self.distribution = distribution
+        self.length = torch.full((n_rows,), -1, dtype=torch.long, device=device)
+        self.step_logprobs: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        last = input_ids[:, -1]
+        self.step_logprobs.append(self.distribution.log_probs.gather(1, last[:, None]).squeeze(1))
+        hit = torch.isin(last, self.eos_ids)
+        if self.stop:
+            start = max(self.prompt_width, input_ids.shape[1] - self.tail_tokens)
+            tails = self.tokenizer.batch_decode(input_ids[:, start:].tolist(), skip_special_tokens=False)
+            hit |= torch.tensor([any(s in t for s in self.stop) for t in tails], device=hit.device)
+        newly = hit & (self.length < 0)
+        self.length = torch.where(newly, input_ids.shape[1] - self.prompt_width, self.length)
+        return self.length >= 0
+
+
+@contextlib.contextmanager
+def unsharded_for_generation(model: torch.nn.Module, reshard_after_forward: bool = True):
+    """Hold an FSDP2 model's full parameters for the duration of a generation.
+
+    Without this every decoding step all-gathers every layer and frees it again; worse,
+    ranks that finish decoding at different steps would wait on each other's all-gathers
+    forever. So: switch off resharding after forward, unshard every FSDP module once, decode
+    locally, reshard. On exit non-root modules get `reshard_after_forward` back (what
+    train.py gave fully_shard) and the root gets False, FSDP2's own default for the root.
+    A model without FSDP2 modules passes through untouched."""
+    from torch.distributed.fsdp import FSDPModule
+    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not fsdp_modules:
+        yield model
+        return
+    for module in fsdp_modules:
+        module.set_reshard_after_forward(False, recurse=False)
+    handles = [module.unshard(async_op=True) for module in fsdp_modules]
+    for handle in handles:
+        handle.wait()
+    try:
+        yield model
+    finally:
+        for module in fsdp_modules:
+            module.reshard()
+            is_root = module is fsdp_modules[0] and module is model
+            module.set_reshard_after_forward(False if is_root else reshard_after_forward,
+                                             recurse=False)
+
+
+class HFEngine:
+    """The policy itself, through the fast decoder (`fast`, default on CUDA) or transformers
+    `generate` (left padding, our own temperature/top-p as the last logits processor). Either
+    way the returned log-probs are those of the distribution actually sampled from
+    (temperature-scaled and top-p-filtered; greedy when temperature is 0). `max_batch_rows`
+    rows are decoded together; `cuda_graph` False keeps the fast decoder eager on CUDA."""
+
+    def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
+                 reshard_after_forward: bool = True, fast: bool | None = None,
+                 cuda_graph: bool = True, check_every: int = 16):
+        self.model = model
+        # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
+        self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
+        self.cuda_graph = cuda_graph
+        self.check_every = check_every     # decoding steps between host checks (fast decoder)
+        self.tokenizer = tokenizer
+        self.max_batch_rows = max_batch_rows
+        self.reshard_after_forward = reshard_after_forward
+        self.eos_ids = _eos_ids(tokenizer, model)
+        if not self.eos_ids:
+            raise ValueError("HFEngine: the tokenizer and the model's generation_config name no eos_token_id")
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+        self.prompt_opens_thinking = template_opens_thinking(tokenizer)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return render_prompt(self.tokenizer, text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        rows = [ids for ids in prompt_token_ids for _ in range(n)]
+        if any(len(ids) == 0 for ids in rows):
+            raise ValueError("HFEngine.generate: empty prompt")
+        was_training = self.model.training
+        self.model.eval()
+        completions: list[Completion] = []
+        try:
+            with unsharded_for_generation(self.model, self.reshard_after_forward):
+                if self.fast:
+                    return self._generate_fast(prompt_token_ids, n, max_new_tokens, temperature, top_p, stop)
+                for start in range(0, len(rows), self.max_batch_rows):
+                    completions += self._generate_rows(rows[start:start + self.max_batch_rows],
+                                                       max_new_tokens, temperature, top_p, stop)
+        finally:
+            self.model.train(was_training)
+        return [completions[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
+
+    def _generate_rows(self, rows, max_new_tokens, temperature, top_p, stop) -> list[Completion]:
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+        device = self.model.get_input_embeddings().weight.device
+        width = max(len(ids) for ids in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, ids in enumerate(rows):
+            input_ids[r, width - len(ids):] = torch.tensor(ids)
+            attention_mask[r, width - len(ids):] = 1
+        distribution = _SamplingDistribution(temperature, top_p)
+        recorder = _FinishRecorder(width, len(rows), self.eos_ids, stop, self.tokenizer,
+                                   distribution, device)
+        # A complete config, so nothing from the checkpoint's generation_config.json (top_k,
+        # repetition penalty, its own temperature) changes the distribution behind our back.
+        sampling = {"do_sample": True, "top_k": 0} if temperature > 0 else {"do_sample": False}
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
+            num_beams=1, num_return_sequences=1, eos_token_id=sorted(self.eos_ids),
+            pad_token_id=self.pad_id, **sampling)
+        sequences = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+            generation_config=config, logits_processor=LogitsProcessorList([distribution]),
+            stopping_criteria=StoppingCriteriaList([recorder]))
+        generated = sequences[:, width:].cpu()
+        step_logprobs = torch.stack(recorder.step_logprobs, dim=1).cpu()
+        lengths = recorder.length.tolist()
+        out = []
+        for r in range(len(rows)):
+            finished = lengths[r] >= 0
+            length = lengths[r] if finished else generated.shape[1]
+            ids = generated[r, :length].tolist()
+            out.append(Completion(
+                token_ids=ids, logprobs=step_logprobs[r, :length].tolist(),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason="stop" if finished else "length"))
+        return out
+
+    def _generate_fast(self, prompts, n, max_new_tokens, temperature, top_p, stop) -> list[list[Completion]]:
+        """Rows ordered by prompt length and decoded max_batch_rows at a time, so a batch
+        carries little padding; a prompt's n samples share its prefill."""
+        by_length = sorted(range(len(prompts)), key=lambda p: len(prompts[p]))
+        rows = [p for p in by_length for _ in range(n)]
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for start in range(0, len(rows), self.max_batch_rows):
+            batch = rows[start:start + self.max_batch_rows]
+            decoder = _FastDecoder(self, prompts, batch, max_new_tokens, temperature, top_p, stop)
+            token_rows, logprob_rows, finish = decoder.decode()
+            for p, ids, logprobs, finished in zip(batch, token_rows, logprob_rows, finish):
+                out[p].append(Completion(
+                    token_ids=ids, logprobs=logprobs,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    finish_reason="stop" if finished >= 0 else "length"))
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# HF engine, fast decoder: static KV cache, shared prefill, CUDA-graph decode step
+
+
+class _StaticKVCache:
+    """A preallocated KV cache: per layer keys and values of shape (rows, kv_heads, length,
+    head_dim), written in place at `write_positions` (a device tensor the decoder sets before
+    each forward). The attention layers call `update` (the transformers Cache method) and
+    get the whole buffer back; the 4-D attention mask the decoder passes hides what is not
+    written yet. Written here rather than taken from transformers' StaticCache because that
+    one finds its write position from a `cache_position` argument that transformers 5.2x
+    removed, and cannot have its rows filled from another cache (the shared prefill)."""
+
+    def __init__(self, rows: int, length: int):
+        self.rows = rows
+        self.length = length
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.write_positions: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx == len(self.keys):  # first write of this layer: allocate it
+            rows, heads, _, dim = key_states.shape
+            self.keys.append(key_states.new_zeros(rows, heads, self.length, dim))
+            self.values.append(value_states.new_zeros(rows, heads, self.length, dim))
+        self.keys[layer_idx].index_copy_(2, self.write_positions, key_states)
+        self.values[layer_idx].index_copy_(2, self.write_positions, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always passed explicitly; nothing reads this
+
+    def allocate_like(self, other: "_StaticKVCache") -> None:
+        """Allocate every layer with `other`'s head count, head size and dtype."""
+        for keys in other.keys:
+            shape = (self.rows, keys.shape[1], self.length, keys.shape[3])
+            self.keys.append(keys.new_zeros(shape))
+            self.values.append(keys.new_zeros(shape))
+
+    def copy_prefix_rows(self, source: "_StaticKVCache", source_rows: torch.Tensor,
+                         target_rows: torch.Tensor) -> None:
+        """Copy source rows (their first source.length positions) into target rows: one
+        prefilled prompt shared by its n samples."""
+        width = source.length
+        for layer in range(len(self.keys)):
+            self.keys[layer][target_rows, :, :width] = source.keys[layer][source_rows]
+            self.values[layer][target_rows, :, :width] = source.values[layer][source_rows]
+
+
+def _forward_kwargs(model) -> dict:
+    """The cache keyword of this transformers version (`cache` from 5.2x, `past_key_values`
+    before); older versions also want `cache_position`, which our cache ignores."""
+    parameters = inspect.signature(model.forward).parameters
+    return {"cache_name": "cache" if "cache" in parameters else "past_key_values",
+            "wants_cache_position": "cache_position" in parameters}
+
+
+def sample_from_logits(logits: torch.Tensor, temperature: float,
+                       top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, log-prob of that token) per row, sampled on the device with no host sync,
+    from _SamplingDistribution's distribution (computed in fp32, as generate does).
+    Sampling is argmax(p / E) with E ~ Exp(1) per entry, which draws from p exactly."""
+    scores = logits.float()
+    if temperature > 0:
+        scores = top_p_filter(scores / temperature, top_p)
+    log_probs = scores.log_softmax(dim=-1)
+    if temperature > 0:
+        noise = torch.empty_like(log_probs).exponential_(1.0)
+        token = (log_probs.exp() / noise).argmax(dim=-1)
+    else:
+        token = scores.argmax(dim=-1)
+    return token, log_probs.gather(1, token[:, None]).squeeze(1)
+
+
+def _attention_bias(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """An additive 4-D mask (0 where attended, the dtype's minimum elsewhere): finite, so a
+    query that may attend nothing (a left-pad position) gives no NaN."""
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class _FastDecoder:
+    """One batch of rows (each row a prompt index) decoded with the static cache. See the
+    module docstring; `decode` returns (tokens, log-probs, finish lengths) on the host."""
+
+    def __init__(self, engine: "HFEngine", prompts: list[list[int]], row_prompts: list[int],
+                 max_new_tokens: int, temperature: float, top_p: float, stop: Sequence[str]):
+        self.engine = engine
+        self.model = engine.model
+        self.device = self.model.get_input_embeddings().weight.device
+        self.dtype = self.model.get_input_embeddings().weight.dtype
+        self.prompts = prompts
+        self.row_prompt_list = list(row_prompts)
+        self.rows = len(row_prompts)
+        self.width = max(len(prompts[p]) for p in set(row_prompts))
+        self.max_new_tokens = max_new_tokens
+        self.temperature, self.top_p = temperature, top_p
+        self.stop = [s for s in stop if s]
+        # A character is at most 4 tokens (byte-level vocabularies split UTF-8), so a stop
+        # string completed by the last token lies within this many trailing tokens.
+        self.tail_tokens = 4 * max((len(s) for s in self.stop), default=0) + 4
+        self.eos_ids = torch.tensor(sorted(engine.eos_ids), device=self.device)
+        self.call = _forward_kwargs(self.model)
+        self.cache = _StaticKVCache(self.rows, self.width + max_new_tokens)
+
+    def _forward(self, cache: _StaticKVCache, input_ids, bias, position_ids) -> torch.Tensor:
+        kwargs = {self.call["cache_name"]: cache}
+        if self.call["wants_cache_position"]:
+            kwargs["cache_position"] = cache.write_positions
+        out = self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **kwargs)
+        return out.logits[:, -1]
+
+    def _prefill(self) -> torch.Tensor:
+        """Prefill every distinct prompt once (left-padded to the batch width) and copy its
+        cache rows to each of its samples; return the last prompt position's logits per row."""
+        distinct = sorted(set(self.row_prompt_list))
+        # Prefill in sub-batches whose (rows x width x width) mask stays near 2^27 entries.
+        per_chunk = max(1, (1 << 27) // (self.width * self.width))
+        logits_per_row = None
+        for start in range(0, len(distinct), per_chunk):
+            chunk = distinct[start:start + per_chunk]
+            ids = torch.full((len(chunk), self.width), self.engine.pad_id, dtype=torch.long)
+            real = torch.zeros((len(chunk), self.width), dtype=torch.bool)
+            for i, p in enumerate(chunk):
+                ids[i, self.width - len(self.prompts[p]):] = torch.tensor(self.prompts[p])
+                real[i, self.width - len(self.prompts[p]):] = True
+            ids, real = ids.to(self.device), real.to(self.device)
+            causal = torch.ones(self.width, self.width, dtype=torch.bool, device=self.device).tril()
+            allowed = (causal[None] & real[:, None, :])[:, None]           # (chunk, 1, q, k)
+            positions = (real.long().cumsum(1) - 1).clamp(min=0)
+            prefill = _StaticKVCache(len(chunk), self.width)
+            prefill.write_positions = torch.arange(self.width, device=self.device)
+            logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
+            if not self.cache.keys:
+                self.cache.allocate_like(prefill)
+                logits_per_row = logits.new_empty(self.rows, logits.shape[-1])
+            local = {p: i for i, p in enumerate(chunk)}
+            targets = [r for r, p in enumerate(self.row_prompt_list) if p in local]
+            sources = torch.tensor([local[self.row_prompt_list[r]] for r in targets], device=self.device)
+            targets = torch.tensor(targets, device=self.device)
+            self.cache.copy_prefix_rows(prefill, sources, targets)
+            logits_per_row[targets] = logits[sources]
+        return logits_per_row
+
+    def decode(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
+        lengths = [len(self.prompts[p]) for p in self.row_prompt_list]
+        logits = self._prefill()
+        steps = self.max_new_tokens
+        tokens = torch.zeros(self.rows, steps, dtype=torch.long, device=self.device)
+        logprobs = torch.zeros(self.rows, steps, dtype=torch.float32, device=self.device)
+        finish = torch.full((self.rows,), -1, dtype=torch.long, device=self.device)
+        # The decode step's inputs, updated in place so a captured graph sees them.
+        prompt_real = torch.zeros(self.rows, self.cache.length, dtype=torch.bool)
+        for r, n in enumerate(lengths):
+            prompt_real[r, self.width - n:self.width] = True
+        self.bias = _attention_bias(prompt_real.to(self.device)[:, None, None, :], self.dtype)
+        self.next_ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
+        self.positions = torch.tensor(lengths, device=self.device)[:, None]
+        self.cache.write_positions = torch.full((1,), self.width, dtype=torch.long, device=self.device)
+        step_fn = self._step
+        checked, stop_at = 0, [-1] * self.rows
+        check_every = self.engine.check_every
+        done = 0
+        for t in range(steps):
+            token, logprob = sample_from_logits(logits, self.temperature, self.top_p)
+            tokens[:, t] = token
+            logprobs[:, t] = logprob
+            finish = torch.where(torch.isin(token, self.eos_ids) & (finish < 0), t + 1, finish)
+            done = t + 1
+            if done % check_every == 0 or done == steps:
+                finish, checked = self._check_stops(tokens, finish, checked, done, stop_at)
+                if bool((finish >= 0).all()):
+                    break
+            if done == steps:
+                break
+            self.next_ids.copy_(token[:, None])
+            if t == 0:
+                step_fn = self._captured_step()
+            logits = step_fn()
+            self.cache.write_positions += 1
+            self.positions += 1
+        finish_host = finish.tolist()
+        cut = [f if f >= 0 else done for f in finish_host]
+        token_rows, logprob_rows = tokens[:, :done].tolist(), logprobs[:, :done].tolist()
+        return ([row[:n] for row, n in zip(token_rows, cut)],
+                [row[:n] for row, n in zip(logprob_rows, cut)], finish_host)
+
+    def _step(self) -> torch.Tensor:
+        """One decoding step on the static buffers: unmask the position being written, run the
+        model on the last sampled tokens, return the next logits."""
+        self.bias.index_fill_(3, self.cache.write_positions, 0.0)
+        return self._forward(self.cache, self.next_ids, self.bias, self.positions)
+
+    def _captured_step(self) -> Callable[[], torch.Tensor]:
+        """The decode step as a CUDA graph replay (on CUDA with `cuda_graph`), else eager.
+        The replay's logits buffer is the graph's own: the caller samples from it before the
+        next replay, and nothing keeps a reference across replays."""
+        if self.device.type != "cuda" or not self.engine.cuda_graph:
+            return self._step
+        # Warm up on a side stream (as torch.cuda.graphs asks). This step writes the same
+        # cache slot and mask column, with the same inputs, as the first replay will.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                logits_buffer = self._step()
+        except RuntimeError as error:  # a model whose forward cannot be captured: run eager
+            warnings.warn(f"HFEngine: CUDA graph capture failed, decoding eagerly: {error}")
+            torch.cuda.synchronize()
+            return self._step
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return logits_buffer
+        return replay
+
+    def _check_stops(self, tokens, finish, checked: int, done: int, stop_at: list[int]):
+        """The host check: stop strings completed in steps (checked, done], each row cut at the
+        first step where an EOS was sampled or a stop string completed (as _FinishRecorder)."""
+        if not self.stop:
+            return finish, done
+        finish_host = finish.tolist()
+        recent = tokens[:, max(0, checked + 1 - self.tail_tokens):done].tolist()
+        offset = max(0, checked + 1 - self.tail_tokens)
+        tokenizer = self.engine.tokenizer
+        for r in range(self.rows):
+            if stop_at[r] >= 0:
+                continue
+            last = finish_host[r] if finish_host[r] >= 0 else done
+            for s in range(checked + 1, last + 1):
+                tail = tokenizer.decode(recent[r][max(0, s - self.tail_tokens) - offset:s - offset],
+                                        skip_special_tokens=False)
+                if any(stop in tail for stop in self.stop):
+                    stop_at[r] = s
+                    finish_host[r] = s
+                    break
+        return torch.tensor(finish_host, device=self.device), done
+
+
+# ---------------------------------------------------------------------------------------
+# vLLM engine (not run: vLLM cannot be installed on the project's machines)
+
+# Path components that wrappers insert into parameter names: torch.compile, FSDP1,
+# activation checkpointing. vLLM's loaders expect the plain Hugging Face names.
+WRAPPER_NAME_PARTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def vllm_weight_name(name: str) -> str:
+    """The Hugging Face parameter name vLLM's `load_weights` expects, from a training-side
+    name that may carry wrapper components ("_orig_mod.model.layers.0..." -> "model.layers.0...")
+    and DDP's leading "module."."""
+    parts = [p for p in name.split(".") if p not in WRAPPER_NAME_PARTS]
+    if parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(vLLM name, full tensor) one at a time. Under FSDP2 the state dict holds DTensor
+    shards; `full_tensor()` all-gathers one parameter, so every rank must walk this iterator
+    in step, and peak extra memory is one full tensor, not a full model copy."""
+    from torch.distributed.tensor import DTensor
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield vllm_weight_name(name), tensor.detach()
+
+
+def _vllm_model(llm):
+    """The in-process model object of a colocated vllm.LLM (V0 and V1 layouts)."""
+    worker = llm.llm_engine.model_executor.driver_worker
+    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
+    return runner.model
+
+
+class VLLMEngine:
+    """A colocated vLLM per rank, sleeping while the trainer holds the GPU. Under torchrun
+    pass `distributed_executor_backend="external_launcher"` and `seed=rank` (else every rank
+    samples the same completions) through the keyword arguments. One training step:
+
+        engine.wake_up(["weights"]); engine.sync_weights(model); engine.wake_up(["kv_cache"])
+        samples, stats = rollout(...)      # engine.generate inside
+        engine.sleep()                     # then the optimizer steps
+
+    vLLM reports log-probs of the raw model distribution unless `logprobs_mode` (vLLM >= 0.10)
+    says otherwise; pass it through `llm_kwargs` to match HFEngine's processed ones."""
+
+    def __init__(self, model_path: str, tokenizer, *, gpu_memory_utilization: float = 0.3,
+                 seed: int = 0, enable_sleep_mode: bool = True, **llm_kwargs):
+        import vllm  # optional dependency: imported only when this engine is used
+        self._vllm = vllm
+        self.tokenizer = tokenizer
+        self.llm = vllm.LLM(model=model_path, enable_sleep_mode=enable_sleep_mode,
+                            gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                            **llm_kwargs)
+        self.prompt_opens_thinking = template_opens_thinking(tokenizer)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return render_prompt(self.tokenizer, text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        params = self._vllm.SamplingParams(
+            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
+            stop=list(stop) or None,
+            # Keep the text equal to the decoded ids: vLLM's token_ids include the tokens
+            # that completed a stop string.
+            include_stop_str_in_output=True)
+        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [[_completion_from_vllm(c) for c in out.outputs] for out in outputs]
+
+    def sleep(self) -> None:
+        """Free the GPU for training: level 1 offloads weights to CPU, drops the KV cache."""
+        self.llm.sleep(level=1)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Waking the weights alone first lets sync_weights run before the KV cache returns."""
+        if tags:
+            self.llm.wake_up(tags=tags)
+        else:
+            self.llm.wake_up()
+
+    def sync_weights(self, model: torch.nn.Module) -> int:
+        """Stream the training model's full tensors into vLLM, one at a time; then drop the
+        prefix cache, whose KV entries were computed by the old weights. Every rank calls
+        this (the FSDP2 all-gathers are collectives). Returns the number of tensors sent."""
+        return sync_weights_into(self.llm, model)
+
+
+def sync_weights_into(llm, model: torch.nn.Module) -> int:
+    target = _vllm_model(llm)
+    count = 0
+    for name, tensor in iter_full_weights(model):
+        target.load_weights([(name, tensor)])
+        count += 1
+    llm.reset_prefix_cache()
+    return count
+
+
+def _completion_from_vllm(output) -> Completion:
+    ids = list(output.token_ids)
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = [step[token].logprob for step, token in zip(output.logprobs, ids)]
+    return Completion(token_ids=ids, logprobs=logprobs, text=output.text,
+                      finish_reason="length" if output.finish_reason == "length" else "stop")
+
+
+# ---------------------------------------------------------------------------------------
+# OpenAI-compatible HTTP engine (evaluation and baselines)
+
+
+def utf8_ids(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def utf8_text(ids: Iterable[int]) -> str:
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+class OpenAIEngine:
+    """Chat completions over HTTP (urllib only). The server applies its own chat template and
+    tokenizer, so this engine's "token ids" are the UTF-8 bytes of the message and of the
+    returned text (the one engine whose ids are not the model's: never train on them).
+    A reasoning field (`reasoning_content` / `reasoning`, as vLLM's and DeepSeek's servers
+    send) is put back in front of the answer as <think>...</think>.
+    `count_tokens` counts bytes unless given a counter: a safe over-estimate for the budget."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 timeout_s: float = 600.0, max_workers: int = 8,
+                 count_tokens: Callable[[str], int] | None = None,
+                 extra_body: dict | None = None):
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model = model
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.max_workers = max_workers
+        self._count_tokens = count_tokens
+        self.extra_body = dict(extra_body or {})
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return utf8_ids(text)
+
+    def count_tokens(self, text: str) -> int:
+        return self._count_tokens(text) if self._count_tokens else len(utf8_ids(text))
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        def one_prompt(ids):
+            body = {"model": self.model, "messages": [{"role": "user", "content": utf8_text(ids)}],
+                    "n": n, "max_tokens": max_new_tokens, "temperature": temperature,
+                    "top_p": top_p, **self.extra_body}
+            if stop:
+                body["stop"] = list(stop)
+            completions: list[Completion] = []
+            # Some servers ignore n; ask again until there are n answers.
+            while len(completions) < n:
+                reply = self._post(body)
+                choices = reply.get("choices")
+                if not choices:
+                    raise RuntimeError(f"OpenAIEngine: reply from {self.url} has no 'choices': {str(reply)[:300]}")
+                completions += [_completion_from_choice(c) for c in choices]
+            return completions[:n]
+
+        with concurrent.futures.ThreadPoolExecutor(self.max_workers) as pool:
+            return list(pool.map(one_prompt, prompt_token_ids))
+
+    def _post(self, body: dict) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            detail = error.read()[:500].decode("utf-8", errors="replace")
+            raise RuntimeError(f"OpenAIEngine: {self.url} answered HTTP {error.code}: {detail}") from error
+
+
+def _completion_from_choice(choice: dict) -> Completion:
+    message = choice.get("message") or {}
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    text = f"<think>\n{reasoning}\n</think>\n{content}" if reasoning else content
+    return Completion(token_ids=utf8_ids(text), logprobs=None, text=text,
+                      finish_reason="length" if choice.get("finish_reason") == "length" else "stop")
+
+
+# ---------------------------------------------------------------------------------------
+# Oracle engine (the loop with real kernels and no model)
+
+ORACLE_RESPONSE = ("<think>\nOkay, the oracle answers with the task's own solution.\n</think>\n"
+                   "```python\n{code}\n```\n{summary}")
+
+
+# Element types of the arrays a kernel writes through: a non-const pointer of one of these
+# names an output (or a scratch buffer the output is computed from).
+_POINTEE = (r"(?:float|double|half|__half|__nv_bfloat16|at::Half|at::BFloat16|c10::Half|"
+            r"scalar_t|int|int32_t|int64_t|long|float2|float4|double2)")
+_WRITABLE_POINTER = re.compile(r"(?<!const )\b" + _POINTEE + r"\s*\*\s*(?:__restrict__\s+)?(\w+)")
+_OUTPUT_LIKE = r"\w*(?:out|result|dst|y)\w*"
+
+
+def corrupt_solution(code: str) -> str:
+    """A solution that still compiles and runs but computes the wrong numbers: every store
+    into an output array gets +1 (`out[i] = v;` -> `out[i] = (v) + 1;`, and `+=`, `-=`, `*=`
+    alike), one line at a time, comment lines left alone. Output arrays are those with
+    output-like names (out, result, dst, y) and every array the source declares as a
+    non-const pointer (`float* __restrict__ C`, `float* cr = cp + i * N`), so accumulating
+    stores (`c[j] += a * b[j];`) and scratch buffers are corrupted too: more wrong, never
+    less. A store of a vector type (`float4`) gets `+ 1` it cannot take, so that kernel fails
+    to compile instead: a failure all the same. Raises when there is no such store, rather
+    than hand back something that may still be right."""
+    names = {m.group(1) for m in _WRITABLE_POINTER.finditer(code)}
+    target = _OUTPUT_LIKE + "".join(f"|{re.escape(n)}" for n in sorted(names))
+    store = re.compile(r"(\b(?:" + target + r")\s*\[[^\]\n]+\]\s*[-+*]?=(?!=))\s*([^;\n]+);", re.I)
+    lines, count = [], 0
+    for line in code.split("\n"):
+        if not line.lstrip().startswith(("//", "#")):
+            line, n = store.subn(r"\1 (\2) + 1;", line)
+            count += n
+        lines.append(line)
+    if count == 0:
+        raise ValueError("corrupt_solution: found no output store like `out[i] = ...;` to corrupt")
+    return "\n".join(lines)
+
+
+class OracleEngine:
+    """Answers every prompt with the solution of the task whose reference source the prompt
+    contains. With `corrupt_rate` > 0 a seeded share of answers is corrupted. Token ids are
+    UTF-8 bytes (there is no model). `tasks` need `.reference_src` and `.solutions`
+    ({"cuda": src, "cpp": src}); Task records from tasks.py fit."""
+
+    def __init__(self, tasks: Sequence[Any], *, language: str = "cpp", corrupt_rate: float = 0.0,
+                 corrupt: Callable[[str], str] = corrupt_solution, seed: int = 0):
+        self.answers: list[tuple[str, str]] = []
+        for task in tasks:
+            if language not in task.solutions:
+                raise ValueError(f"OracleEngine: task {getattr(task, 'task_id', '?')} has no '{language}' solution")
+            self.answers.append((task.reference_src.strip(), task.solutions[language]))
+        self.corrupt_rate = corrupt_rate
+        self.corrupt = corrupt
+        self.rng = random.Random(seed)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return utf8_ids(text)
+
+    def count_tokens(self, text: str) -> int:
+        return len(utf8_ids(text))
+
+    def solution_for(self, prompt_text: str) -> str:
+        matches = [(len(ref), code) for ref, code in self.answers if ref in prompt_text]
+        if not matches:
+            raise ValueError("OracleEngine: the prompt contains none of the tasks' reference sources")
+        return max(matches)[1]
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        out = []
+        for ids in prompt_token_ids:
+            solution = self.solution_for(utf8_text(ids))
+            group = []
+            for _ in range(n):
+                corrupted = self.rng.random() < self.corrupt_rate
+                code = self.corrupt(solution) if corrupted else solution
+                summary = ("I changed the output on purpose." if corrupted
+                           else "I used the task's reference solution.")
+                ids_out = utf8_ids(ORACLE_RESPONSE.format(code=code.strip("\n"), summary=summary))
+                finish = "length" if len(ids_out) > max_new_tokens else "stop"
+                ids_out = ids_out[:max_new_tokens]
+                group.append(Completion(ids_out, None, utf8_text(ids_out), finish))
+            out.append(group)
+        return out
+
+
+class OracleMixedEngine:
+    """A policy engine of which a seeded share of answers is replaced by the task's built-in
+    solution, written in the policy's own tokens (the oracle's text, tokenised once, then the
+    EOS): the smoke run's engine. A randomly initialised model only ever breaks the format
+    (every score 0, every advantage 0); with oracle answers in each group the advantages, the
+    loss, the gradient and the checkpoint all see real work on real kernels. The oracle
+    answers are off-policy tokens, trained on like sampled ones: a test of the machinery,
+    never a way to train a real policy. `logprobs` of oracle answers are None (train.py
+    computes its own old log-probs). `oracle_share` 0 is the policy alone."""
+
+    def __init__(self, policy, tokenizer, tasks: Sequence[Any], *, oracle_share: float,
+                 language: str, corrupt_rate: float = 0.0, seed: int = 0):
+        if not 0.0 <= oracle_share <= 1.0:
+            raise ValueError(f"OracleMixedEngine: oracle_share must be in [0, 1], got {oracle_share}")
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.oracle = OracleEngine(tasks, language=language, corrupt_rate=corrupt_rate, seed=seed)
+        self.oracle_share = oracle_share
+        self.rng = random.Random(f"oracle-mixed:{seed}")
+        self.eos_id = min(_eos_ids(tokenizer))
+        self.prompt_opens_thinking = getattr(policy, "prompt_opens_thinking", False)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.policy.encode_prompt(text)
+
+    def count_tokens(self, text: str) -> int:
+        return self.policy.count_tokens(text)
+
+    def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 stop: Sequence[str] = ()) -> list[list[Completion]]:
+        from_oracle = [[self.rng.random() < self.oracle_share for _ in range(n)] for _ in prompt_token_ids]
+        policy_rows = [ids for ids, picks in zip(prompt_token_ids, from_oracle) for pick in picks if not pick]
+        # Called even with no rows: under FSDP2 a generation unshards the model, a collective
+        # every rank must join.
+        sampled = iter([group[0] for group in self.policy.generate(
+            policy_rows, n=1, max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=top_p, stop=stop)])
+        out = []
+        for ids, picks in zip(prompt_token_ids, from_oracle):
+            prompt_text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            out.append([self._oracle_answer(prompt_text, max_new_tokens) if pick else next(sampled)
+                        for pick in picks])
+        return out
+
+    def _oracle_answer(self, prompt_text: str, max_new_tokens: int) -> Completion:
+        text = self.oracle.generate([utf8_ids(prompt_text)], n=1, max_new_tokens=1 << 30)[0][0].text
+        if self.prompt_opens_thinking:  # the template already opened <think>
+            text = text.removeprefix("<think>\n")
+        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids) + [self.eos_id]
+        finish = "length" if len(ids) > max_new_tokens else "stop"
+        ids = ids[:max_new_tokens]
+        return Completion(ids, None, self.tokenizer.decode(ids, skip_special_tokens=True), finish)
+
+

@@ -1,0 +1,454 @@
+"""Tests for engines.py: the HF engine on a tiny random model (plain generate and the fast
+decoder, each checked against a fresh forward pass written out here), FSDP2 generation on CPU,
+the vLLM weight sync against a fake LLM, the OpenAI engine over a local HTTP server, the oracle
+and its corruption of solutions. GPU versions run in bf16 and skip cleanly without CUDA."""
+import http.server
+import json
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import engines
+import summarize
+
+transformers = pytest.importorskip("transformers")
+from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+EOS = 1  # ByT5Tokenizer: pad 0, eos 1, unk 2, bytes 3..258
+
+
+def byte_id(ch: str) -> int:
+    return ord(ch) + 3
+
+
+def tiny_model(seed: int = 0, eos_logit: float = 0.0, favoured: dict[int, float] | None = None):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=384, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=16384, eos_token_id=EOS, pad_token_id=0,
+                         bos_token_id=None)
+    model = LlamaForCausalLM(config)
+    # A bias on the output layer makes chosen tokens (EOS, a stop character) likely enough
+    # that the paths which depend on them are exercised.
+    with torch.no_grad():
+        head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        for token, logit in {EOS: eos_logit, **(favoured or {})}.items():
+            head.bias[token] = logit
+    model.lm_head = head
+    # Checkpoint defaults that must NOT leak into the sampling distribution.
+    model.generation_config.top_k = 5
+    model.generation_config.repetition_penalty = 1.5
+    model.generation_config.temperature = 0.3
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return ByT5Tokenizer()
+
+
+# ------------------------------------------------------------------------- HF engine
+
+
+def naive_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Row by row, token by token: keep the most likely tokens until their mass reaches top_p."""
+    out = torch.full_like(logits, float("-inf"))
+    probs = logits.softmax(-1)
+    for row in range(logits.shape[0]):
+        mass = 0.0
+        for token in sorted(range(logits.shape[1]), key=lambda t: -float(probs[row, t])):
+            out[row, token] = logits[row, token]
+            mass += float(probs[row, token])
+            if mass >= top_p:
+                break
+    return out
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_hf_ids_exact_cut_at_eos_and_logprobs_match_unpadded_forward(tokenizer, fast):
+    model = tiny_model(eos_logit=2.0)
+    engine = engines.HFEngine(model, tokenizer, max_batch_rows=5, fast=fast, check_every=3)
+    prompts = [engine.encode_prompt("hi"), engine.encode_prompt("a much longer prompt, padded less")]
+    torch.manual_seed(1)
+    temperature, top_p, max_new = 0.8, 0.9, 24
+    groups = engine.generate(prompts, n=4, max_new_tokens=max_new, temperature=temperature, top_p=top_p)
+    assert [len(g) for g in groups] == [4, 4]
+    reasons = set()
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            reasons.add(c.finish_reason)
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            assert 0 not in c.token_ids  # no padding inside a completion
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
+            else:
+                assert len(c.token_ids) == max_new and EOS not in c.token_ids
+            # The same model on the unpadded sequence, temperature and top-p applied by hand.
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + c.token_ids])).logits[0].float()
+            steps = logits[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)] / temperature
+            expected = naive_top_p(steps, top_p).log_softmax(-1)
+            expected = expected.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+    assert reasons == {"stop", "length"}, "pick eos_logit so that both endings occur"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_hf_greedy_batch_with_left_padding_equals_one_at_a_time(tokenizer, fast):
+    model = tiny_model(seed=3)
+    engine = engines.HFEngine(model, tokenizer, max_batch_rows=8, fast=fast)
+    prompts = [engine.encode_prompt(t) for t in ("x", "a longer prompt than x", "mid size")]
+    batched = engine.generate(prompts, n=1, max_new_tokens=12, temperature=0.0)
+    for prompt, group in zip(prompts, batched):
+        alone = engine.generate([prompt], n=1, max_new_tokens=12, temperature=0.0)[0][0]
+        assert group[0].token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_hf_stop_string_ends_completion_at_first_occurrence(tokenizer, fast):
+    model = tiny_model(seed=5, favoured={byte_id("Z"): 2.5})
+    engine = engines.HFEngine(model, tokenizer, fast=fast, check_every=4)
+    torch.manual_seed(0)
+    groups = engine.generate([engine.encode_prompt("go")], n=6, max_new_tokens=40,
+                             temperature=1.0, stop=("Z",))
+    stopped = [c for c in groups[0] if c.finish_reason == "stop" and c.token_ids[-1] != EOS]
+    assert stopped, "the favoured stop character should end some completions"
+    for c in stopped:
+        assert c.token_ids[-1] == byte_id("Z") and byte_id("Z") not in c.token_ids[:-1]
+        assert len(c.logprobs) == len(c.token_ids)
+
+
+def test_fast_decoder_greedy_equals_plain_generate(tokenizer):
+    """Greedy: the fast decoder (shared prefill, static cache, rows bucketed by prompt length,
+    a prompt's copies split across batches) gives generate's tokens, cuts and log-probs."""
+    model = tiny_model(seed=5, eos_logit=0.15)   # greedy rows end at different steps, or not at all
+    plain = engines.HFEngine(model, tokenizer, fast=False)
+    fast = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5)
+    prompts = [plain.encode_prompt(t) for t in ("a longer prompt than x", "x", "mid size", "x")]
+    want = plain.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
+    got = fast.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
+    for want_group, got_group in zip(want, got):
+        for w, g in zip(want_group, got_group):
+            assert (g.token_ids, g.finish_reason, g.text) == (w.token_ids, w.finish_reason, w.text)
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4)
+    assert {c.finish_reason for g in want for c in g} == {"stop", "length"}, "pick eos_logit so both occur"
+
+
+def test_fast_decoder_samples_of_one_prompt_differ(tokenizer):
+    engine = engines.HFEngine(tiny_model(seed=4), tokenizer, fast=True)
+    torch.manual_seed(0)
+    group = engine.generate([engine.encode_prompt("same prompt")], n=6, max_new_tokens=12, temperature=1.0)[0]
+    assert len({tuple(c.token_ids) for c in group}) == 6
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_multi_token_stop_string_cuts_right_after_it_completes(tokenizer, fast):
+    model = tiny_model(seed=6, favoured={byte_id("Z"): 4.5})
+    engine = engines.HFEngine(model, tokenizer, fast=fast, check_every=7)
+    torch.manual_seed(2)
+    groups = engine.generate([engine.encode_prompt("go"), engine.encode_prompt("again")], n=4,
+                             max_new_tokens=30, temperature=1.0, stop=("ZZ",))
+    completions = [c for g in groups for c in g]
+    stopped = [c for c in completions if c.finish_reason == "stop" and c.token_ids[-1] != EOS]
+    assert stopped, "the favoured character should complete the stop string in some rows"
+    for c in completions:
+        before_last = tokenizer.decode(c.token_ids[:-1], skip_special_tokens=False)
+        assert "ZZ" not in before_last   # never cut late
+        if c in stopped:
+            assert tokenizer.decode(c.token_ids, skip_special_tokens=False).endswith("ZZ")
+
+
+def test_render_prompt_falls_back_without_chat_template(tokenizer):
+    ids = engines.render_prompt(tokenizer, "hé")
+    assert tokenizer.decode(ids) == engines.PLAIN_CHAT_TEMPLATE.format(prompt="hé")
+    assert EOS not in ids  # no special tokens added behind the template's back
+
+
+# ------------------------------------------------------------------------- FSDP2 on CPU
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fsdp_worker(rank: int, world: int, port: int, device_type: str, fast: bool, results):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device("cpu") if device_type == "cpu" else torch.device("cuda", rank)
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo" if device_type == "cpu" else "nccl", rank=rank, world_size=world)
+    try:
+        tokenizer = ByT5Tokenizer()
+        reference = tiny_model(seed=7).to(device)
+        model = tiny_model(seed=7).to(device)
+        mesh = init_device_mesh(device_type, (world,))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        # Each rank decodes a different prompt for a different number of steps: with
+        # per-step all-gathers this would hang; unsharded once, it cannot.
+        prompt = engines.render_prompt(tokenizer, ["short", "a different prompt"][rank % 2])
+        max_new = 6 + 7 * rank
+        got = engines.HFEngine(model, tokenizer, fast=fast).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
+        want = engines.HFEngine(reference, tokenizer, fast=False).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
+        resharded = all(isinstance(p, DTensor) for p in model.parameters())
+        full = dict(engines.iter_full_weights(model))
+        weights_equal = all(torch.equal(full[k], v) for k, v in reference.state_dict().items())
+        ids = torch.tensor([[5, 6, 7, 8]], device=device)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        results[rank] = (got[0][0].token_ids == want[0][0].token_ids, resharded, weights_equal,
+                         math.isfinite(float(loss.detach())))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_fsdp_ranks(world: int, device_type: str, fast: bool) -> dict:
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_fsdp_worker, args=(world, _free_port(), device_type, fast, results), nprocs=world)
+    return dict(results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fast", [False, True])
+def test_fsdp2_generation_on_two_gloo_ranks(fast):
+    # (same tokens as the unsharded model, params sharded again, full weights, training works)
+    assert _run_fsdp_ranks(2, "cpu", fast) == {0: (True, True, True, True), 1: (True, True, True, True)}
+
+
+@pytest.mark.gpu
+def test_fsdp2_generation_on_two_cuda_ranks():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA devices")
+    assert _run_fsdp_ranks(2, "cuda", True) == {0: (True, True, True, True), 1: (True, True, True, True)}
+
+
+@pytest.mark.gpu
+def test_fsdp2_fast_generation_on_one_cuda_rank():
+    # the fast decoder (CUDA graph step) on an FSDP2 model unsharded once, as train.py runs it
+    assert _run_fsdp_ranks(1, "cuda", True) == {0: (True, True, True, True)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fast,dtype,top_p,atol", [
+    (False, torch.float32, 0.9, 1e-3), (True, torch.float32, 0.9, 1e-3),
+    # bf16: a batched, padded forward and an unpadded one round differently, so a log-prob
+    # agrees to 0.1 only; top_p 1 so a token at the nucleus edge cannot fall out of it.
+    (False, torch.bfloat16, 1.0, 0.1), (True, torch.bfloat16, 1.0, 0.1)])
+def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer, fast, dtype, top_p, atol):
+    model = tiny_model(eos_logit=2.0).to("cuda", dtype)
+    engine = engines.HFEngine(model, tokenizer, fast=fast)
+    prompts = [engine.encode_prompt("hi"), engine.encode_prompt("a much longer prompt, padded less")]
+    torch.manual_seed(1)
+    groups = engine.generate(prompts, n=4, max_new_tokens=24, temperature=0.8, top_p=top_p)
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + c.token_ids], device="cuda")).logits[0].float().cpu()
+            steps = logits[len(prompt) - 1:len(prompt) - 1 + len(c.token_ids)] / 0.8
+            expected = naive_top_p(steps, top_p).log_softmax(-1)
+            expected = expected.gather(1, torch.tensor(c.token_ids)[:, None]).squeeze(1)
+            assert torch.allclose(torch.tensor(c.logprobs), expected, atol=atol)
+            if c.finish_reason == "stop":
+                assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
+
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_equals_eager_decode_and_plain_generate(tokenizer):
+    """fp32 greedy on CUDA: the graph-replayed step gives the eager step's tokens and
+    log-probs, and generate's tokens."""
+    model = tiny_model(seed=5, eos_logit=0.15).cuda()
+    prompts = [engines.render_prompt(tokenizer, t) for t in ("a longer prompt than x", "x", "mid size")]
+    results = {}
+    for name, kwargs in {"graph": dict(fast=True), "eager": dict(fast=True, cuda_graph=False),
+                         "plain": dict(fast=False)}.items():
+        engine = engines.HFEngine(model, tokenizer, max_batch_rows=4, **kwargs)
+        results[name] = [c for g in engine.generate(prompts, n=2, max_new_tokens=40, temperature=0.0) for c in g]
+    for g, e, p in zip(results["graph"], results["eager"], results["plain"]):
+        assert g.token_ids == e.token_ids == p.token_ids
+        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(e.logprobs), atol=1e-5)
+
+# ------------------------------------------------------------------------- vLLM pieces
+
+
+def test_vllm_weight_name_strips_wrappers():
+    assert engines.vllm_weight_name("_orig_mod.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    assert engines.vllm_weight_name("model._fsdp_wrapped_module.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight") == "model.layers.1.self_attn.q_proj.weight"
+    assert engines.vllm_weight_name("module.lm_head.weight") == "lm_head.weight"
+    assert engines.vllm_weight_name("model.embed_tokens.weight") == "model.embed_tokens.weight"
+
+
+class _FakeVLLMModel:
+    def __init__(self, log):
+        self.log = log
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.log.append(("load", [(n, t.clone()) for n, t in weights]))
+
+
+class _FakeLLM:
+    """Only the attributes sync_weights_into touches, in vLLM's V1 layout."""
+
+    def __init__(self):
+        self.log = []
+        runner = type("Runner", (), {"model": _FakeVLLMModel(self.log)})()
+        worker = type("Worker", (), {"model_runner": None, "worker": type("W", (), {"model_runner": runner})()})()
+        executor = type("Executor", (), {"driver_worker": worker})()
+        self.llm_engine = type("Engine", (), {"model_executor": executor})()
+
+    def reset_prefix_cache(self):
+        self.log.append(("reset", None))
+
+
+def test_sync_weights_streams_full_tensors_one_at_a_time_then_resets_cache():
+    inner = tiny_model(seed=2)
+    wrapped = torch.nn.Module()
+    wrapped._orig_mod = inner  # what torch.compile's wrapper looks like
+    llm = _FakeLLM()
+    sent = engines.sync_weights_into(llm, wrapped)
+    expected = inner.state_dict()
+    loads = [entry for kind, entry in llm.log if kind == "load"]
+    assert sent == len(expected) == len(loads)
+    assert all(len(batch) == 1 for batch in loads)
+    assert llm.log[-1] == ("reset", None) and [k for k, _ in llm.log].count("reset") == 1
+    for (name, tensor), in loads:
+        assert torch.equal(tensor, expected[name])
+
+
+# ------------------------------------------------------------------------- OpenAI engine
+
+
+class _ChatHandler(http.server.BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append((self.path, self.headers.get("Authorization"), body))
+        text = body["messages"][0]["content"]
+        # One choice per request whatever n says, as some servers do.
+        reply = {"choices": [{"index": 0, "finish_reason": "length" if "cut" in text else "stop",
+                              "message": {"role": "assistant", "content": f"echo: {text}",
+                                          "reasoning_content": "Okay, thinking."}}]}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        return None
+
+
+def test_openai_engine_against_local_server():
+    _ChatHandler.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ChatHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        engine = engines.OpenAIEngine(f"http://127.0.0.1:{server.server_port}/v1", "tiny",
+                                      api_key="k", max_workers=2)
+        prompts = [engine.encode_prompt("héllo"), engine.encode_prompt("please cut")]
+        groups = engine.generate(prompts, n=2, max_new_tokens=7, temperature=0.5, top_p=0.9, stop=["END"])
+    finally:
+        server.shutdown()
+    assert len(_ChatHandler.requests) == 4  # n=2, one choice per reply
+    path, auth, body = _ChatHandler.requests[0]
+    assert path == "/v1/chat/completions" and auth == "Bearer k"
+    assert (body["model"], body["n"], body["max_tokens"], body["temperature"], body["top_p"], body["stop"]) == ("tiny", 2, 7, 0.5, 0.9, ["END"])
+    assert {b["messages"][0]["content"] for _, _, b in _ChatHandler.requests} == {"héllo", "please cut"}
+    first = groups[0][0]
+    assert first.text == "<think>\nOkay, thinking.\n</think>\necho: héllo"
+    assert bytes(first.token_ids).decode() == first.text and first.logprobs is None
+    assert [c.finish_reason for c in groups[0]] == ["stop", "stop"]
+    assert [c.finish_reason for c in groups[1]] == ["length", "length"]
+
+
+
+def test_template_opens_thinking_reads_the_chat_template(tokenizer):
+    assert engines.template_opens_thinking(tokenizer) is False   # plain fallback template
+
+    class QwQLike:
+        chat_template = "set"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert engines.template_opens_thinking(QwQLike()) is True
+
+
+
+
+@dataclass
+class FakeTask:
+    task_id: str
+    reference_src: str
+    solutions: dict
+
+
+# ------------------------------------------------------------------------- oracle
+
+
+def test_oracle_answers_the_matching_task_and_corrupts_on_request():
+    head = "class ModelNew:\n    src = '"
+    engine = engines.OracleEngine([
+        FakeTask("a", "REF A", {"cpp": head + "float* out; out[i] = in[i];'"}),
+        FakeTask("b", "REF B", {"cpp": head + "y[j] = 2 * x[j];'"})], corrupt_rate=0.5, seed=3)
+    groups = engine.generate([engine.encode_prompt("...REF B..."), engine.encode_prompt("REF A")],
+                             n=8, max_new_tokens=10_000)
+    codes_b = {summarize.parse_response(c.text).code for c in groups[0]}
+    assert codes_b == {head + "y[j] = 2 * x[j];'\n", head + "y[j] = (2 * x[j]) + 1;'\n"}
+    assert {summarize.parse_response(c.text).code for c in groups[1]} <= {
+        head + "float* out; out[i] = in[i];'\n", head + "float* out; out[i] = (in[i]) + 1;'\n"}
+    cut = engine.generate([engine.encode_prompt("REF A")], n=1, max_new_tokens=20)[0][0]
+    assert cut.finish_reason == "length" and len(cut.token_ids) == 20
+    with pytest.raises(ValueError, match="none of the tasks"):
+        engine.generate([engine.encode_prompt("REF C")], n=1, max_new_tokens=10)
+
+
+
+def test_corrupt_solution_changes_every_builtin_solution_and_still_passes_the_gate():
+    import ast
+
+    import rewards
+    import tasks as tasks_module
+    for task in tasks_module.load_builtin():
+        for language, source in task.solutions.items():
+            corrupted = engines.corrupt_solution(source)
+            changed = [(a, b) for a, b in zip(source.split("\n"), corrupted.split("\n")) if a != b]
+            assert changed, (task.task_id, language)
+            for before, after in changed:
+                assert ") + 1;" in after and after.replace(") + 1;", ";").replace("(", "") == before.replace("(", ""), (before, after)
+            ast.parse(corrupted)
+            assert rewards.check_format(corrupted, language) is None, (task.task_id, language)
+
+
+@pytest.mark.slow
+def test_corrupted_accumulating_solution_fails_the_harness():
+    """The matmul solution writes its output only through `c[j] += ...` on a local alias of C
+    (corrupt_solution raised on it before); corrupted, the harness finds it wrong."""
+    import kernel_eval
+    import tasks as tasks_module
+    matmul = next(t for t in tasks_module.load_builtin() if t.task_id == "builtin/level1/09_matmul")
+    corrupted = engines.corrupt_solution(matmul.solutions["cpp"])
+    assert "c[j] += (aik * b[j]) + 1;" in corrupted
+    (result,) = kernel_eval.evaluate_batch([(matmul.reference_src, corrupted)], device="cpu")
+    assert (result.status, result.correct) == ("incorrect", False), result.message
+    assert "outside tolerance" in result.message
