@@ -30,8 +30,9 @@ HFEngine has two decoders on the policy itself:
   outputs read before the next replay) and replayed; sampling, EOS detection and the
   per-row finish step stay on the device, with one host check every `check_every` steps
   (stop strings are decoded then); the loop ends when every row has finished, and rows are
-  batched by prompt length so short prompts do not carry long ones' padding. On the CPU
-  the same code runs without the graph (the tests use it).
+  batched by prompt length so short prompts do not carry long ones' padding. Attention
+  keeps grouped-query heads grouped (`grouped_query_attention`: K and V read once, not
+  copied per query head). On the CPU the same code runs without the graph (the tests use it).
 - plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches, our
   own temperature/top-p as the last logits processor, a stopping criterion that records
   each row's cut.
@@ -220,15 +221,17 @@ class HFEngine:
     `generate` (left padding, our own temperature/top-p as the last logits processor). Either
     way the returned log-probs are those of the distribution actually sampled from
     (temperature-scaled and top-p-filtered; greedy when temperature is 0). `max_batch_rows`
-    rows are decoded together; `cuda_graph` False keeps the fast decoder eager on CUDA."""
+    rows are decoded together; `cuda_graph` False keeps the fast decoder eager on CUDA;
+    `grouped_attention` False keeps the model's own attention in the fast decoder."""
 
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
                  reshard_after_forward: bool = True, fast: bool | None = None,
-                 cuda_graph: bool = True, check_every: int = 16):
+                 cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16):
         self.model = model
         # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
         self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
         self.cuda_graph = cuda_graph
+        self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
         self.check_every = check_every     # decoding steps between host checks (fast decoder)
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
@@ -313,7 +316,9 @@ class HFEngine:
         for start in range(0, len(rows), self.max_batch_rows):
             batch = rows[start:start + self.max_batch_rows]
             decoder = _FastDecoder(self, prompts, batch, max_new_tokens, temperature, top_p, stop)
-            token_rows, logprob_rows, finish = decoder.decode()
+            attention = grouped_attention_for(self.model) if self.grouped_attention else contextlib.nullcontext()
+            with attention:
+                token_rows, logprob_rows, finish = decoder.decode()
             for p, ids, logprobs, finished in zip(batch, token_rows, logprob_rows, finish):
                 out[p].append(Completion(
                     token_ids=ids, logprobs=logprobs,
@@ -395,6 +400,51 @@ def sample_from_logits(logits: torch.Tensor, temperature: float,
     else:
         token = scores.argmax(dim=-1)
     return token, log_probs.gather(1, token[:, None]).squeeze(1)
+
+
+GROUPED_ATTENTION = "kernel_rl_grouped_sdpa"
+
+
+def grouped_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                            **kwargs) -> tuple[torch.Tensor, None]:
+    """SDPA with grouped-query heads kept grouped: the query heads that share a KV head become
+    extra query rows of that head, so K and V are read once per step instead of being copied
+    once per query head (what transformers' sdpa does whenever a mask is given on CUDA; at
+    batch 256 that copy is most of a decode step's memory traffic). A transformers attention
+    function (AttentionInterface): query (batch, q_heads, q_len, dim), key and value
+    (batch, kv_heads, kv_len, dim), an additive 4-D mask; returns (batch, q_len, q_heads, dim)."""
+    batch, q_heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    group = q_heads // kv_heads
+    # Query head h uses KV head h // group (transformers' repeat_kv), so splitting the head
+    # axis into (kv_heads, group) and merging (group, q_len) gives row g * q_len + i.
+    grouped = query.reshape(batch, kv_heads, group * q_len, dim)
+    mask = attention_mask[:, :, :, :key.shape[-2]].to(query.dtype)
+    if q_len > 1:
+        mask = mask.repeat(1, 1, group, 1)   # row g * q_len + i gets query i's mask row
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, q_heads, q_len, dim).transpose(1, 2).contiguous(), None
+
+
+@contextlib.contextmanager
+def grouped_attention_for(model):
+    """Run `model` with grouped_query_attention while inside, when that is a like-for-like
+    swap: its attention is sdpa or eager and no layer has a sliding window (which the
+    function ignores). Anything else keeps its own attention."""
+    config = model.config
+    swappable = (config._attn_implementation in ("sdpa", "eager")
+                 and not any(getattr(m, "sliding_window", None) for m in model.modules()))
+    if not swappable:
+        yield
+        return
+    from transformers import AttentionInterface
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_attention)
+    previous = config._attn_implementation
+    config._attn_implementation = GROUPED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
 
 
 def _attention_bias(allowed: torch.Tensor, dtype) -> torch.Tensor:

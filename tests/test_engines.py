@@ -143,6 +143,24 @@ def test_fast_decoder_greedy_equals_plain_generate(tokenizer):
     assert {c.finish_reason for g in want for c in g} == {"stop", "length"}, "pick eos_logit so both occur"
 
 
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_grouped_query_attention_equals_attention_with_repeated_heads(q_len):
+    torch.manual_seed(0)
+    batch, q_heads, kv_heads, kv_len, dim = 3, 6, 2, 9, 4
+    query = torch.randn(batch, q_heads, q_len, dim, dtype=torch.float64)
+    key, value = (torch.randn(batch, kv_heads, kv_len, dim, dtype=torch.float64) for _ in range(2))
+    allowed = torch.rand(batch, 1, q_len, kv_len) > 0.3
+    allowed[..., 0] = True
+    bias = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
+    got, _ = engines.grouped_query_attention(None, query, key, value, bias, scaling=0.5)
+    # Naive: every query head h against KV head h // (q_heads // kv_heads), softmax written out.
+    heads = torch.arange(q_heads) // (q_heads // kv_heads)
+    scores = query @ key[:, heads].transpose(-1, -2) * 0.5 + bias
+    want = (scores.softmax(-1) @ value[:, heads]).transpose(1, 2)
+    assert got.shape == (batch, q_len, q_heads, dim)
+    assert torch.allclose(got, want, atol=1e-10)
+
+
 def test_fast_decoder_samples_of_one_prompt_differ(tokenizer):
     engine = engines.HFEngine(tiny_model(seed=4), tokenizer, fast=True)
     torch.manual_seed(0)
@@ -273,16 +291,17 @@ def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer, fast, dtype, top_
 @pytest.mark.gpu
 def test_cuda_graph_decode_equals_eager_decode_and_plain_generate(tokenizer):
     """fp32 greedy on CUDA: the graph-replayed step gives the eager step's tokens and
-    log-probs, and generate's tokens."""
+    log-probs, and the same tokens as with the model's own attention and as generate."""
     model = tiny_model(seed=5, eos_logit=0.15).cuda()
     prompts = [engines.render_prompt(tokenizer, t) for t in ("a longer prompt than x", "x", "mid size")]
     results = {}
     for name, kwargs in {"graph": dict(fast=True), "eager": dict(fast=True, cuda_graph=False),
+                         "own_attention": dict(fast=True, grouped_attention=False),
                          "plain": dict(fast=False)}.items():
         engine = engines.HFEngine(model, tokenizer, max_batch_rows=4, **kwargs)
         results[name] = [c for g in engine.generate(prompts, n=2, max_new_tokens=40, temperature=0.0) for c in g]
-    for g, e, p in zip(results["graph"], results["eager"], results["plain"]):
-        assert g.token_ids == e.token_ids == p.token_ids
+    for g, e, o, p in zip(results["graph"], results["eager"], results["own_attention"], results["plain"]):
+        assert g.token_ids == e.token_ids == o.token_ids == p.token_ids
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(e.logprobs), atol=1e-5)
 
 # ------------------------------------------------------------------------- vLLM pieces
