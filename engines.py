@@ -447,11 +447,17 @@ def grouped_attention_for(model):
         config._attn_implementation = previous
 
 
+# Added to the attention scores of hidden positions: finite in fp16, bf16 and fp32 alike (an
+# FSDP2 model may cast the mask to its compute dtype; fp32's minimum would become -inf in
+# bf16), and far enough below any real score that exp() of it is exactly 0.
+MASKED_SCORE = torch.finfo(torch.float16).min
+
+
 def _attention_bias(allowed: torch.Tensor, dtype) -> torch.Tensor:
-    """An additive 4-D mask (0 where attended, the dtype's minimum elsewhere): finite, so a
-    query that may attend nothing (a left-pad position) gives no NaN."""
+    """An additive 4-D mask (0 where attended, MASKED_SCORE elsewhere): finite, so a query
+    that may attend nothing (a left-pad position) gives no NaN."""
     bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill(~allowed, torch.finfo(dtype).min)
+    return bias.masked_fill(~allowed, MASKED_SCORE)
 
 
 class _FastDecoder:

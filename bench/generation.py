@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import engines  # noqa: E402
@@ -85,6 +86,8 @@ def main(argv=None) -> None:
     tokenizer = _Tokenizer()
     print(f"{args.shape} ({sum(p.numel() for p in plain.parameters()) / 1e6:.1f}M parameters), {device}, "
           f"prompts {args.prompt} tokens, {args.new} new tokens, temperature 1; new tokens per second")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"command: python bench/generation.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     batches = [int(b) for b in args.batches.split(",")]
     print("| engine | " + " | ".join(f"batch {b}" for b in batches) + " |")
     print("|---|" + "---:|" * len(batches))
