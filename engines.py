@@ -25,7 +25,8 @@ A completion is cut right after the token that sampled an EOS or completed a sto
 
 HFEngine has two decoders on the policy itself:
 - the fast one (default on CUDA): each distinct prompt is prefilled once into a preallocated
-  (static) KV cache and its rows copied to its n samples; each decoding step is one forward
+  (static) KV cache and its rows copied to its n samples (the cache holds
+  `initial_cache_tokens` new positions and doubles when full); each decoding step is one forward
   of the whole batch, captured once in a CUDA graph (static input and output buffers, the
   outputs read before the next replay) and replayed; sampling, EOS detection and the
   per-row finish step stay on the device, with one host check every `check_every` steps
@@ -226,13 +227,15 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
                  reshard_after_forward: bool = True, fast: bool | None = None,
-                 cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16):
+                 cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16,
+                 initial_cache_tokens: int = 1024):
         self.model = model
         # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
         self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
         self.cuda_graph = cuda_graph
         self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
         self.check_every = check_every     # decoding steps between host checks (fast decoder)
+        self.initial_cache_tokens = initial_cache_tokens   # new positions first allocated (fast decoder)
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self.reshard_after_forward = reshard_after_forward
@@ -346,6 +349,7 @@ class _StaticKVCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.write_positions: torch.Tensor | None = None
+        self.write_positions_host = 0     # the first write position, on the host (decoding)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,6 +370,15 @@ class _StaticKVCache:
             shape = (self.rows, keys.shape[1], self.length, keys.shape[3])
             self.keys.append(keys.new_zeros(shape))
             self.values.append(keys.new_zeros(shape))
+
+    def grow(self, length: int) -> None:
+        """Reallocate every layer at `length` positions, the written ones copied over."""
+        for layer in range(len(self.keys)):
+            for buffers in (self.keys, self.values):
+                old = buffers[layer]
+                buffers[layer] = old.new_zeros(old.shape[0], old.shape[1], length, old.shape[3])
+                buffers[layer][:, :, :self.length] = old
+        self.length = length
 
     def copy_prefix_rows(self, source: "_StaticKVCache", source_rows: torch.Tensor,
                          target_rows: torch.Tensor) -> None:
@@ -482,7 +495,10 @@ class _FastDecoder:
         self.tail_tokens = 4 * max((len(s) for s in self.stop), default=0) + 4
         self.eos_ids = torch.tensor(sorted(engine.eos_ids), device=self.device)
         self.call = _forward_kwargs(self.model)
-        self.cache = _StaticKVCache(self.rows, self.width + max_new_tokens)
+        # The cache starts at `initial_cache_tokens` new positions and doubles when full, so
+        # a max_new_tokens far above what rows actually sample costs neither memory nor the
+        # attention reads over never-written positions.
+        self.cache = _StaticKVCache(self.rows, self.width + min(max_new_tokens, engine.initial_cache_tokens))
 
     def _forward(self, cache: _StaticKVCache, input_ids, bias, position_ids) -> torch.Tensor:
         kwargs = {self.call["cache_name"]: cache}
@@ -539,6 +555,7 @@ class _FastDecoder:
         self.next_ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
         self.positions = torch.tensor(lengths, device=self.device)[:, None]
         self.cache.write_positions = torch.full((1,), self.width, dtype=torch.long, device=self.device)
+        self.cache.write_positions_host = self.width     # the same, known without a sync
         step_fn = self._step
         checked, stop_at = 0, [-1] * self.rows
         check_every = self.engine.check_every
@@ -556,9 +573,13 @@ class _FastDecoder:
             if done == steps:
                 break
             self.next_ids.copy_(token[:, None])
-            if t == 0:
+            if self.cache.write_positions_host >= self.cache.length:
+                self._grow(min(self.width + steps, self.width + 2 * (self.cache.length - self.width)))
+                step_fn = self._captured_step()   # the graph read the old buffers
+            elif t == 0:
                 step_fn = self._captured_step()
             logits = step_fn()
+            self.cache.write_positions_host += 1
             self.cache.write_positions += 1
             self.positions += 1
         finish_host = finish.tolist()
@@ -566,6 +587,14 @@ class _FastDecoder:
         token_rows, logprob_rows = tokens[:, :done].tolist(), logprobs[:, :done].tolist()
         return ([row[:n] for row, n in zip(token_rows, cut)],
                 [row[:n] for row, n in zip(logprob_rows, cut)], finish_host)
+
+    def _grow(self, length: int) -> None:
+        """A longer cache and mask; the new positions hidden until written."""
+        old_length = self.cache.length
+        self.cache.grow(length)
+        hidden = torch.full((self.rows, 1, 1, length - old_length), MASKED_SCORE, dtype=self.bias.dtype,
+                            device=self.device)
+        self.bias = torch.cat([self.bias, hidden], dim=3)
 
     def _step(self) -> torch.Tensor:
         """One decoding step on the static buffers: unmask the position being written, run the

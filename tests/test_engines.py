@@ -76,7 +76,7 @@ def naive_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 @pytest.mark.parametrize("fast", [False, True])
 def test_hf_ids_exact_cut_at_eos_and_logprobs_match_unpadded_forward(tokenizer, fast):
     model = tiny_model(eos_logit=2.0)
-    engine = engines.HFEngine(model, tokenizer, max_batch_rows=5, fast=fast, check_every=3)
+    engine = engines.HFEngine(model, tokenizer, max_batch_rows=5, fast=fast, check_every=3, initial_cache_tokens=5)
     prompts = [engine.encode_prompt("hi"), engine.encode_prompt("a much longer prompt, padded less")]
     torch.manual_seed(1)
     temperature, top_p, max_new = 0.8, 0.9, 24
@@ -128,11 +128,13 @@ def test_hf_stop_string_ends_completion_at_first_occurrence(tokenizer, fast):
 
 
 def test_fast_decoder_greedy_equals_plain_generate(tokenizer):
-    """Greedy: the fast decoder (shared prefill, static cache, rows bucketed by prompt length,
-    a prompt's copies split across batches) gives generate's tokens, cuts and log-probs."""
+    """Greedy: the fast decoder (shared prefill, static cache grown while decoding, rows
+    bucketed by prompt length, a prompt's copies split across batches) gives generate's
+    tokens, cuts and log-probs."""
     model = tiny_model(seed=5, eos_logit=0.15)   # greedy rows end at different steps, or not at all
     plain = engines.HFEngine(model, tokenizer, fast=False)
-    fast = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5)
+    fast = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5,
+                            initial_cache_tokens=3)   # the cache grows 3 -> 6 -> 12 -> 20
     prompts = [plain.encode_prompt(t) for t in ("a longer prompt than x", "x", "mid size", "x")]
     want = plain.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
     got = fast.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
@@ -295,7 +297,9 @@ def test_cuda_graph_decode_equals_eager_decode_and_plain_generate(tokenizer):
     model = tiny_model(seed=5, eos_logit=0.15).cuda()
     prompts = [engines.render_prompt(tokenizer, t) for t in ("a longer prompt than x", "x", "mid size")]
     results = {}
-    for name, kwargs in {"graph": dict(fast=True), "eager": dict(fast=True, cuda_graph=False),
+    # (the graph is captured again each time the cache grows: 8 -> 16 -> 32 -> 40 new positions)
+    for name, kwargs in {"graph": dict(fast=True, initial_cache_tokens=8),
+                         "eager": dict(fast=True, cuda_graph=False, initial_cache_tokens=8),
                          "own_attention": dict(fast=True, grouped_attention=False),
                          "plain": dict(fast=False)}.items():
         engine = engines.HFEngine(model, tokenizer, max_batch_rows=4, **kwargs)
