@@ -557,7 +557,7 @@ class _FastDecoder:
         self.cache.write_positions = torch.full((1,), self.width, dtype=torch.long, device=self.device)
         self.cache.write_positions_host = self.width     # the same, known without a sync
         step_fn = self._step
-        checked, stop_at = 0, [-1] * self.rows
+        checked = 0
         check_every = self.engine.check_every
         done = 0
         for t in range(steps):
@@ -567,7 +567,7 @@ class _FastDecoder:
             finish = torch.where(torch.isin(token, self.eos_ids) & (finish < 0), t + 1, finish)
             done = t + 1
             if done % check_every == 0 or done == steps:
-                finish, checked = self._check_stops(tokens, finish, checked, done, stop_at)
+                finish, checked = self._check_stops(tokens, finish, checked, done)
                 if bool((finish >= 0).all()):
                     break
             if done == steps:
@@ -629,9 +629,10 @@ class _FastDecoder:
             return logits_buffer
         return replay
 
-    def _check_stops(self, tokens, finish, checked: int, done: int, stop_at: list[int]):
+    def _check_stops(self, tokens, finish, checked: int, done: int):
         """The host check: stop strings completed in steps (checked, done], each row cut at the
-        first step where an EOS was sampled or a stop string completed (as _FinishRecorder)."""
+        first step where an EOS was sampled or a stop string completed (as _FinishRecorder).
+        A row already cut at or before `checked` has nothing left to scan."""
         if not self.stop:
             return finish, done
         finish_host = finish.tolist()
@@ -639,14 +640,11 @@ class _FastDecoder:
         offset = max(0, checked + 1 - self.tail_tokens)
         tokenizer = self.engine.tokenizer
         for r in range(self.rows):
-            if stop_at[r] >= 0:
-                continue
             last = finish_host[r] if finish_host[r] >= 0 else done
             for s in range(checked + 1, last + 1):
                 tail = tokenizer.decode(recent[r][max(0, s - self.tail_tokens) - offset:s - offset],
                                         skip_special_tokens=False)
                 if any(stop in tail for stop in self.stop):
-                    stop_at[r] = s
                     finish_host[r] = s
                     break
         return torch.tensor(finish_host, device=self.device), done
