@@ -33,10 +33,10 @@ The engine (engines.py: the HF policy itself, vLLM, an HTTP server, the oracle) 
 with `generate`, `encode_prompt` and `count_tokens` (`engines.Engine`).
 
 The evaluator is injected (`evaluate_batch(pairs) -> results`, kernel_eval's signature with
-its settings bound), so this file imports only summarize, rewards and the engines' records. For evaluation, a
-rollout can continue trajectories from given histories at a turn offset (beam search's
-replicas, eval.py's --resume) and reports each turn's samples, with the harness's verdict
-fields, through a callback as soon as the turn is judged.
+its settings bound), so this file imports only summarize, rewards and the engines' records.
+For evaluation, a rollout can continue trajectories from given histories at a turn offset
+(beam search's replicas, eval.py's --resume) and reports each turn's samples, with the
+harness's verdict fields, through a callback as soon as the turn is judged.
 """
 from __future__ import annotations
 
