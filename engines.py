@@ -408,7 +408,9 @@ def sample_from_logits(logits: torch.Tensor, temperature: float,
         scores = top_p_filter(scores / temperature, top_p)
     log_probs = scores.log_softmax(dim=-1)
     if temperature > 0:
-        noise = torch.empty_like(log_probs).exponential_(1.0)
+        # Clamped above 0: a draw of exactly 0 would make 0 / 0 = NaN on a token outside the
+        # nucleus, and argmax picks NaN.
+        noise = torch.empty_like(log_probs).exponential_(1.0).clamp_(min=torch.finfo(torch.float32).tiny)
         token = (log_probs.exp() / noise).argmax(dim=-1)
     else:
         token = scores.argmax(dim=-1)

@@ -163,6 +163,23 @@ def test_grouped_query_attention_equals_attention_with_repeated_heads(q_len):
     assert torch.allclose(got, want, atol=1e-10)
 
 
+def test_sample_from_logits_draws_from_the_nucleus_distribution_it_reports():
+    """The fast decoder's sampler against the distribution written out: 40,000 rows of the same
+    logits; frequencies within 0.01 of softmax(top_p(logits / T)), nothing outside the nucleus,
+    and each reported log-prob that distribution's."""
+    torch.manual_seed(0)
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -1.0, -3.0])
+    temperature, top_p = 0.7, 0.8
+    want = naive_top_p((logits / temperature)[None], top_p).softmax(-1)[0]
+    token, logprob = engines.sample_from_logits(logits.expand(40_000, -1), temperature, top_p)
+    frequencies = torch.bincount(token, minlength=len(logits)).double() / len(token)
+    assert torch.allclose(frequencies, want.double(), atol=0.01)
+    assert bool((want[token] > 0).all())
+    assert torch.allclose(logprob, want.log()[token], atol=1e-5)
+    greedy, greedy_logprob = engines.sample_from_logits(logits[None], 0.0, 1.0)
+    assert int(greedy) == 0 and torch.allclose(greedy_logprob, logits.log_softmax(-1)[:1])
+
+
 def test_fast_decoder_samples_of_one_prompt_differ(tokenizer):
     engine = engines.HFEngine(tiny_model(seed=4), tokenizer, fast=True)
     torch.manual_seed(0)
