@@ -916,6 +916,12 @@ class OracleEngine:
             raise ValueError("OracleEngine: the prompt contains none of the tasks' reference sources")
         return max(matches)[1]
 
+    def answer_text(self, solution: str, corrupted: bool) -> str:
+        """The oracle's response for a solution, in the policy's format."""
+        code = self.corrupt(solution) if corrupted else solution
+        summary = "I changed the output on purpose." if corrupted else "I used the task's reference solution."
+        return ORACLE_RESPONSE.format(code=code.strip("\n"), summary=summary)
+
     def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0,
                  stop: Sequence[str] = ()) -> list[list[Completion]]:
@@ -924,11 +930,7 @@ class OracleEngine:
             solution = self.solution_for(utf8_text(ids))
             group = []
             for _ in range(n):
-                corrupted = self.rng.random() < self.corrupt_rate
-                code = self.corrupt(solution) if corrupted else solution
-                summary = ("I changed the output on purpose." if corrupted
-                           else "I used the task's reference solution.")
-                ids_out = utf8_ids(ORACLE_RESPONSE.format(code=code.strip("\n"), summary=summary))
+                ids_out = utf8_ids(self.answer_text(solution, self.rng.random() < self.corrupt_rate))
                 finish = "length" if len(ids_out) > max_new_tokens else "stop"
                 ids_out = ids_out[:max_new_tokens]
                 group.append(Completion(ids_out, None, utf8_text(ids_out), finish))
@@ -981,11 +983,20 @@ class OracleMixedEngine:
                         for pick in picks])
         return out
 
-    def _oracle_answer(self, prompt_text: str, max_new_tokens: int) -> Completion:
-        text = self.oracle.generate([utf8_ids(prompt_text)], n=1, max_new_tokens=1 << 30)[0][0].text
+    def longest_answer_tokens(self) -> int:
+        """The policy-token length (EOS included) of the longest uncorrupted oracle answer: a
+        max_new_tokens below it cuts that answer into a format error."""
+        return max(len(self._answer_ids(self.oracle.answer_text(solution, False)))
+                   for _, solution in self.oracle.answers)
+
+    def _answer_ids(self, text: str) -> list[int]:
         if self.prompt_opens_thinking:  # the template already opened <think>
             text = text.removeprefix("<think>\n")
-        ids = list(self.tokenizer(text, add_special_tokens=False).input_ids) + [self.eos_id]
+        return list(self.tokenizer(text, add_special_tokens=False).input_ids) + [self.eos_id]
+
+    def _oracle_answer(self, prompt_text: str, max_new_tokens: int) -> Completion:
+        text = self.oracle.generate([utf8_ids(prompt_text)], n=1, max_new_tokens=1 << 30)[0][0].text
+        ids = self._answer_ids(text)
         finish = "length" if len(ids) > max_new_tokens else "stop"
         ids = ids[:max_new_tokens]
         return Completion(ids, None, self.tokenizer.decode(ids, skip_special_tokens=True), finish)

@@ -222,45 +222,18 @@ def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.T
     return logp, batch["loss_mask"][:, start:]
 
 
-def micro_batches(samples: list, pad_id: int, token_budget: int, device) -> list[dict]:
-    """Samples sorted by length and packed under a padded-token budget (less padding)."""
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
-    groups, current = [], []
-    for i in order:
-        width = len(samples[i].input_ids)
-        if current and width * (len(current) + 1) > token_budget:
-            groups.append(current)
-            current = []
-        current.append(i)
-    if current:
-        groups.append(current)
-    batches = []
-    for rows in groups:
-        batch = rollout.collate_samples([samples[i] for i in rows], pad_id)
-        batch["prompt_lens"] = torch.tensor([len(samples[i].prompt_ids) for i in rows])
-        batch["rows"] = rows
-        batches.append({k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()})
-    return batches
-
-
-def empty_batch(pad_id: int, device) -> dict:
-    """An all-masked row: lets a rank with fewer micro-batches join every FSDP2 collective."""
-    return {"input_ids": torch.full((1, 2), pad_id, device=device), "attention_mask": torch.ones(1, 2, dtype=torch.long, device=device),
-            "loss_mask": torch.zeros(1, 2, dtype=torch.long, device=device), "prompt_lens": torch.tensor([1]), "rows": []}
-
-
 def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config, step: int, max_new: int,
            pad_id: int, device, world: int) -> dict:
     """Steps 4 and 5: old log-probs, then `optimizer_steps` clipped-loss updates on this batch."""
     order = list(range(len(samples)))
     random.Random(f"minibatch:{config.seed}:{step}:{dist.get_rank()}").shuffle(order)
     minis = [order[k::config.optimizer_steps] for k in range(config.optimizer_steps)]
-    mini_batches = [micro_batches([samples[i] for i in rows], pad_id, config.micro_batch_tokens, device) for rows in minis]
+    mini_batches = [rollout.micro_batches([samples[i] for i in rows], pad_id, config.micro_batch_tokens, device) for rows in minis]
     # every rank runs as many forwards as the busiest one: FSDP2's all-gathers are collectives
     counts = torch.tensor([len(b) for b in mini_batches], device=device)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     for batches, n in zip(mini_batches, counts.tolist()):
-        batches += [empty_batch(pad_id, device) for _ in range(n - len(batches))]
+        batches += [rollout.empty_micro_batch(pad_id, device) for _ in range(n - len(batches))]
     # 4. old log-probs, once, before any optimizer step changes the weights
     with torch.no_grad():
         for batch in (b for batches in mini_batches for b in batches):
@@ -377,9 +350,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=language, seed=config.seed + rank)
-        answers = [engines.ORACLE_RESPONSE.format(code=t.solutions[language].strip("\n"),
-                                                  summary="I used the task's reference solution.") for t in train_tasks]
-        longest = max(len(tokenizer(a, add_special_tokens=False).input_ids) + 1 for a in answers)
+        longest = engine.longest_answer_tokens()
         if longest > config.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
             raise SystemExit(f"train.py: the longest oracle answer is {longest} tokens; raise --max-new-tokens "
                              f"above {config.max_new_tokens}")
