@@ -385,3 +385,18 @@ def test_rollout_continues_from_histories_at_a_turn_offset_and_reports_each_turn
         rollout.rollout([TASK_A, TASK_B], engine, fake_evaluator(verdicts)[0], config, histories=histories[:3])
 
 
+
+
+def test_micro_batches_pack_sorted_samples_under_the_padded_token_budget():
+    def sample(n_prompt, n_completion):
+        return rollout.Sample("t", 0, 0, [5] * n_prompt, [6] * n_completion,
+                              [0] * n_prompt + [1] * n_completion, None, "", False, "correct", 0.0, 0.0, 0.0, None, "")
+    samples = [sample(2, 3), sample(3, 2), sample(1, 3)]   # lengths 5, 5, 4
+    batches = rollout.micro_batches(samples, 0, 10, torch.device("cpu"))
+    # sorted by length: 4 (row 2), then 5 (row 0) -> 2 x 5 = 10 fits; row 1 would make 3 x 5 = 15
+    assert [b["rows"] for b in batches] == [[2, 0], [1]]
+    assert batches[0]["input_ids"].tolist() == [[5, 6, 6, 6, 0], [5, 5, 6, 6, 6]]
+    assert batches[0]["loss_mask"].tolist() == [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert batches[0]["prompt_lens"].tolist() == [1, 2] and "attention_mask" not in batches[0]
+    empty = rollout.empty_micro_batch(0, torch.device("cpu"))
+    assert empty["rows"] == [] and int(empty["loss_mask"].sum()) == 0

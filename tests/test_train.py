@@ -62,7 +62,7 @@ def _problem():
 
 
 def _gradient(model, samples, advantages, total, world):
-    for batch in train.micro_batches(samples, 0, 1 << 20, torch.device("cpu")):
+    for batch in rollout.micro_batches(samples, 0, 1 << 20, torch.device("cpu")):
         logp, mask = train.completion_logprobs(model, batch, temperature=0.7)
         loss, _ = grpo.policy_loss(logp, logp.detach(), advantages[batch["rows"]], mask,
                                    max_tokens=8, total=total)
@@ -162,11 +162,11 @@ def test_right_padded_rows_get_the_log_probs_they_get_alone():
     torch.manual_seed(0)
     model, _ = train.load_policy(train.Config())
     samples, _ = _problem()
-    together = train.micro_batches(samples, 0, 1 << 20, torch.device("cpu"))[0]
+    together = rollout.micro_batches(samples, 0, 1 << 20, torch.device("cpu"))[0]
     logp, mask = train.completion_logprobs(model, together, temperature=0.7)
     start = int(together["prompt_lens"].min())
     for row, i in enumerate(together["rows"]):
-        alone = train.micro_batches([samples[i]], 0, 1 << 20, torch.device("cpu"))[0]
+        alone = rollout.micro_batches([samples[i]], 0, 1 << 20, torch.device("cpu"))[0]
         logp_alone, mask_alone = train.completion_logprobs(model, alone, temperature=0.7)
         n_prompt = len(samples[i].prompt_ids)
         got = logp[row][mask[row].bool()]
