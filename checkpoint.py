@@ -78,7 +78,7 @@ def write_metrics(out: str, record: dict, keep_through: int | None = None) -> No
     path = os.path.join(out, "metrics.jsonl")
     if keep_through is not None and os.path.exists(path):
         with open(path) as f:
-            lines = [line for line in f if _step_of(line) is not None and _step_of(line) <= keep_through]
+            lines = [line for line in f if (step := _step_of(line)) is not None and step <= keep_through]
         with open(path + ".tmp", "w") as f:
             f.writelines(lines)
         os.replace(path + ".tmp", path)
