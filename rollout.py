@@ -327,8 +327,7 @@ def collate_samples(samples: Sequence[Sample], pad_token_id: int) -> dict[str, t
 def micro_batches(samples: Sequence[Sample], pad_token_id: int, token_budget: int, device) -> list[dict]:
     """Samples sorted by length and packed, right-padded, under a budget of padded tokens per
     micro-batch (less padding than packing in sample order), on `device`. Each batch also holds
-    `prompt_lens` (the trainer runs its LM head from the shortest prompt on) and `rows` (the
-    samples' indices). No attention mask: under the causal mask a right-padded row's real
+    `rows` (the samples' indices). No attention mask: under the causal mask a right-padded row's real
     tokens never see its pads, and pads are never trained."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
     groups, current = [], []
@@ -343,8 +342,7 @@ def micro_batches(samples: Sequence[Sample], pad_token_id: int, token_budget: in
     batches = []
     for rows in groups:
         batch = collate_samples([samples[i] for i in rows], pad_token_id)
-        batch = {"input_ids": batch["input_ids"].to(device), "loss_mask": batch["loss_mask"].to(device),
-                 "prompt_lens": torch.tensor([len(samples[i].prompt_ids) for i in rows]), "rows": rows}
+        batch = {"input_ids": batch["input_ids"].to(device), "loss_mask": batch["loss_mask"].to(device), "rows": rows}
         batches.append(batch)
     return batches
 
@@ -352,5 +350,4 @@ def micro_batches(samples: Sequence[Sample], pad_token_id: int, token_budget: in
 def empty_micro_batch(pad_token_id: int, device) -> dict:
     """An all-masked row: lets a rank with fewer micro-batches join every FSDP2 collective."""
     return {"input_ids": torch.full((1, 2), pad_token_id, device=device),
-            "loss_mask": torch.zeros(1, 2, dtype=torch.long, device=device), "prompt_lens": torch.tensor([1]),
-            "rows": []}
+            "loss_mask": torch.zeros(1, 2, dtype=torch.long, device=device), "rows": []}

@@ -211,15 +211,23 @@ def lr_at(optimizer_step: int, total: int, config: Config) -> float:
 # ----------------------------------------------------------------------------- the loss
 
 def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(token) under logits / temperature for the positions that can be trained: the LM
-    head runs only from the shortest prompt on (logits_to_keep), never over the whole batch.
+    """log pi(token) under logits / temperature at every trained position, (rows, width - 1) with 0
+    elsewhere, and the mask of those positions. The LM head runs on the trained positions only: a
+    pre-hook hands it their hidden states inside the model's forward (where FSDP2 has gathered its
+    weight), so prompt and pad positions never become logits (bench/train_step.py: MFU).
     No attention mask: rows are right-padded, so under the causal mask no real token sees a pad,
     and without a padding mask SDPA can take its flash kernel (pads' outputs are never trained)."""
-    start = int(batch["prompt_lens"].min())
-    width = batch["input_ids"].shape[1]
-    logits = model(input_ids=batch["input_ids"], logits_to_keep=width - start + 1, use_cache=False).logits[:, :-1]
-    logp = grpo.token_logprobs(logits / temperature, batch["input_ids"][:, start:])
-    return logp, batch["loss_mask"][:, start:]
+    mask = batch["loss_mask"][:, 1:]   # position i predicts token i + 1
+    trained = mask.bool()
+    head = model.get_output_embeddings()
+    hook = head.register_forward_pre_hook(lambda module, args: (args[0][:, :-1][trained],))
+    try:
+        logits = model(input_ids=batch["input_ids"], use_cache=False).logits   # (trained tokens, vocab)
+    finally:
+        hook.remove()
+    logp = torch.zeros(trained.shape, dtype=torch.float32, device=logits.device)
+    logp[trained] = grpo.token_logprobs(logits / temperature, batch["input_ids"][:, 1:][trained])
+    return logp, mask
 
 
 def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config, step: int, max_new: int,

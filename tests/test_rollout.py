@@ -397,6 +397,6 @@ def test_micro_batches_pack_sorted_samples_under_the_padded_token_budget():
     assert [b["rows"] for b in batches] == [[2, 0], [1]]
     assert batches[0]["input_ids"].tolist() == [[5, 6, 6, 6, 0], [5, 5, 6, 6, 6]]
     assert batches[0]["loss_mask"].tolist() == [[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
-    assert batches[0]["prompt_lens"].tolist() == [1, 2] and "attention_mask" not in batches[0]
+    assert "attention_mask" not in batches[0]
     empty = rollout.empty_micro_batch(0, torch.device("cpu"))
     assert empty["rows"] == [] and int(empty["loss_mask"].sum()) == 0

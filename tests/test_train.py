@@ -156,22 +156,25 @@ def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
     assert os.path.exists(tmp_path / "export" / "config.json")
 
 
-def test_right_padded_rows_get_the_log_probs_they_get_alone():
-    """completion_logprobs runs without a padding mask (right padding under the causal mask):
-    each row's trained log-probs equal those of the row alone, with no padding at all."""
+def test_right_padded_rows_get_the_log_probs_of_a_full_forward_alone():
+    """completion_logprobs runs without a padding mask (right padding under the causal mask) and
+    its LM head only on trained positions: each row's log-probs equal log_softmax(logits / T) of
+    a plain full forward over the row alone, at its completion tokens, and are 0 elsewhere."""
     torch.manual_seed(0)
     model, _ = train.load_policy(train.Config())
     samples, _ = _problem()
     together = rollout.micro_batches(samples, 0, 1 << 20, torch.device("cpu"))[0]
     logp, mask = train.completion_logprobs(model, together, temperature=0.7)
-    start = int(together["prompt_lens"].min())
+    assert logp.shape == mask.shape == (len(samples), together["input_ids"].shape[1] - 1)
+    assert bool((logp[~mask.bool()] == 0).all())
     for row, i in enumerate(together["rows"]):
-        alone = rollout.micro_batches([samples[i]], 0, 1 << 20, torch.device("cpu"))[0]
-        logp_alone, mask_alone = train.completion_logprobs(model, alone, temperature=0.7)
+        ids = torch.tensor([samples[i].input_ids])
+        with torch.no_grad():
+            naive = torch.log_softmax(model(input_ids=ids).logits.float() / 0.7, dim=-1)[0, :-1]
         n_prompt = len(samples[i].prompt_ids)
+        want = naive.gather(1, ids[0, 1:, None])[n_prompt - 1:, 0]
         got = logp[row][mask[row].bool()]
-        want = logp_alone[0][mask_alone[0].bool()]
-        assert int(mask[row].sum()) == len(samples[i].completion_ids) and start <= n_prompt
+        assert int(mask[row].sum()) == len(samples[i].completion_ids)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
