@@ -2,7 +2,8 @@
 # Issue 13's H200 run (one GPU): train.py under torchrun on a randomly initialised
 # Qwen2-1.5B-shaped model with CUDA kernels (oracle-mixed): step 1, a checkpoint, then --resume
 # for step 2; the step-time split and the training phase's MFU from metrics.jsonl.
-#   bash bench/h200_train.sh run       # the train.py run (TURNS=1 by default; STEP_LIMIT s per torchrun)
+#   bash bench/h200_train.sh run       # the train.py run (TURNS=1 by default; STEP_LIMIT s per torchrun;
+#                                      # EXTRA="--compile" adds flags)
 #   bash bench/h200_train.sh mfu       # bench/train_step.py's MFU table (~3 min)
 # Logs go to $OUT (the device tool's output folder), or ./h200_out.
 set -u
@@ -16,7 +17,7 @@ case "${1:-run}" in
 run)
   COMMON="--device cuda --model $MODEL --task-ids builtin/level1/01_relu,builtin/level1/07_row_sum,builtin/level1/08_max_over_dim,builtin/level2/06_bias_tanh_multiply
           --tasks-per-step 4 --trajectories 4 --turns ${TURNS:-1} --max-new-tokens 768 --oracle-share 0.5
-          --micro-batch-tokens 32768 --keep-checkpoints 1 --out $RUN"
+          --micro-batch-tokens 32768 --keep-checkpoints 1 --out $RUN ${EXTRA:-}"
   timeout ${STEP_LIMIT:-280} torchrun --standalone --nproc_per_node=1 train.py $COMMON --steps 1 > "$OUT/train_step1.log" 2>&1
   echo "step 1 exit $?" >> "$OUT/train_step1.log"
   ls -la $RUN $RUN/checkpoints >> "$OUT/train_step1.log" 2>&1
