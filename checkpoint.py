@@ -98,6 +98,10 @@ def _step_of(line: str) -> int | None:
 def export(model, tokenizer, out: str, rank: int) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    head = model.get_output_embeddings()
+    if head is not None and head.weight is model.get_input_embeddings().weight:
+        # a tied head is the embedding: written once (some transformers versions wrote it twice)
+        full.pop(next(name for name, module in model.named_modules() if module is head) + ".weight", None)
     if rank == 0:
         tmp, final = os.path.join(out, "export.tmp"), os.path.join(out, "export")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -56,3 +56,18 @@ def test_write_metrics_keeps_the_steps_up_to_the_checkpoint(tmp_path):
     checkpoint.write_metrics(str(tmp_path), {"step": 3, "loss": 0.5})
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert rows == [{"step": 1, "loss": 0.1}, {"step": 2, "loss": 0.2}, {"step": 3, "loss": 0.5}]
+
+
+def test_export_writes_a_tied_head_once_and_reloads_to_the_same_logits(tmp_path, world_of_one):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, ByT5Tokenizer, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, vocab_size=300, tie_word_embeddings=True))
+    checkpoint.export(model, ByT5Tokenizer(), str(tmp_path), rank=0)
+    with safe_open(str(tmp_path / "export" / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys
+    ids = torch.tensor([[5, 6, 7, 8]])
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
+    torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
