@@ -50,7 +50,9 @@ WS_EVAL=${WS_EVAL:-0}      # samples per task judged by the harness after the wa
                            # sampled before any update, measures the warm start on G x T x tasks samples)
 TEMPERATURE=${TEMPERATURE:-0.6}
 GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64
-G=${G:-16}; T=${T:-2}; MAX_NEW=${MAX_NEW:-1024}; MAX_PROMPT=${MAX_PROMPT:-3072}  # warm start: 4096 positions
+# G=8: at 16 the first step's cold nvcc builds (two seeds at once) took 100-180 s and each seed
+# finished 2-3 steps; at 8, one seed: 150 s, then 2-40 s steps (docs/learning/README.md)
+G=${G:-8}; T=${T:-2}; MAX_NEW=${MAX_NEW:-1024}; MAX_PROMPT=${MAX_PROMPT:-3072}  # warm start: 4096 positions
 # RL_LR: 3e-4 moved the policy by 1.1-1.5 nats/token in its first optimizer step and collapsed it to all
 # format errors after two steps (docs/learning/README.md); 3e-5 moved the CPU probe's log-probs by
 # +0.45 / -0.34 nats per update. Linear warm-up over WARMUP optimizer steps (a fresh AdamW's first steps
