@@ -73,6 +73,23 @@ def load(model, optimizer, path: str, rank: int) -> dict:
         return json.load(f)
 
 
+def start(model, optimizer, out: str, resume: bool, rank: int) -> tuple[int, dict]:
+    """(first step, trainer state) of a run in out. With resume and a checkpoint: the last one is
+    loaded and metrics.jsonl cut back to it. Without resume: step 0, an old metrics.jsonl removed,
+    and an out that holds checkpoints refused (a fresh run would mix its checkpoints with them)."""
+    found = complete(out)
+    if found and not resume:
+        raise SystemExit(f"train.py: --out {out} holds checkpoints; pass --resume or choose another --out")
+    if found:
+        state = load(model, optimizer, found[-1], rank)
+        if rank == 0:
+            write_metrics(out, {}, keep_through=state["step"])
+        return state["step"], state
+    if rank == 0 and os.path.exists(os.path.join(out, "metrics.jsonl")):
+        os.remove(os.path.join(out, "metrics.jsonl"))
+    return 0, {}
+
+
 def write_metrics(out: str, record: dict, keep_through: int | None = None) -> None:
     """Append one step's line; with keep_through, first drop the lines of later steps."""
     path = os.path.join(out, "metrics.jsonl")

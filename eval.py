@@ -574,24 +574,8 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
 
 
 def load_tasks(args) -> list:
-    levels = tuple(tasks_module.parse_levels(args.levels, "eval")) if args.levels else None
-    try:
-        found = tasks_module.load_source(args.tasks, levels)
-    except tasks_module.TaskError as error:
-        raise SystemExit(f"eval: --tasks: {error}")
-    if args.split != "all":
-        train, heldout = tasks_module.split_tasks(found, n_heldout=min(args.n_heldout, len(found)), seed=args.split_seed)
-        found = heldout if args.split == "heldout" else train
-    if args.task_ids:
-        wanted = args.task_ids.split(",")
-        unknown = sorted(set(wanted) - {t.task_id for t in found})
-        if unknown:
-            raise SystemExit(f"eval: --task-ids not in the selected tasks: {', '.join(unknown)}")
-        found = [t for t in found if t.task_id in wanted]
-    found = found[:args.limit] if args.limit else found
-    if not found:
-        raise SystemExit("eval: no tasks selected")
-    return found
+    return tasks_module.select_tasks(args.tasks, args.levels, "eval", split=args.split, n_heldout=args.n_heldout,
+                                     split_seed=args.split_seed, task_ids=args.task_ids, limit=args.limit)
 
 
 def protocol(args, language: str, task_list) -> dict:

@@ -807,6 +807,32 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def select_tasks(source: str, levels: str | None, prog: str, *, split: str = "all", n_heldout: int = 0,
+                 split_seed: int = 0, task_ids: str = "", limit: int = 0) -> list[Task]:
+    """The tasks a command line asked for, or one line that says why there are none: `source`
+    (load_source) at `levels` ("1,2"; None: all), the `split` part ("train", "heldout" or "all")
+    of split_tasks(n_heldout), then only the comma-separated `task_ids` (an id outside that part
+    is refused), then the first `limit` (0: all)."""
+    level_list = tuple(parse_levels(levels, prog)) if levels else None
+    try:
+        found = load_source(source, level_list)
+        if split != "all":
+            train, heldout = split_tasks(found, n_heldout=min(n_heldout, len(found)), seed=split_seed)
+            found = heldout if split == "heldout" else train
+    except TaskError as error:
+        raise SystemExit(f"{prog}: --tasks: {error}")
+    if task_ids:
+        wanted = task_ids.split(",")
+        unknown = sorted(set(wanted) - {t.task_id for t in found})
+        if unknown:
+            raise SystemExit(f"{prog}: --task-ids not in the selected tasks: {', '.join(unknown)}")
+        found = [t for t in found if t.task_id in wanted]
+    found = found[:limit] if limit else found
+    if not found:
+        raise SystemExit(f"{prog}: no tasks selected")
+    return found
+
+
 def parse_levels(text: str, prog: str) -> list[int]:
     """"1,2" -> [1, 2]; anything else is the user's mistake, said in one line."""
     try:

@@ -148,19 +148,9 @@ def load_policy(config: Config):
 
 
 def load_tasks(config: Config) -> list:
-    levels = tuple(tasks_module.parse_levels(config.levels, "train.py"))
-    try:
-        found = tasks_module.load_source(config.tasks, levels)
-    except tasks_module.TaskError as error:
-        raise SystemExit(f"train.py: --tasks: {error}")
-    if config.task_ids:
-        wanted = config.task_ids.split(",")
-        found = [t for t in found if t.task_id in wanted]
-    train, _ = tasks_module.split_tasks(found, n_heldout=config.heldout) if found else ([], [])
-    if not train:
-        raise SystemExit(f"train.py: no training tasks (--tasks {config.tasks} --levels {config.levels} "
-                         f"--task-ids '{config.task_ids}' --heldout {config.heldout})")
-    return train
+    """The training part of tasks.split_tasks (heldout tasks never train), then --task-ids."""
+    return tasks_module.select_tasks(config.tasks, config.levels, "train.py", split="train",
+                                     n_heldout=config.heldout, task_ids=config.task_ids)
 
 
 def shard(model, config: Config, device: torch.device, world: int):
@@ -362,39 +352,22 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         if longest > config.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
             raise SystemExit(f"train.py: the longest oracle answer is {longest} tokens; raise --max-new-tokens "
                              f"above {config.max_new_tokens}")
-    clock = {}
-
-    def timed(fn, key):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                clock[key] += time.perf_counter() - start
-        return wrapper
-    engine.generate = timed(engine.generate, "generation")
-    evaluate = timed(functools.partial(
+    clock = {}   # seconds per phase of this step
+    engine.generate = train_log.timed(engine.generate, clock, "generation")
+    evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=str(device) if device.type == "cuda" else "cpu",
         time_candidate=config.time_kernels,
-        max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), "evaluation")
+        max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    start_step, success, longest_step = 0, {}, 0.0
+    longest_step = 0.0
+    start_step, state = checkpoint.start(model, optimizer, config.out, config.resume, rank)
+    success = {k: tuple(v) for k, v in state.get("success", {}).items()}   # the sampler's statistics
     if rank == 0:
         os.makedirs(config.out, exist_ok=True)
         with open(os.path.join(config.out, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(config), f, indent=1)
-    if not config.resume and checkpoint.complete(config.out):
-        raise SystemExit(f"train.py: --out {config.out} holds checkpoints; pass --resume or choose another --out")
-    if config.resume and checkpoint.complete(config.out):
-        state = checkpoint.load(model, optimizer, checkpoint.complete(config.out)[-1], rank)
-        start_step, success = state["step"], {k: tuple(v) for k, v in state["success"].items()}
-        if rank == 0:
-            checkpoint.write_metrics(config.out, {}, keep_through=start_step)
-    elif rank == 0 and os.path.exists(os.path.join(config.out, "metrics.jsonl")):
-        os.remove(os.path.join(config.out, "metrics.jsonl"))
-    if rank == 0:
         print(f"train.py: {len(train_tasks)} tasks, {world} rank(s) on {device.type}, {language} kernels, model "
               f"{config.model}" + (f", oracle-mixed engine ({config.oracle_share:.0%} of answers are built-in "
                                     "solutions)" if config.oracle_share else ""), flush=True)

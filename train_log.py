@@ -18,6 +18,18 @@ from __future__ import annotations
 
 import json
 import os
+import time
+
+
+def timed(fn, clock: dict, key: str):
+    """fn, adding its wall seconds to clock[key] (the step-time split: generation, evaluation)."""
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock[key] = clock.get(key, 0.0) + time.perf_counter() - start
+    return wrapper
 
 
 def forward_flops(layer_params: int, model_config, samples: list) -> float:

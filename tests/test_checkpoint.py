@@ -71,3 +71,21 @@ def test_export_writes_a_tied_head_once_and_reloads_to_the_same_logits(tmp_path,
     ids = torch.tensor([[5, 6, 7, 8]])
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
     torch.testing.assert_close(reloaded(ids).logits, model(ids).logits)
+
+
+def test_start_resumes_from_the_last_checkpoint_and_a_fresh_run_refuses_one(tmp_path, world_of_one):
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    out = str(tmp_path)
+    checkpoint.write_metrics(out, {"step": 1})
+    assert checkpoint.start(model, optimizer, out, resume=True, rank=0) == (0, {})   # nothing to resume
+    assert not os.path.exists(tmp_path / "metrics.jsonl")   # a fresh run's metrics start empty
+    for step in (1, 2):
+        checkpoint.write_metrics(out, {"step": step})
+        checkpoint.save(model, optimizer, out, step, {"success": {"t": [1, 2]}}, rank=0, keep=2)
+    checkpoint.write_metrics(out, {"step": 3})   # a step after the last checkpoint: redone on resume
+    with pytest.raises(SystemExit, match="holds checkpoints; pass --resume"):
+        checkpoint.start(model, optimizer, out, resume=False, rank=0)
+    step, state = checkpoint.start(model, optimizer, out, resume=True, rank=0)
+    assert step == 2 and state["success"] == {"t": [1, 2]}
+    assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]

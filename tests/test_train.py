@@ -19,7 +19,8 @@ transformers = pytest.importorskip("transformers")
 def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
     for argv, reason in [
         (["--model", str(tmp_path / "nope")], "no such directory"),
-        (["--task-ids", "builtin/level9/none"], "no training tasks"),
+        (["--task-ids", "builtin/level9/none"], "--task-ids not in the selected tasks: builtin/level9/none"),
+        (["--task-ids", "", "--heldout", "48"], "no tasks selected"),   # every task held out
         (["--temperature", "0"], "--temperature must be > 0"),
         (["--max-new-tokens", "100"], "longest oracle answer"),
         (["--levels", "one"], "--levels 'one': expected comma-separated level numbers"),
