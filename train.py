@@ -361,7 +361,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    longest_step = 0.0
+    step_seconds = []   # this process's steps; its first carries one-time costs (compiles, cold caches)
     start_step, state = checkpoint.start(model, optimizer, config.out, config.resume, rank)
     success = {k: tuple(v) for k, v in state.get("success", {}).items()}   # the sampler's statistics
     if rank == 0:
@@ -375,7 +375,8 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
     completed = start_step
     for step in tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step, total=config.steps):
         step_start = time.perf_counter()
-        if config.max_minutes and out_of_time(step_start - started + longest_step, config.max_minutes, device):
+        next_step = max(step_seconds[1:] or step_seconds or [0.0])   # the longest, the first left out once possible
+        if config.max_minutes and out_of_time(step_start - started + next_step, config.max_minutes, device):
             if rank == 0:
                 tqdm.write(f"train.py: stopping before step {step + 1}: --max-minutes {config.max_minutes} would pass")
             break
@@ -422,7 +423,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             tqdm.write(f"step {step + 1}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
                        f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
                        f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
-        longest_step = max(longest_step, time.perf_counter() - step_start)
+        step_seconds.append(time.perf_counter() - step_start)
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             checkpoint.save(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
         completed = step + 1
