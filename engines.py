@@ -740,6 +740,13 @@ class VLLMEngine:
         else:
             self.llm.wake_up()
 
+    def refresh(self, model: torch.nn.Module) -> None:
+        """Wake from sleep with the training model's current weights: the weights first, synced
+        while the KV cache is still freed (the sync needs no cache memory), then the cache."""
+        self.wake_up(["weights"])
+        self.sync_weights(model)
+        self.wake_up(["kv_cache"])
+
     def sync_weights(self, model: torch.nn.Module) -> int:
         """Stream the training model's full tensors into vLLM, one at a time; then drop the
         prefix cache, whose KV entries were computed by the old weights. Every rank calls

@@ -202,6 +202,20 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
     return _samples(tasks, kept, config, start_turn), stats
 
 
+def reusing_verdicts(evaluate_batch: Callable[[list[tuple[str, str]]], list]):
+    """evaluate_batch that judges each distinct (reference, code) pair once per run: for
+    correctness-only runs (a speedup is a new measurement each time), where a policy that repeats
+    itself would rebuild the same kernels every step."""
+    verdicts = {}
+
+    def evaluate_once(pairs, **kwargs):
+        new = sorted(set(pairs) - verdicts.keys())
+        if new:
+            verdicts.update(zip(new, evaluate_batch(new, **kwargs)))
+        return [verdicts[pair] for pair in pairs]
+    return evaluate_once
+
+
 def _generate_turn(engine: Engine, prompt_ids, shared_prompt, config) -> list[Completion]:
     kwargs = dict(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                   top_p=config.top_p, stop=config.stop)

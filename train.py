@@ -268,18 +268,6 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     return out
 
 
-def reusing_verdicts(evaluate):
-    """evaluate_batch that judges each distinct (reference, code) pair once per run."""
-    verdicts = {}
-
-    def evaluate_once(pairs, **kwargs):
-        new = sorted(set(pairs) - verdicts.keys())
-        if new:
-            verdicts.update(zip(new, evaluate(new, **kwargs)))
-        return [verdicts[pair] for pair in pairs]
-    return evaluate_once
-
-
 def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
     """Whether the next step would end past --max-minutes, agreed by all ranks (their clocks differ)."""
     late = torch.tensor(float(projected_seconds > 60 * max_minutes), device=device)
@@ -359,7 +347,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         time_candidate=config.time_kernels,
         max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
-        evaluate = reusing_verdicts(evaluate)
+        evaluate = rollout.reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     step_seconds = []   # this process's steps; its first carries one-time costs (compiles, cold caches)
     start_step, state = checkpoint.start(model, optimizer, config.out, config.resume, rank)
@@ -391,10 +379,8 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=max_new,
             max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature,
             language=language, gamma=config.gamma, return_mode=config.return_mode)
-        if vllm:   # weights first: the sync needs no KV-cache memory; every rank syncs (all-gathers)
-            vllm.wake_up(["weights"])
-            vllm.sync_weights(model)
-            vllm.wake_up(["kv_cache"])
+        if vllm:   # every rank syncs (FSDP2's all-gathers)
+            vllm.refresh(model)
         with torch.compiler.set_stance("force_eager"):   # decoding's shapes would recompile each step
             samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, rollout_config)
         if vllm:
@@ -420,9 +406,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
             record["seconds_step"] = time.perf_counter() - step_start
             checkpoint.write_metrics(config.out, record)
             train_log.plot_curves(config.out)
-            tqdm.write(f"step {step + 1}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
-                       f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
-                       f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
+            tqdm.write(train_log.step_line(record))
         step_seconds.append(time.perf_counter() - step_start)
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             checkpoint.save(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)

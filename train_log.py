@@ -77,6 +77,13 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
 
 
+def step_line(record: dict) -> str:
+    """The one line per step on stdout."""
+    return (f"step {record['step']}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
+            f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
+            f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
+
+
 def plot_curves(out: str) -> None:
     """plots/curves.png from metrics.jsonl, written under a temp name and renamed (never half a PNG)."""
     import matplotlib

@@ -400,3 +400,15 @@ def test_micro_batches_pack_sorted_samples_under_the_padded_token_budget():
     assert "attention_mask" not in batches[0]
     empty = rollout.empty_micro_batch(0, torch.device("cpu"))
     assert empty["rows"] == [] and int(empty["loss_mask"].sum()) == 0
+
+
+def test_reused_verdicts_judge_each_distinct_pair_once():
+    calls = []
+
+    def evaluate(pairs, **kwargs):
+        calls.append(list(pairs))
+        return [f"verdict of {code} for {ref}" for ref, code in pairs]
+    once = rollout.reusing_verdicts(evaluate)
+    assert once([("r", "a"), ("r", "b"), ("r", "a")]) == ["verdict of a for r", "verdict of b for r", "verdict of a for r"]
+    assert once([("r", "a"), ("r2", "a")]) == ["verdict of a for r", "verdict of a for r2"]
+    assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]

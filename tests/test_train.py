@@ -135,16 +135,7 @@ def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_reused_verdicts_judge_each_distinct_pair_once():
-    calls = []
-
-    def evaluate(pairs, **kwargs):
-        calls.append(list(pairs))
-        return [f"verdict of {code} for {ref}" for ref, code in pairs]
-    once = train.reusing_verdicts(evaluate)
-    assert once([("r", "a"), ("r", "b"), ("r", "a")]) == ["verdict of a for r", "verdict of b for r", "verdict of a for r"]
-    assert once([("r", "a"), ("r2", "a")]) == ["verdict of a for r", "verdict of a for r2"]
-    assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]
+def test_reuse_verdicts_is_refused_when_kernels_are_timed():
     with pytest.raises(SystemExit, match="--reuse-verdicts needs --no-time-kernels"):
         train.main(["--reuse-verdicts"])
 
