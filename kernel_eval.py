@@ -61,7 +61,8 @@ How one evaluation runs, and why
    caching outputs across calls fails. The parent times every block on its own clock; what the
    candidate's blocks took beyond its claimed times, per call, may exceed what the reference's
    took beyond its own (the loop's overhead) by rel x claimed + the window's resolution (the spread
-   of the reference's overhead), no more; a kernel faster than that resolution, or a reference
+   of the reference's overhead), no more, each side read from its less-stalled half of blocks (a
+   descheduled process only lengthens a block); a kernel faster than that resolution, or a reference
    slowed beside the candidate, is unconfirmable (paired_verdict). A refused timing keeps
    "correct" but pays speedup 0.0, timing_ok False, candidate_ms the parent's estimate, and the
    message says why. Every speedup is finite (finite_speedup).
@@ -213,7 +214,7 @@ class EvalConfig:
     gpu_block_ms: float = 20.0
     cpu_block_ms: float = 50.0
     # cross-check, per call (paired_verdict): the parent's estimate <= (1 + rel) x claimed + noise x
-    # (the reference blocks' overhead spread) + abs, and > noise x spread + abs
+    # (the spread of the reference blocks' less-stalled half of overheads) + abs, and > noise x spread + abs
     cross_check_rel: float = 0.5
     cross_check_noise: float = 1.0
     cross_check_abs_ms: float = 0.002
@@ -420,8 +421,14 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
         speedup    = median(reference times) / median(candidate times)
         overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
                      flushes, syncs, the request: trusted, it runs the task's own code)
-        parent_ms  = median over candidate blocks of parent's ms / calls - median(overheads)
-        resolution = noise x (max - min of the overheads) + abs
+        parent_ms  = low(candidate blocks' parent's ms / calls) - low(overheads)
+        resolution = noise x (low(overheads) - min(overheads)) + abs
+        low        = the lower median (the 2nd smallest of 4 blocks)
+
+    A stall (a worker or the parent's timing thread descheduled, another harness thread holding the
+    GIL) only lengthens a block, so each side is read from its less-stalled half: up to half of
+    either side's blocks may be stalled without changing the verdict. A lie is not a stall: a
+    block's wall time is never less than the work the candidate did in it.
         paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
              and parent_ms > resolution                      (else the parent cannot confirm it)
              and, on GPU, median(reference beside the candidate) <= ref_slowdown_max x median(its
@@ -436,9 +443,10 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
         return out
     overheads = [ms / len(times) - statistics.fmean(times) for times, ms in ref_blocks]
     claimed = out["claimed_ms"] = statistics.median(cand_times)
-    parent = statistics.median([ms / len(times) for times, ms in cand_blocks]) - statistics.median(overheads)
+    overhead = statistics.median_low(overheads)
+    parent = statistics.median_low([ms / len(times) for times, ms in cand_blocks]) - overhead
     out["parent_ms"] = max(parent, 0.0)
-    resolution = cfg.cross_check_noise * (max(overheads) - min(overheads)) + (
+    resolution = cfg.cross_check_noise * (overhead - min(overheads)) + (
         cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
     beside = [t for times, _ in ref_blocks[1:] for t in times]
     slowdown = statistics.median(beside) / statistics.median(ref_blocks[0][0]) if beside else 1.0

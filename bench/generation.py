@@ -66,6 +66,20 @@ def timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
+def write_profile(fn, device, path: str) -> None:
+    """One more call under torch.profiler: the ops by total device time (and host time), so a cell's
+    time can be split into the forward's matmuls, attention, sampling and host gaps."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        seconds = timed(fn, device)
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"wall {seconds:.3f} s under the profiler\n")
+        f.write(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=90))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2-8m")
@@ -75,6 +89,8 @@ def main(argv=None) -> None:
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--warmup-new", type=int, default=16)
     parser.add_argument("--rows", default="hf_fast,hf_fast_fsdp2,generate_static,generate_dynamic,hf_plain,hf_fsdp2")
+    parser.add_argument("--profile", metavar="DIR", help="after timing each cell, run it once more under "
+                        "torch.profiler and write the ops that took the most device time to DIR/<row>_b<batch>.txt")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -111,6 +127,8 @@ def main(argv=None) -> None:
                     pad_token_id=0, **cache)
             run(args.warmup_new)
             cells.append(f"{batch * args.new / timed(lambda: run(args.new), device):,.0f}")
+            if args.profile:
+                write_profile(lambda: run(args.new), device, os.path.join(args.profile, f"{row}_b{batch}.txt"))
         print(f"| {row} | " + " | ".join(cells) + " |", flush=True)
     dist.destroy_process_group()
 
