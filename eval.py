@@ -401,7 +401,7 @@ def run_beam(task_list, engine, evaluate_batch, config: rollout.RolloutConfig,
 def run_folder(task_list, folder: str, evaluate_batch, language: str, writer: RecordWriter) -> tuple[list, list[dict]]:
     """Candidate files DIR/<task_id>/<n>.py, each judged as it is (the same format gate as the
     reward first): trajectory n, turn 0. Tasks with no folder are left out of the metrics."""
-    rows, pairs, results = [], [], []
+    rows = []
     for task in task_list:
         files = glob.glob(os.path.join(folder, task.task_id, "*.py"))
         for path in sorted(files, key=lambda p: int(os.path.basename(p)[:-3]) if os.path.basename(p)[:-3].isdigit() else -1):
@@ -674,7 +674,10 @@ def main(argv=None) -> int:
     task_list = load_tasks(args)
     os.makedirs(args.out, exist_ok=True)
     evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device)
-    title = f"{os.path.basename(args.policy.rstrip('/'))} on {args.tasks} ({language}, {args.device})"
+    policy_name = os.path.basename(args.policy.rstrip('/'))
+    if args.policy == "oracle" and args.corrupt_rate > 0:
+        policy_name += f" (corrupt rate {args.corrupt_rate:g})"
+    title = f"{policy_name} on {args.tasks} ({language}, {args.device})"
 
     if is_candidate_folder(args.policy):
         writer = RecordWriter(args.out, {t.task_id: t.level for t in task_list})

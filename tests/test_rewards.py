@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 
-import rewards
 import summarize
 from rewards import check_format, discounted_returns, kernel_score, length_penalty, turn_score
 
