@@ -93,12 +93,20 @@ deleting it on every build without use_pch. Compile results are cached per candi
 What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
 processes of that uid (the reference session's memory included), opening the timing inputs early
 through /proc, writing files outside its scratch dir (e.g. into the build cache), a cache keyed on
-sampled input values within the timing loop, lower precision that stays within the tolerance, a
+sampled input values within the timing loop or any other way of skipping the work of timed calls
+whose outputs are not compared (only each timing set's last output is; the timing loop runs in the
+candidate's process, which can see which call that is), lower precision that stays within the tolerance, a
 clock patched to under-report by less than the cross-check's allowance, or a timing loop patched to
 skip its own flushes and refills (the overhead taken out is the reference's: a claim can be low by
 that much), work left running on the GPU into the reference's blocks that slows them by less than
 ref_slowdown_max, on CPU work handed to a process outside the worker's tree, and network access. Run
 the harness as an unprivileged user in a container for a hard boundary.
+
+Reading order: the configuration and the result; the verdict path (evaluate, evaluate_batch, and
+per candidate _evaluate_one -> _run -> _paired_timing -> paired_verdict, compare_outputs); then
+what it stands on: the parent side (reference sessions, workers, locks, compiles), helpers, the
+framed channel, tensor memory files, process supervision, the compile zygote, the worker side (what
+runs in the candidate's and the reference's processes); the command line last.
 """
 from __future__ import annotations
 
@@ -244,6 +252,773 @@ class EvalResult:
         return dataclasses.asdict(self)
 
 
+# ----------------------------------------------------------------------------- the verdict path
+# evaluate_batch compiles every candidate, then judges each in its own fresh process: _evaluate_one ->
+# _run (load, check against the reference session, time in one window with the reference) ->
+# paired_verdict. What each step relies on (workers, channels, memory files, locks) comes after.
+
+def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
+    """One verdict; see the module docstring for the phases."""
+    return evaluate_batch([(ref_src, candidate_src)], device=device, precheck=precheck, **cfg)[0]
+
+
+def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the
+    device, one timed run on it at a time.
+
+    Each candidate's worker process starts (imports torch, creates its CUDA context) while its
+    kernel compiles; each distinct reference gets one trusted session for the whole batch."""
+    config = cfg.pop("config", None) or EvalConfig(**cfg)
+    _STOPPING.clear()  # an earlier batch of this process was interrupted; this one may start workers
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    unknown = [t for t in config.cuda_header_tiers if t not in HEADER_TIERS]
+    if unknown or isinstance(config.cuda_header_tiers, str):
+        raise ValueError(f"cuda_header_tiers must be a tuple of {HEADER_TIERS}, got {config.cuda_header_tiers!r}")
+    batch_start = time.monotonic()
+    arch = _device_arch(device, config)
+    results: list = [None] * len(pairs)
+    todo = []
+    for i, (ref_src, cand_src) in enumerate(pairs):
+        reason = precheck(cand_src) if precheck else None
+        if reason:
+            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars))
+        else:
+            todo.append(i)
+    if not todo:
+        return results
+    cores = os.cpu_count() or 1
+    n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // (2 * max(1, config.build_jobs)))
+    compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
+    zygote = _CompileZygote() if config.compile_zygote else None  # starts with the first build
+    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
+    run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
+    sessions: dict = {}
+    for i in todo:
+        ref_src = pairs[i][0]
+        if ref_src not in sessions:
+            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
+        sessions[ref_src].users += 1
+    finished = False
+    try:
+        compiles: dict = {}
+        for i in todo:  # identical candidates share one compile
+            src = pairs[i][1]
+            if src not in compiles:
+                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygote)
+        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start)
+        finished = True
+    finally:
+        if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
+            _stop_everything(zygote)
+        run_pool.shutdown(wait=finished, cancel_futures=not finished)
+        compile_pool.shutdown(wait=finished, cancel_futures=not finished)
+        if finished:
+            if zygote:
+                zygote.close()
+            for session in sessions.values():
+                session.close()
+    return results
+
+
+def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start):
+    """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
+
+    def job(i):
+        t0 = time.monotonic()
+        ref_src, cand_src = pairs[i]
+        session, compiling = sessions[ref_src], compiles[cand_src]
+        scratch, cand = _scratch(config, "kevalrun-"), None
+        try:
+            if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
+                cand = _spawn("cand", cand_src, device, arch, config, scratch)
+                session.boot()  # while the kernel compiles; a failed compile needs no reference
+            record = compiling.result()
+            res = _evaluate_one(session, cand, device, config, record)
+        finally:
+            if cand is not None:
+                cand.stop()
+            session.release()
+            if not config.keep_scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+        # latency: from this candidate's compile start (or its job's start, when cached) to verdict
+        res.seconds["latency"] = time.monotonic() - record.get("started", t0)
+        res.seconds["since_batch_start"] = time.monotonic() - batch_start
+        return res
+
+    futures = {run_pool.submit(job, i): i for i in todo}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(futures), desc="kernel_eval")
+    try:
+        for fut in futures:
+            results[futures[fut]] = fut.result()
+            if bar:
+                bar.update(1)
+    finally:
+        if bar:
+            bar.close()
+
+
+def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
+    result = EvalResult(status="runtime_error")
+    result.seconds["compile"] = compile_record.get("seconds", 0.0)
+    if not compile_record.get("cached"):
+        for k, v in (compile_record.get("profile") or {}).items():
+            result.seconds["compile." + k] = v
+    if compile_record["status"] == "compile_error":
+        result.status, result.message = "compile_error", "compilation failed:\n" + compile_record["message"]
+        return result
+    if compile_record["status"] == "timeout":
+        result.status, result.message = "timeout", compile_record["message"]
+        return result
+    # cached records from before "builds" was kept count as built
+    result.compiled = compile_record["status"] == "ok" and compile_record.get("builds", 1) > 0
+    try:
+        _run(session, cand, device, cfg, result)
+        result.compiled = True
+        result.status = "correct" if result.correct else "incorrect"
+        if result.correct and not result.message:
+            result.message = "correct (not timed)"
+    except _Failure as f:
+        result.status, result.message, result.correct, result.speedup = f.status, f.message, False, 0.0
+    if result.status != "correct":
+        result.speedup, result.correct = 0.0, False
+    result.message = _cut(result.message, cfg.message_chars)
+    return result
+
+
+def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
+    t0 = time.monotonic()
+    _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
+    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
+    result.seconds["load"] = time.monotonic() - t0
+    t_wait = time.monotonic()
+    with _DeviceLock(cfg.cache_root, device, exclusive=False):  # correctness: checks share the device
+        result.seconds["device_wait"] = time.monotonic() - t_wait
+        t1 = time.monotonic()
+        session.ready()
+        result.seconds["reference"] = time.monotonic() - t1
+
+        t2 = time.monotonic()
+        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
+        check_limit = session.output_limit("check")
+        out_fd = _memfd("kernel_eval-candidate-outputs")
+        try:
+            reply, _ = _ask(cand, "candidate", "check", cfg.check_timeout_s,
+                            {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
+                            fds=(session.files["check"], out_fd))
+            _seal_output(out_fd, check_limit)
+            ops, changed = reply.get("ops", []), reply.get("changed")
+            if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
+                    or not isinstance(changed, list) or len(changed) != cfg.n_correct_trials
+                    or not all(isinstance(c, list) for c in changed)):
+                raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+            flagged = flag_ops(ops) if cfg.op_check else []
+            if flagged:
+                result.ops = flagged
+                raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+                               + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+            reason = session.judge(out_fd, "check", check_limit)
+        finally:
+            os.close(out_fd)
+        result.seconds["check"] = time.monotonic() - t2
+        if reason:
+            raise _Failure("incorrect", reason)
+        for t, c in enumerate(changed):
+            if c:
+                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {_cut(str(c), 40)} in place")
+        result.correct = True
+    if not cfg.time_candidate:
+        return
+    t_wait = time.monotonic()
+    time_limit = session.output_limit("time")
+    out_fd = _memfd("kernel_eval-candidate-timed-outputs")
+    try:
+        with _DeviceLock(cfg.cache_root, device, exclusive=True):  # timing: the device alone
+            result.seconds["device_wait"] += time.monotonic() - t_wait
+            t3 = time.monotonic()
+            deadline = time.monotonic() + cfg.time_timeout_s
+            ref_blocks, cand_blocks = _paired_timing(
+                lambda msg, fds=(): session.ask_time(msg, fds, deadline),
+                lambda msg, fds=(): _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0],
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline)
+            _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
+        _seal_output(out_fd, time_limit)
+        with _DeviceLock(cfg.cache_root, device, exclusive=False):
+            reason = session.judge(out_fd, "time", time_limit)
+    finally:
+        os.close(out_fd)
+    result.seconds["time"] = time.monotonic() - t3
+    if reason:
+        result.correct = False
+        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
+    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
+    result.wall_ms = sum(wall for _, wall in cand_blocks)
+    if verdict["problem"]:
+        result.timing_ok, result.speedup = False, 0.0
+        result.candidate_ms = verdict["parent_ms"]
+        result.message = verdict["problem"] + "; speedup not rewarded"
+    else:
+        result.candidate_ms = verdict["claimed_ms"]
+        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window")
+
+
+def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
+                   deadline: float) -> tuple:
+    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in
+    one window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, the
+    same loop and the same flushes. `*_ask(msg, fds)` sends one request to that side's worker;
+    `pids()`: each side's supervisor, whose process tree's CPU time is the parent's clock on CPU."""
+    warmup, trials, warmup_ms = _timing_counts(device, cfg)
+    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
+        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes}, (time_file,))
+    # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
+    # this process's clock (a worker's own clock is the candidate's to patch)
+    warm_start = time.monotonic()
+    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
+        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
+        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
+    # calls per block, doubled until one reference request lasts block_ms on this clock: the request's
+    # own jitter is then small per call; sized on the reference alone (a candidate must not choose
+    # its own resolution)
+    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
+    while True:
+        t = time.monotonic()
+        ref_ask({"cmd": "warm", "calls": calls})
+        if (time.monotonic() - t) * 1e3 >= block_ms or time.monotonic() > deadline:
+            break
+        calls *= 2
+    calls = max(calls, math.ceil(trials / cfg.timing_blocks))
+    blocks = {"ref": [], "cand": []}
+    trees = {side: _descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
+    for b in range(2 * cfg.timing_blocks):
+        side = "ref" if b % 4 in (0, 3) else "cand"
+        t, cpu0 = time.monotonic(), _cpu_ms(trees.get(side, []))
+        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls}).get("times")
+        wall = (time.monotonic() - t) * 1e3
+        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
+            cpu1 = _cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
+            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
+        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
+                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
+            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+        blocks[side].append(([float(x) for x in times], wall))
+        if time.monotonic() > deadline:
+            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s")
+    return blocks["ref"], blocks["cand"]
+
+
+def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bool = False) -> dict:
+    """The speedup from reference and candidate blocks timed in one window, each block (claimed
+    per-call times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's
+    process tree, the clock CPU workers time calls by, which load does not inflate): {"speedup",
+    "ref_ms", "claimed_ms", "parent_ms", "problem"}. Per call (the same loop runs on both sides):
+
+        speedup    = median(reference times) / median(candidate times)
+        overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
+                     flushes, syncs, the request: trusted, it runs the task's own code)
+        parent_ms  = low(candidate blocks' parent's ms / calls) - low(overheads)
+        resolution = noise x (low(overheads) - min(overheads)) + abs
+        low        = the lower median (the 2nd smallest of 4 blocks)
+
+    A stall (a worker or the parent's timing thread descheduled, another harness thread holding the
+    GIL) only lengthens a block, so each side is read from its less-stalled half: up to half of
+    either side's blocks may be stalled without changing the verdict. A lie is not a stall: a
+    block's wall time is never less than the work the candidate did in it.
+        paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
+             and parent_ms > resolution                      (else the parent cannot confirm it)
+             and, on GPU, median(reference beside the candidate) <= ref_slowdown_max x median(its
+                 first block), timed before any candidate block (GPU work the candidate left queued
+                 slows it; on CPU the reference's CPU time is not slowed by other processes' work)"""
+    ref_times = [t for times, _ in ref_blocks for t in times]
+    cand_times = [t for times, _ in cand_blocks for t in times]
+    out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
+           "problem": None}
+    if not cand_times or not all(math.isfinite(t) and t > 0 for t in cand_times):
+        out["problem"] = "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
+        return out
+    overheads = [ms / len(times) - statistics.fmean(times) for times, ms in ref_blocks]
+    claimed = out["claimed_ms"] = statistics.median(cand_times)
+    overhead = statistics.median_low(overheads)
+    parent = statistics.median_low([ms / len(times) for times, ms in cand_blocks]) - overhead
+    out["parent_ms"] = max(parent, 0.0)
+    resolution = cfg.cross_check_noise * (overhead - min(overheads)) + (
+        cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
+    beside = [t for times, _ in ref_blocks[1:] for t in times]
+    slowdown = statistics.median(beside) / statistics.median(ref_blocks[0][0]) if beside else 1.0
+    if not parent <= (1 + cfg.cross_check_rel) * claimed + resolution:
+        out["problem"] = (f"timing cross-check failed: claimed {claimed:.4g} ms/call but the harness's clock saw "
+                          f"{parent:.4g} ms/call (the reference's loop overhead taken out)")
+    elif not parent > resolution:
+        out["problem"] = (f"timing cross-check failed: {claimed:.4g} ms/call is faster than the harness's clock "
+                          f"resolves in this window ({resolution:.2g} ms/call): speedup unconfirmable")
+    elif not cpu and slowdown > cfg.ref_slowdown_max:
+        out["problem"] = (f"timing cross-check failed: the reference ran {slowdown:.3g}x slower beside the candidate "
+                          "than before it (work left running?)")
+    else:
+        out["speedup"], out["problem"] = finite_speedup(out["ref_ms"], claimed)
+    return out
+
+
+def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
+    """(ref_ms / candidate_ms, None), or (0.0, reason) when either time or their ratio is not a
+    positive finite number: a claimed 5e-324 ms is positive and finite, its speedup is not."""
+    for who, ms in (("reference", ref_ms), ("candidate", candidate_ms)):
+        if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
+            return 0.0, f"timing cross-check failed: the {who}'s time ({ms!r} ms) is not a positive finite number"
+    ratio = ref_ms / candidate_ms
+    if not math.isfinite(ratio):
+        return 0.0, f"timing cross-check failed: a claimed {candidate_ms:.3g} ms/call gives no finite speedup"
+    return ratio, None
+
+
+def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
+    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a
+    short reason."""
+    import torch
+    if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
+        got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
+        return f"expected {len(ref)} output tensor(s), got {got}"
+    for k, (r, c) in enumerate(zip(ref, cand)):
+        name = f"output {k}" if len(ref) > 1 else "output"
+        if not isinstance(c, torch.Tensor):
+            return f"{name} is {type(c).__name__}, expected a tensor"
+        if c.device.type != "cpu" or c.layout != torch.strided or type(c) is not torch.Tensor:
+            return f"{name} is not a plain dense tensor"
+        if tuple(c.shape) != tuple(r.shape):
+            return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
+        if c.dtype != r.dtype:
+            return f"{name} dtype {str(c.dtype).replace('torch.', '')}, expected {str(r.dtype).replace('torch.', '')}"
+        c = c.to(r.device)
+        if not r.is_floating_point() and not r.is_complex():
+            if not torch.equal(c, r):
+                return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
+            continue
+        reason = _compare_floats(r, c, name, tolerance_for(str(r.dtype).replace("torch.", ""), tolerances))
+        if reason:
+            return reason
+    return None
+
+
+COMPARE_CHUNK = 1 << 24  # elements per step: bounded temporaries, whatever the output's size
+
+
+def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
+    """|c - r| <= atol + rtol |r| wherever r is finite, and c non-finite exactly where r is (same
+    values); in float32 (float64 for float64), chunk by chunk."""
+    import torch
+    atol, rtol = tol
+    if r.is_complex():
+        r, c = torch.view_as_real(r), torch.view_as_real(c)
+    work = torch.float64 if r.dtype == torch.float64 else torch.float32
+    rf, cf = r.reshape(-1), c.reshape(-1)
+    zero = torch.zeros((), dtype=torch.int64, device=r.device)
+    extra, extra_nan, outside, nonfinite_differ = zero.clone(), zero.clone(), zero.clone(), zero.clone()
+    max_diff = torch.zeros((), dtype=work, device=r.device)
+    for i in range(0, rf.numel(), COMPARE_CHUNK):
+        rr, cc = rf[i: i + COMPARE_CHUNK].to(work), cf[i: i + COMPARE_CHUNK].to(work)
+        diff = (cc - rr).abs_()
+        within = diff <= rr.abs().mul_(rtol).add_(atol)
+        if bool(within.all()):
+            continue  # the usual chunk: every value within tolerance (a NaN anywhere fails this)
+        r_fin, c_fin = torch.isfinite(rr), torch.isfinite(cc)
+        new_bad = r_fin & ~c_fin  # unwritten memory shows up as NaN (poison) here
+        extra += new_bad.sum()
+        extra_nan += (new_bad & torch.isnan(cc)).sum()
+        r_bad = ~r_fin
+        nonfinite_differ += (r_bad & (cc.nan_to_num() != rr.nan_to_num())).sum()
+        bad = r_fin & c_fin & ~within
+        outside += bad.sum()
+        max_diff = torch.maximum(max_diff, torch.where(bad, diff, 0).max())
+    n = r.numel()
+    if extra.item():
+        kind = "NaN" if extra_nan.item() else "Inf"
+        return f"{name} has {kind} at {extra.item()} of {n} positions (unwritten memory?)"
+    if nonfinite_differ.item():
+        return f"{name}: non-finite values differ from the reference"
+    if outside.item():
+        return (f"{name}: {outside.item()} of {n} values outside tolerance "
+                f"(atol={atol}, rtol={rtol}); max abs diff {max_diff.item():.4g}")
+    return None
+
+
+def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
+    return tolerances.get(dtype_name, tolerances.get("float32", (1e-2, 1e-2)))
+
+
+def flag_ops(ops: list) -> list:
+    """The compute operators among recorded aten op names ('aten::add' etc.)."""
+    flagged = []
+    for op in ops:
+        ns, _, base = op.partition("::")
+        if ns == "aten" and base not in ALLOWED_ATEN_OPS and base.rstrip("_") not in ALLOWED_ATEN_OPS:
+            flagged.append(op)
+    return sorted(set(flagged))
+
+
+class _Failure(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _reference_failure(f: _Failure) -> _Failure:
+    """The trusted reference failed (load, init, inputs, outputs, its timed calls): the task's
+    fault, whatever the candidate is, so no candidate is judged (or paid 0) for it. Caveat: the
+    candidate runs with the harness's uid and could kill the reference worker during timing; that
+    buys it no reward (reference_error pays nothing) but does cancel its task's group."""
+    if f.status == "reference_error":
+        return f
+    return _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
+
+
+# ----------------------------------------------------------------------------- parent side
+# reference sessions, spawning and asking workers, paired timing's clock, device locks, compiles
+
+class _ReferenceSession:
+    """The trusted side of every evaluation of one reference within a batch: one worker that holds
+    the reference model, draws the batch's inputs from seeds only the parent knows (shared by all
+    candidates of the task, so a group is judged on the same inputs), writes them to two sealed
+    memory files (correctness trials, timing sets), keeps the reference outputs on the device, is
+    timed beside each candidate (_paired_timing), and compares candidates' outputs with its own. Reference outputs never
+    leave this process. A worker that dies (say on a candidate's malformed output file) is started
+    again on the same seeds; a reference that fails on its own fails every candidate of the task.
+
+    Locks: `lock` serialises requests; callers that need the device take the device lock first."""
+
+    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int):
+        self.ref_src, self.device, self.arch, self.cfg = ref_src, device, arch, cfg
+        self.users = users
+        self.lock = threading.Lock()
+        self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
+                      "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
+        self.init_seed = secrets.randbits(31)
+        self.worker = self.scratch = None
+        self.files = {}  # part -> sealed memory file of input sets
+        self.generated = False
+        self.failure: _Failure | None = None
+        self.init_bytes = b""
+        self.out_bytes = {}  # part -> per input set, the byte size of each reference output
+
+    def boot(self) -> None:
+        """Start the worker, load and build the reference model (no device lock needed)."""
+        with self.lock:
+            self._boot()
+
+    def _boot(self) -> None:
+        if self.failure or self.worker is not None:
+            return
+        cfg = self.cfg
+        self.scratch = _scratch(cfg, "kevalref-")
+        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch)
+        try:
+            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {})
+            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {"cmd": "load"})
+            _, self.init_bytes = _ask(self.worker, "reference", "init", cfg.load_timeout_s,
+                                      {"cmd": "init", "seed": self.init_seed})
+        except _Failure as f:
+            self.failure = _reference_failure(f)
+            self._stop()
+
+    def ready(self) -> None:
+        """Inputs written and sealed, reference outputs held. Hold the device lock (shared)."""
+        with self.lock:
+            self._ready()
+
+    def _ready(self) -> None:
+        self._boot()
+        if self.failure:
+            raise self.failure
+        if not self.generated:
+            cfg = self.cfg
+            try:
+                self.files = {part: _memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+                reply, _ = _ask(self.worker, "reference", "check", cfg.check_timeout_s,
+                                {"cmd": "gen", "seeds": self.seeds}, fds=(self.files["check"], self.files["time"]))
+                for fd in self.files.values():
+                    _seal(fd)
+                self.out_bytes = reply["out_bytes"]
+                self.generated = True
+            except _Failure as f:
+                self.failure = _reference_failure(f)
+                self._stop()
+                raise self.failure from None
+
+    def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
+        """One timing request (time_prepare, warm, time) to the reference worker; a failure fails
+        every candidate of the task. Hold the device lock (exclusive)."""
+        with self.lock:
+            self._ready()  # a judge may have stopped the worker since: back on the same seeds
+            try:
+                return _ask(self.worker, "reference", "time", self.cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0]
+            except _Failure as f:
+                self.failure = _reference_failure(f)
+                self._stop()
+                raise self.failure from None
+
+    def output_limit(self, part: str) -> int:
+        """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
+        room for the file's own overhead."""
+        total = sum(sum(sizes) for sizes in self.out_bytes[part])
+        return min(self.cfg.max_message_bytes, 2 * total + (16 << 20))
+
+    def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
+        """The first difference between the candidate's output file and the reference outputs, or
+        None. An unreadable file, or one that kills this worker, is the candidate's runtime_error."""
+        cfg = self.cfg
+        with self.lock:
+            if self.failure or not self.generated:
+                raise _Failure("runtime_error", "internal: the reference session is not ready")
+            try:
+                reply, _ = _ask(self.worker, "reference", "judge", cfg.check_timeout_s,
+                                {"cmd": "judge", "part": part, "max_bytes": max_bytes,
+                                 "tolerances": cfg.tolerances}, fds=(out_fd,))
+            except _Failure as f:
+                self._stop()  # the next candidate gets a fresh worker on the same seeds
+                self.generated = False
+                raise _Failure("runtime_error", "the candidate's outputs could not be compared (they "
+                               f"stopped the harness's reader: {_cut(f.message, 200)})") from None
+            if reply.get("unreadable"):
+                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
+            return reply.get("reason")
+
+    def _stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+        for fd in self.files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.files = {}
+        if self.scratch and not self.cfg.keep_scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        self.scratch = None
+
+    def release(self) -> None:
+        """One candidate of this reference is done; the last one stops the worker."""
+        with self.lock:
+            self.users -= 1
+            if self.users <= 0:
+                self._stop()
+
+    def close(self) -> None:
+        with self.lock:
+            self._stop()
+
+
+def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str) -> Worker:
+    path = os.path.join(scratch, mode, f"{mode}.py")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write(src)
+    worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
+                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu")
+    # replies are small (tensors go through memory files); the trusted reference also sends init inputs
+    worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
+    return worker
+
+
+def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
+         deadline: float | None = None, fds: tuple = ()) -> tuple:
+    """Send a command (and file descriptors), wait for the reply with the same nonce; failures
+    become _Failure. With an empty `msg`, wait for the worker's next message (its boot)."""
+    deadline = deadline or time.monotonic() + timeout_s
+    nonce = secrets.token_hex(8)
+    try:
+        if msg:
+            if fds:
+                worker.send_fds(list(fds))
+            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), payload, deadline)
+        while True:
+            reply, data = worker.channel.recv(deadline)
+            if "error" in reply:
+                raise _Failure("runtime_error", f"{who} failed during {phase}: {reply['error']}")
+            if not msg or reply.get("nonce") == nonce:
+                return reply, data
+    except ChannelTimeout as e:
+        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.0f} s)") from e
+    except ChannelError as e:
+        if str(e) != "closed":
+            raise _Failure("runtime_error", f"{who} wrote malformed data on the result channel during {phase} ({e})") from e
+        raise _Failure("runtime_error", f"{who} {worker.death_reason(phase)}") from e
+
+
+def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
+    """(warm-up calls, timed calls, least warm-up ms)"""
+    return ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
+            else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
+
+
+def _cpu_ms(pids: list) -> float | None:
+    """CPU time (all threads) of the processes, summed; None if one has exited."""
+    try:  # clock id of a process's CPU clock: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+        return sum(time.clock_gettime(((~pid) << 3) | 2) for pid in pids) * 1e3
+    except OSError:
+        return None
+
+
+def _seal_output(fd: int, max_bytes: int) -> None:
+    try:
+        _seal(fd)
+    except OSError as e:
+        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
+    size = os.fstat(fd).st_size
+    if size > max_bytes:
+        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
+
+
+def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
+             zygote: _CompileZygote | None = None) -> dict:
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
+    import torch
+    key = source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__,
+                      list(cfg.default_cflags), cfg.use_pch, list(cfg.cuda_header_tiers))
+    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
+    cached = _read_json(record_path)
+    if cached and cached.get("status") in ("ok", "compile_error"):
+        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
+    t0 = time.monotonic()
+    scratch = _scratch(cfg, "kevalbuild-")
+    src_path = os.path.join(scratch, "candidate.py")
+    with open(src_path, "w") as f:
+        f.write(candidate_src)
+    worker = Worker("compile", _worker_args(src_path, device, cfg, arch), os.path.join(scratch, "w"),
+                    _build_env(device, arch, cfg, compiling=True), cfg, cpu=device == "cpu",
+                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote)
+    try:
+        msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
+        if msg.get("ok"):
+            # which header tier the last CUDA build used (None: as written, or no CUDA build); the
+            # worker's profile (import torch, load_inline's builds, the rest) is diagnostics only
+            profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
+            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
+                      "builds": int(msg.get("builds") or 0),  # 0: nothing was compiled (e.g. an empty file)
+                      "torch_preloaded": msg.get("torch_preloaded") is True,
+                      "profile": {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}}
+        elif msg.get("kind") == "build":
+            record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
+        else:
+            record = {"status": "deferred", "message": str(msg.get("message", ""))}
+    except ChannelTimeout:
+        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
+    except ChannelError:
+        record = {"status": "deferred", "message": worker.death_reason("compile")}
+    finally:
+        worker.stop()
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
+    deterministic = record["status"] == "ok" or (
+        record["status"] == "compile_error" and "error:" in record["message"]
+        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
+    if deterministic:
+        _atomic_write_json(record_path, record)
+    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
+
+
+
+_device_locks: dict = {}
+_device_locks_guard = threading.Lock()
+
+
+class _DeviceLock:
+    """Device work across threads and processes (an flock on a file per device): a timed run holds
+    the device alone (exclusive); correctness checks share it with each other, never with a timed
+    run. A thread waiting for the exclusive lock holds `gate`, so new checks queue behind it."""
+
+    def __init__(self, cache_root: str, device: str, exclusive: bool = True):
+        with _device_locks_guard:
+            self.gate = _device_locks.setdefault(device, threading.Lock())
+        os.makedirs(os.path.join(cache_root, "locks"), exist_ok=True)
+        name = "cpu" if device == "cpu" else "cuda" + _visible_device(device)
+        self.path = os.path.join(cache_root, "locks", f"device-{name}.lock")
+        self.exclusive = exclusive
+
+    def __enter__(self):
+        self.file = open(self.path, "w")  # its own open file: flock locks of two opens conflict
+        with self.gate:
+            if self.exclusive:
+                fcntl.flock(self.file, fcntl.LOCK_EX)
+        if not self.exclusive:
+            fcntl.flock(self.file, fcntl.LOCK_SH)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _device_arch(device: str, cfg: EvalConfig) -> str:
+    if device == "cpu":
+        return ""
+    if cfg.cuda_arch:
+        return cfg.cuda_arch
+    import torch
+    idx = torch.device(device).index or 0
+    major, minor = torch.cuda.get_device_capability(idx)
+    return f"{major}.{minor}"
+
+
+def _visible_device(device: str) -> str:
+    import torch
+    idx = torch.device(device).index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return ids[idx] if idx < len(ids) else str(idx)
+    return str(idx)
+
+
+def _worker_args(src_path: str, device: str, cfg: EvalConfig, arch: str) -> list:
+    args = ["--source", src_path, "--device", "cuda" if device != "cpu" else "cpu",
+            "--cache-root", cfg.cache_root, "--arch", arch,
+            "--cflags", json.dumps(list(cfg.default_cflags)), "--use-pch", str(int(cfg.use_pch)),
+            "--cuda-header-tiers", ",".join(cfg.cuda_header_tiers)]
+    if cfg.cpu_threads and device == "cpu":
+        args += ["--threads", str(cfg.cpu_threads)]
+    return args
+
+
+def _build_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dict:
+    env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
+    if device == "cpu" or compiling:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
+        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
+        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    return env
+
+
+def _scratch(cfg: EvalConfig, prefix: str) -> str:
+    root = cfg.scratch_root or tempfile.gettempdir()
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
+
+
 # ----------------------------------------------------------------------------- pure helpers
 
 def source_hash(*parts) -> str:
@@ -326,154 +1101,6 @@ def point_at_source(diagnostics: str, py_src: str) -> str:
 
     out = [_DIAGNOSTIC_AT.sub(rewrite, ln) if "/" in ln else ln for ln in diagnostics.splitlines()]
     return "\n".join(re.sub(r"^(\s*)(\d+) \|", quoted, ln) for ln in out)
-
-
-def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
-    return tolerances.get(dtype_name, tolerances.get("float32", (1e-2, 1e-2)))
-
-
-def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
-    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a
-    short reason."""
-    import torch
-    if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
-        got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
-        return f"expected {len(ref)} output tensor(s), got {got}"
-    for k, (r, c) in enumerate(zip(ref, cand)):
-        name = f"output {k}" if len(ref) > 1 else "output"
-        if not isinstance(c, torch.Tensor):
-            return f"{name} is {type(c).__name__}, expected a tensor"
-        if c.device.type != "cpu" or c.layout != torch.strided or type(c) is not torch.Tensor:
-            return f"{name} is not a plain dense tensor"
-        if tuple(c.shape) != tuple(r.shape):
-            return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
-        if c.dtype != r.dtype:
-            return f"{name} dtype {str(c.dtype).replace('torch.', '')}, expected {str(r.dtype).replace('torch.', '')}"
-        c = c.to(r.device)
-        if not r.is_floating_point() and not r.is_complex():
-            if not torch.equal(c, r):
-                return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
-            continue
-        reason = _compare_floats(r, c, name, tolerance_for(str(r.dtype).replace("torch.", ""), tolerances))
-        if reason:
-            return reason
-    return None
-
-
-COMPARE_CHUNK = 1 << 24  # elements per step: bounded temporaries, whatever the output's size
-
-
-def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
-    """|c - r| <= atol + rtol |r| wherever r is finite, and c non-finite exactly where r is (same
-    values); in float32 (float64 for float64), chunk by chunk."""
-    import torch
-    atol, rtol = tol
-    if r.is_complex():
-        r, c = torch.view_as_real(r), torch.view_as_real(c)
-    work = torch.float64 if r.dtype == torch.float64 else torch.float32
-    rf, cf = r.reshape(-1), c.reshape(-1)
-    zero = torch.zeros((), dtype=torch.int64, device=r.device)
-    extra, extra_nan, outside, nonfinite_differ = zero.clone(), zero.clone(), zero.clone(), zero.clone()
-    max_diff = torch.zeros((), dtype=work, device=r.device)
-    for i in range(0, rf.numel(), COMPARE_CHUNK):
-        rr, cc = rf[i: i + COMPARE_CHUNK].to(work), cf[i: i + COMPARE_CHUNK].to(work)
-        diff = (cc - rr).abs_()
-        within = diff <= rr.abs().mul_(rtol).add_(atol)
-        if bool(within.all()):
-            continue  # the usual chunk: every value within tolerance (a NaN anywhere fails this)
-        r_fin, c_fin = torch.isfinite(rr), torch.isfinite(cc)
-        new_bad = r_fin & ~c_fin  # unwritten memory shows up as NaN (poison) here
-        extra += new_bad.sum()
-        extra_nan += (new_bad & torch.isnan(cc)).sum()
-        r_bad = ~r_fin
-        nonfinite_differ += (r_bad & (cc.nan_to_num() != rr.nan_to_num())).sum()
-        bad = r_fin & c_fin & ~within
-        outside += bad.sum()
-        max_diff = torch.maximum(max_diff, torch.where(bad, diff, 0).max())
-    n = r.numel()
-    if extra.item():
-        kind = "NaN" if extra_nan.item() else "Inf"
-        return f"{name} has {kind} at {extra.item()} of {n} positions (unwritten memory?)"
-    if nonfinite_differ.item():
-        return f"{name}: non-finite values differ from the reference"
-    if outside.item():
-        return (f"{name}: {outside.item()} of {n} values outside tolerance "
-                f"(atol={atol}, rtol={rtol}); max abs diff {max_diff.item():.4g}")
-    return None
-
-
-def flag_ops(ops: list) -> list:
-    """The compute operators among recorded aten op names ('aten::add' etc.)."""
-    flagged = []
-    for op in ops:
-        ns, _, base = op.partition("::")
-        if ns == "aten" and base not in ALLOWED_ATEN_OPS and base.rstrip("_") not in ALLOWED_ATEN_OPS:
-            flagged.append(op)
-    return sorted(set(flagged))
-
-
-def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bool = False) -> dict:
-    """The speedup from reference and candidate blocks timed in one window, each block (claimed
-    per-call times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's
-    process tree, the clock CPU workers time calls by, which load does not inflate): {"speedup",
-    "ref_ms", "claimed_ms", "parent_ms", "problem"}. Per call (the same loop runs on both sides):
-
-        speedup    = median(reference times) / median(candidate times)
-        overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
-                     flushes, syncs, the request: trusted, it runs the task's own code)
-        parent_ms  = low(candidate blocks' parent's ms / calls) - low(overheads)
-        resolution = noise x (low(overheads) - min(overheads)) + abs
-        low        = the lower median (the 2nd smallest of 4 blocks)
-
-    A stall (a worker or the parent's timing thread descheduled, another harness thread holding the
-    GIL) only lengthens a block, so each side is read from its less-stalled half: up to half of
-    either side's blocks may be stalled without changing the verdict. A lie is not a stall: a
-    block's wall time is never less than the work the candidate did in it.
-        paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
-             and parent_ms > resolution                      (else the parent cannot confirm it)
-             and, on GPU, median(reference beside the candidate) <= ref_slowdown_max x median(its
-                 first block), timed before any candidate block (GPU work the candidate left queued
-                 slows it; on CPU the reference's CPU time is not slowed by other processes' work)"""
-    ref_times = [t for times, _ in ref_blocks for t in times]
-    cand_times = [t for times, _ in cand_blocks for t in times]
-    out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
-           "problem": None}
-    if not cand_times or not all(math.isfinite(t) and t > 0 for t in cand_times):
-        out["problem"] = "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
-        return out
-    overheads = [ms / len(times) - statistics.fmean(times) for times, ms in ref_blocks]
-    claimed = out["claimed_ms"] = statistics.median(cand_times)
-    overhead = statistics.median_low(overheads)
-    parent = statistics.median_low([ms / len(times) for times, ms in cand_blocks]) - overhead
-    out["parent_ms"] = max(parent, 0.0)
-    resolution = cfg.cross_check_noise * (overhead - min(overheads)) + (
-        cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
-    beside = [t for times, _ in ref_blocks[1:] for t in times]
-    slowdown = statistics.median(beside) / statistics.median(ref_blocks[0][0]) if beside else 1.0
-    if not parent <= (1 + cfg.cross_check_rel) * claimed + resolution:
-        out["problem"] = (f"timing cross-check failed: claimed {claimed:.4g} ms/call but the harness's clock saw "
-                          f"{parent:.4g} ms/call (the reference's loop overhead taken out)")
-    elif not parent > resolution:
-        out["problem"] = (f"timing cross-check failed: {claimed:.4g} ms/call is faster than the harness's clock "
-                          f"resolves in this window ({resolution:.2g} ms/call): speedup unconfirmable")
-    elif not cpu and slowdown > cfg.ref_slowdown_max:
-        out["problem"] = (f"timing cross-check failed: the reference ran {slowdown:.3g}x slower beside the candidate "
-                          "than before it (work left running?)")
-    else:
-        out["speedup"], out["problem"] = finite_speedup(out["ref_ms"], claimed)
-    return out
-
-
-def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
-    """(ref_ms / candidate_ms, None), or (0.0, reason) when either time or their ratio is not a
-    positive finite number: a claimed 5e-324 ms is positive and finite, its speedup is not."""
-    for who, ms in (("reference", ref_ms), ("candidate", candidate_ms)):
-        if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
-            return 0.0, f"timing cross-check failed: the {who}'s time ({ms!r} ms) is not a positive finite number"
-    ratio = ref_ms / candidate_ms
-    if not math.isfinite(ratio):
-        return 0.0, f"timing cross-check failed: a claimed {candidate_ms:.3g} ms/call gives no finite speedup"
-    return ratio, None
 
 
 def _cut(text: str, n: int) -> str:
@@ -1720,617 +2347,7 @@ def _worker_main(argv: list) -> None:
     os._exit(0)  # skip interpreter teardown: candidate atexit hooks and threads do not matter
 
 
-# ----------------------------------------------------------------------------- parent side
-
-_device_locks: dict = {}
-_device_locks_guard = threading.Lock()
-
-
-class _DeviceLock:
-    """Device work across threads and processes (an flock on a file per device): a timed run holds
-    the device alone (exclusive); correctness checks share it with each other, never with a timed
-    run. A thread waiting for the exclusive lock holds `gate`, so new checks queue behind it."""
-
-    def __init__(self, cache_root: str, device: str, exclusive: bool = True):
-        with _device_locks_guard:
-            self.gate = _device_locks.setdefault(device, threading.Lock())
-        os.makedirs(os.path.join(cache_root, "locks"), exist_ok=True)
-        name = "cpu" if device == "cpu" else "cuda" + _visible_device(device)
-        self.path = os.path.join(cache_root, "locks", f"device-{name}.lock")
-        self.exclusive = exclusive
-
-    def __enter__(self):
-        self.file = open(self.path, "w")  # its own open file: flock locks of two opens conflict
-        with self.gate:
-            if self.exclusive:
-                fcntl.flock(self.file, fcntl.LOCK_EX)
-        if not self.exclusive:
-            fcntl.flock(self.file, fcntl.LOCK_SH)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
-
-
-def _atomic_write_json(path: str, obj) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
-def _read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _device_arch(device: str, cfg: EvalConfig) -> str:
-    if device == "cpu":
-        return ""
-    if cfg.cuda_arch:
-        return cfg.cuda_arch
-    import torch
-    idx = torch.device(device).index or 0
-    major, minor = torch.cuda.get_device_capability(idx)
-    return f"{major}.{minor}"
-
-
-def _visible_device(device: str) -> str:
-    import torch
-    idx = torch.device(device).index or 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-        return ids[idx] if idx < len(ids) else str(idx)
-    return str(idx)
-
-
-def _worker_args(src_path: str, device: str, cfg: EvalConfig, arch: str) -> list:
-    args = ["--source", src_path, "--device", "cuda" if device != "cpu" else "cpu",
-            "--cache-root", cfg.cache_root, "--arch", arch,
-            "--cflags", json.dumps(list(cfg.default_cflags)), "--use-pch", str(int(cfg.use_pch)),
-            "--cuda-header-tiers", ",".join(cfg.cuda_header_tiers)]
-    if cfg.cpu_threads and device == "cpu":
-        args += ["--threads", str(cfg.cpu_threads)]
-    return args
-
-
-def _build_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dict:
-    env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
-    if device == "cpu" or compiling:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
-        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
-        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
-    if arch:
-        env["TORCH_CUDA_ARCH_LIST"] = arch
-    return env
-
-
-def _scratch(cfg: EvalConfig, prefix: str) -> str:
-    root = cfg.scratch_root or tempfile.gettempdir()
-    os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=prefix, dir=root)
-
-
-def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygote: _CompileZygote | None = None) -> dict:
-    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
-    import torch
-    key = source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__,
-                      list(cfg.default_cflags), cfg.use_pch, list(cfg.cuda_header_tiers))
-    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
-    cached = _read_json(record_path)
-    if cached and cached.get("status") in ("ok", "compile_error"):
-        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
-    t0 = time.monotonic()
-    scratch = _scratch(cfg, "kevalbuild-")
-    src_path = os.path.join(scratch, "candidate.py")
-    with open(src_path, "w") as f:
-        f.write(candidate_src)
-    worker = Worker("compile", _worker_args(src_path, device, cfg, arch), os.path.join(scratch, "w"),
-                    _build_env(device, arch, cfg, compiling=True), cfg, cpu=device == "cpu",
-                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote)
-    try:
-        msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
-        if msg.get("ok"):
-            # which header tier the last CUDA build used (None: as written, or no CUDA build); the
-            # worker's profile (import torch, load_inline's builds, the rest) is diagnostics only
-            profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
-            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
-                      "builds": int(msg.get("builds") or 0),  # 0: nothing was compiled (e.g. an empty file)
-                      "torch_preloaded": msg.get("torch_preloaded") is True,
-                      "profile": {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}}
-        elif msg.get("kind") == "build":
-            record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
-        else:
-            record = {"status": "deferred", "message": str(msg.get("message", ""))}
-    except ChannelTimeout:
-        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
-    except ChannelError:
-        record = {"status": "deferred", "message": worker.death_reason("compile")}
-    finally:
-        worker.stop()
-        if not cfg.keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
-    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
-    deterministic = record["status"] == "ok" or (
-        record["status"] == "compile_error" and "error:" in record["message"]
-        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
-    if deterministic:
-        _atomic_write_json(record_path, record)
-    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
-
-
-class _Failure(Exception):
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def _reference_failure(f: _Failure) -> _Failure:
-    """The trusted reference failed (load, init, inputs, outputs, its timed calls): the task's
-    fault, whatever the candidate is, so no candidate is judged (or paid 0) for it. Caveat: the
-    candidate runs with the harness's uid and could kill the reference worker during timing; that
-    buys it no reward (reference_error pays nothing) but does cancel its task's group."""
-    if f.status == "reference_error":
-        return f
-    return _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
-
-
-def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
-         deadline: float | None = None, fds: tuple = ()) -> tuple:
-    """Send a command (and file descriptors), wait for the reply with the same nonce; failures
-    become _Failure. With an empty `msg`, wait for the worker's next message (its boot)."""
-    deadline = deadline or time.monotonic() + timeout_s
-    nonce = secrets.token_hex(8)
-    try:
-        if msg:
-            if fds:
-                worker.send_fds(list(fds))
-            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), payload, deadline)
-        while True:
-            reply, data = worker.channel.recv(deadline)
-            if "error" in reply:
-                raise _Failure("runtime_error", f"{who} failed during {phase}: {reply['error']}")
-            if not msg or reply.get("nonce") == nonce:
-                return reply, data
-    except ChannelTimeout as e:
-        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.0f} s)") from e
-    except ChannelError as e:
-        if str(e) != "closed":
-            raise _Failure("runtime_error", f"{who} wrote malformed data on the result channel during {phase} ({e})") from e
-        raise _Failure("runtime_error", f"{who} {worker.death_reason(phase)}") from e
-
-
-def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
-    """(warm-up calls, timed calls, least warm-up ms)"""
-    return ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
-            else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
-
-
-def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str) -> Worker:
-    path = os.path.join(scratch, mode, f"{mode}.py")
-    os.makedirs(os.path.dirname(path))
-    with open(path, "w") as f:
-        f.write(src)
-    worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
-                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu")
-    # replies are small (tensors go through memory files); the trusted reference also sends init inputs
-    worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
-    return worker
-
-
-class _ReferenceSession:
-    """The trusted side of every evaluation of one reference within a batch: one worker that holds
-    the reference model, draws the batch's inputs from seeds only the parent knows (shared by all
-    candidates of the task, so a group is judged on the same inputs), writes them to two sealed
-    memory files (correctness trials, timing sets), keeps the reference outputs on the device, times
-    the reference once, and compares candidates' outputs with its own. Reference outputs never
-    leave this process. A worker that dies (say on a candidate's malformed output file) is started
-    again on the same seeds; a reference that fails on its own fails every candidate of the task.
-
-    Locks: `lock` serialises requests; callers that need the device take the device lock first."""
-
-    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int):
-        self.ref_src, self.device, self.arch, self.cfg = ref_src, device, arch, cfg
-        self.users = users
-        self.lock = threading.Lock()
-        self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
-                      "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
-        self.init_seed = secrets.randbits(31)
-        self.worker = self.scratch = None
-        self.files = {}  # part -> sealed memory file of input sets
-        self.generated = False
-        self.failure: _Failure | None = None
-        self.init_bytes = b""
-        self.out_bytes = {}  # part -> per input set, the byte size of each reference output
-
-    def boot(self) -> None:
-        """Start the worker, load and build the reference model (no device lock needed)."""
-        with self.lock:
-            self._boot()
-
-    def _boot(self) -> None:
-        if self.failure or self.worker is not None:
-            return
-        cfg = self.cfg
-        self.scratch = _scratch(cfg, "kevalref-")
-        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch)
-        try:
-            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {})
-            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {"cmd": "load"})
-            _, self.init_bytes = _ask(self.worker, "reference", "init", cfg.load_timeout_s,
-                                      {"cmd": "init", "seed": self.init_seed})
-        except _Failure as f:
-            self.failure = _reference_failure(f)
-            self._stop()
-
-    def ready(self) -> None:
-        """Inputs written and sealed, reference outputs held. Hold the device lock (shared)."""
-        with self.lock:
-            self._ready()
-
-    def _ready(self) -> None:
-        self._boot()
-        if self.failure:
-            raise self.failure
-        if not self.generated:
-            cfg = self.cfg
-            try:
-                self.files = {part: _memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
-                reply, _ = _ask(self.worker, "reference", "check", cfg.check_timeout_s,
-                                {"cmd": "gen", "seeds": self.seeds}, fds=(self.files["check"], self.files["time"]))
-                for fd in self.files.values():
-                    _seal(fd)
-                self.out_bytes = reply["out_bytes"]
-                self.generated = True
-            except _Failure as f:
-                self.failure = _reference_failure(f)
-                self._stop()
-                raise self.failure from None
-
-    def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
-        """One timing request (time_prepare, warm, time) to the reference worker; a failure fails
-        every candidate of the task. Hold the device lock (exclusive)."""
-        with self.lock:
-            self._ready()  # a judge may have stopped the worker since: back on the same seeds
-            try:
-                return _ask(self.worker, "reference", "time", self.cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0]
-            except _Failure as f:
-                self.failure = _reference_failure(f)
-                self._stop()
-                raise self.failure from None
-
-    def output_limit(self, part: str) -> int:
-        """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
-        room for the file's own overhead."""
-        total = sum(sum(sizes) for sizes in self.out_bytes[part])
-        return min(self.cfg.max_message_bytes, 2 * total + (16 << 20))
-
-    def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
-        """The first difference between the candidate's output file and the reference outputs, or
-        None. An unreadable file, or one that kills this worker, is the candidate's runtime_error."""
-        cfg = self.cfg
-        with self.lock:
-            if self.failure or not self.generated:
-                raise _Failure("runtime_error", "internal: the reference session is not ready")
-            try:
-                reply, _ = _ask(self.worker, "reference", "judge", cfg.check_timeout_s,
-                                {"cmd": "judge", "part": part, "max_bytes": max_bytes,
-                                 "tolerances": cfg.tolerances}, fds=(out_fd,))
-            except _Failure as f:
-                self._stop()  # the next candidate gets a fresh worker on the same seeds
-                self.generated = False
-                raise _Failure("runtime_error", "the candidate's outputs could not be compared (they "
-                               f"stopped the harness's reader: {_cut(f.message, 200)})") from None
-            if reply.get("unreadable"):
-                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
-            return reply.get("reason")
-
-    def _stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
-        for fd in self.files.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.files = {}
-        if self.scratch and not self.cfg.keep_scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-        self.scratch = None
-
-    def release(self) -> None:
-        """One candidate of this reference is done; the last one stops the worker."""
-        with self.lock:
-            self.users -= 1
-            if self.users <= 0:
-                self._stop()
-
-    def close(self) -> None:
-        with self.lock:
-            self._stop()
-
-
-def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
-                   deadline: float) -> tuple:
-    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in
-    one window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, the
-    same loop and the same flushes. `*_ask(msg, fds)` sends one request to that side's worker;
-    `pids()`: each side's supervisor, whose process tree's CPU time is the parent's clock on CPU."""
-    warmup, trials, warmup_ms = _timing_counts(device, cfg)
-    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
-        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes}, (time_file,))
-    # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
-    # this process's clock (a worker's own clock is the candidate's to patch)
-    warm_start = time.monotonic()
-    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
-        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
-        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # calls per block, doubled until one reference request lasts block_ms on this clock: the request's
-    # own jitter is then small per call; sized on the reference alone (a candidate must not choose
-    # its own resolution)
-    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
-    while True:
-        t = time.monotonic()
-        ref_ask({"cmd": "warm", "calls": calls})
-        if (time.monotonic() - t) * 1e3 >= block_ms or time.monotonic() > deadline:
-            break
-        calls *= 2
-    calls = max(calls, math.ceil(trials / cfg.timing_blocks))
-    blocks = {"ref": [], "cand": []}
-    trees = {side: _descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
-    for b in range(2 * cfg.timing_blocks):
-        side = "ref" if b % 4 in (0, 3) else "cand"
-        t, cpu0 = time.monotonic(), _cpu_ms(trees.get(side, []))
-        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls}).get("times")
-        wall = (time.monotonic() - t) * 1e3
-        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
-            cpu1 = _cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
-            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
-        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
-                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
-            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
-        blocks[side].append(([float(x) for x in times], wall))
-        if time.monotonic() > deadline:
-            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s")
-    return blocks["ref"], blocks["cand"]
-
-
-def _cpu_ms(pids: list) -> float | None:
-    """CPU time (all threads) of the processes, summed; None if one has exited."""
-    try:  # clock id of a process's CPU clock: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
-        return sum(time.clock_gettime(((~pid) << 3) | 2) for pid in pids) * 1e3
-    except OSError:
-        return None
-
-
-def _seal_output(fd: int, max_bytes: int) -> None:
-    try:
-        _seal(fd)
-    except OSError as e:
-        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
-    size = os.fstat(fd).st_size
-    if size > max_bytes:
-        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
-
-
-def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
-    t0 = time.monotonic()
-    _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
-    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
-    result.seconds["load"] = time.monotonic() - t0
-    t_wait = time.monotonic()
-    with _DeviceLock(cfg.cache_root, device, exclusive=False):  # correctness: checks share the device
-        result.seconds["device_wait"] = time.monotonic() - t_wait
-        t1 = time.monotonic()
-        session.ready()
-        result.seconds["reference"] = time.monotonic() - t1
-
-        t2 = time.monotonic()
-        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
-        check_limit = session.output_limit("check")
-        out_fd = _memfd("kernel_eval-candidate-outputs")
-        try:
-            reply, _ = _ask(cand, "candidate", "check", cfg.check_timeout_s,
-                            {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
-                            fds=(session.files["check"], out_fd))
-            _seal_output(out_fd, check_limit)
-            ops, changed = reply.get("ops", []), reply.get("changed")
-            if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                    or not isinstance(changed, list) or len(changed) != cfg.n_correct_trials
-                    or not all(isinstance(c, list) for c in changed)):
-                raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
-            flagged = flag_ops(ops) if cfg.op_check else []
-            if flagged:
-                result.ops = flagged
-                raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
-                               + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
-            reason = session.judge(out_fd, "check", check_limit)
-        finally:
-            os.close(out_fd)
-        result.seconds["check"] = time.monotonic() - t2
-        if reason:
-            raise _Failure("incorrect", reason)
-        for t, c in enumerate(changed):
-            if c:
-                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {_cut(str(c), 40)} in place")
-        result.correct = True
-    if not cfg.time_candidate:
-        return
-    t_wait = time.monotonic()
-    time_limit = session.output_limit("time")
-    out_fd = _memfd("kernel_eval-candidate-timed-outputs")
-    try:
-        with _DeviceLock(cfg.cache_root, device, exclusive=True):  # timing: the device alone
-            result.seconds["device_wait"] += time.monotonic() - t_wait
-            t3 = time.monotonic()
-            deadline = time.monotonic() + cfg.time_timeout_s
-            ref_blocks, cand_blocks = _paired_timing(
-                lambda msg, fds=(): session.ask_time(msg, fds, deadline),
-                lambda msg, fds=(): _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0],
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline)
-            _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
-        _seal_output(out_fd, time_limit)
-        with _DeviceLock(cfg.cache_root, device, exclusive=False):
-            reason = session.judge(out_fd, "time", time_limit)
-    finally:
-        os.close(out_fd)
-    result.seconds["time"] = time.monotonic() - t3
-    if reason:
-        result.correct = False
-        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
-    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
-    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
-    result.wall_ms = sum(wall for _, wall in cand_blocks)
-    if verdict["problem"]:
-        result.timing_ok, result.speedup = False, 0.0
-        result.candidate_ms = verdict["parent_ms"]
-        result.message = verdict["problem"] + "; speedup not rewarded"
-    else:
-        result.candidate_ms = verdict["claimed_ms"]
-        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window")
-
-
-def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
-    result = EvalResult(status="runtime_error")
-    result.seconds["compile"] = compile_record.get("seconds", 0.0)
-    if not compile_record.get("cached"):
-        for k, v in (compile_record.get("profile") or {}).items():
-            result.seconds["compile." + k] = v
-    if compile_record["status"] == "compile_error":
-        result.status, result.message = "compile_error", "compilation failed:\n" + compile_record["message"]
-        return result
-    if compile_record["status"] == "timeout":
-        result.status, result.message = "timeout", compile_record["message"]
-        return result
-    # cached records from before "builds" was kept count as built
-    result.compiled = compile_record["status"] == "ok" and compile_record.get("builds", 1) > 0
-    try:
-        _run(session, cand, device, cfg, result)
-        result.compiled = True
-        result.status = "correct" if result.correct else "incorrect"
-        if result.correct and not result.message:
-            result.message = "correct (not timed)"
-    except _Failure as f:
-        result.status, result.message, result.correct, result.speedup = f.status, f.message, False, 0.0
-    if result.status != "correct":
-        result.speedup, result.correct = 0.0, False
-    result.message = _cut(result.message, cfg.message_chars)
-    return result
-
-
-def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the
-    device, one timed run on it at a time.
-
-    Each candidate's worker process starts (imports torch, creates its CUDA context) while its
-    kernel compiles; each distinct reference gets one trusted session for the whole batch."""
-    config = cfg.pop("config", None) or EvalConfig(**cfg)
-    _STOPPING.clear()  # an earlier batch of this process was interrupted; this one may start workers
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    unknown = [t for t in config.cuda_header_tiers if t not in HEADER_TIERS]
-    if unknown or isinstance(config.cuda_header_tiers, str):
-        raise ValueError(f"cuda_header_tiers must be a tuple of {HEADER_TIERS}, got {config.cuda_header_tiers!r}")
-    batch_start = time.monotonic()
-    arch = _device_arch(device, config)
-    results: list = [None] * len(pairs)
-    todo = []
-    for i, (ref_src, cand_src) in enumerate(pairs):
-        reason = precheck(cand_src) if precheck else None
-        if reason:
-            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars))
-        else:
-            todo.append(i)
-    if not todo:
-        return results
-    cores = os.cpu_count() or 1
-    n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // (2 * max(1, config.build_jobs)))
-    compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
-    zygote = _CompileZygote() if config.compile_zygote else None  # starts with the first build
-    n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
-    run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
-    sessions: dict = {}
-    for i in todo:
-        ref_src = pairs[i][0]
-        if ref_src not in sessions:
-            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
-        sessions[ref_src].users += 1
-    finished = False
-    try:
-        compiles: dict = {}
-        for i in todo:  # identical candidates share one compile
-            src = pairs[i][1]
-            if src not in compiles:
-                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygote)
-        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start)
-        finished = True
-    finally:
-        if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
-            _stop_everything(zygote)
-        run_pool.shutdown(wait=finished, cancel_futures=not finished)
-        compile_pool.shutdown(wait=finished, cancel_futures=not finished)
-        if finished:
-            if zygote:
-                zygote.close()
-            for session in sessions.values():
-                session.close()
-    return results
-
-
-def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start):
-    """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
-
-    def job(i):
-        t0 = time.monotonic()
-        ref_src, cand_src = pairs[i]
-        session, compiling = sessions[ref_src], compiles[cand_src]
-        scratch, cand = _scratch(config, "kevalrun-"), None
-        try:
-            if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
-                cand = _spawn("cand", cand_src, device, arch, config, scratch)
-                session.boot()  # while the kernel compiles; a failed compile needs no reference
-            record = compiling.result()
-            res = _evaluate_one(session, cand, device, config, record)
-        finally:
-            if cand is not None:
-                cand.stop()
-            session.release()
-            if not config.keep_scratch:
-                shutil.rmtree(scratch, ignore_errors=True)
-        # latency: from this candidate's compile start (or its job's start, when cached) to verdict
-        res.seconds["latency"] = time.monotonic() - record.get("started", t0)
-        res.seconds["since_batch_start"] = time.monotonic() - batch_start
-        return res
-
-    futures = {run_pool.submit(job, i): i for i in todo}
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(futures), desc="kernel_eval")
-    try:
-        for fut in futures:
-            results[futures[fut]] = fut.result()
-            if bar:
-                bar.update(1)
-    finally:
-        if bar:
-            bar.close()
-
-
-def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
-    """One verdict; see the module docstring for the phases."""
-    return evaluate_batch([(ref_src, candidate_src)], device=device, precheck=precheck, **cfg)[0]
-
+# ----------------------------------------------------------------------------- command line
 
 def resolve_device(device: str | None, prog: str) -> str:
     """--device as given, checked, or (None) cuda when torch sees one, else cpu, said on stderr.
