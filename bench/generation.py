@@ -15,6 +15,8 @@ runs to --new tokens):
   python bench/generation.py --device cpu --shape qwen2-8m --batches 4 --prompt 32 --new 16
 
 Each cell is timed after one warm-up call of --warmup-new tokens (kernels loaded, allocator warm).
+--split adds, per row, decode-only tokens/s: the call with 1 new token (prefill and one sample)
+timed too, and taken out.
 """
 import argparse
 import os
@@ -89,6 +91,9 @@ def main(argv=None) -> None:
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--warmup-new", type=int, default=16)
     parser.add_argument("--rows", default="hf_fast,hf_fast_fsdp2,generate_static,generate_dynamic,hf_plain,hf_fsdp2")
+    parser.add_argument("--split", action="store_true", help="also time each cell with 1 new token (the "
+                        "prefill and one sample) and add a row of decode-only tokens/s: the new tokens after "
+                        "the first over the time the call took beyond that")
     parser.add_argument("--profile", metavar="DIR", help="after timing each cell, run it once more under "
                         "torch.profiler and write the ops that took the most device time to DIR/<row>_b<batch>.txt")
     args = parser.parse_args(argv)
@@ -111,7 +116,7 @@ def main(argv=None) -> None:
     print("| engine | " + " | ".join(f"batch {b}" for b in batches) + " |")
     print("|---|" + "---:|" * len(batches))
     for row in rows:
-        cells = []
+        cells, decode_cells = [], []
         for batch in batches:
             g = torch.Generator().manual_seed(batch)
             prompts = torch.randint(2, SHAPES[args.shape]["vocab_size"], (batch, args.prompt), generator=g)
@@ -126,10 +131,17 @@ def main(argv=None) -> None:
                     max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0, temperature=1.0,
                     pad_token_id=0, **cache)
             run(args.warmup_new)
-            cells.append(f"{batch * args.new / timed(lambda: run(args.new), device):,.0f}")
+            seconds = timed(lambda: run(args.new), device)
+            cells.append(f"{batch * args.new / seconds:,.0f}")
+            if args.split:
+                first = timed(lambda: run(1), device)
+                decode_cells.append(f"{batch * (args.new - 1) / (seconds - first):,.0f} "
+                                    f"(prefill + 1 token: {first:.2f} s)" if seconds > first else "n/a")
             if args.profile:
                 write_profile(lambda: run(args.new), device, os.path.join(args.profile, f"{row}_b{batch}.txt"))
         print(f"| {row} | " + " | ".join(cells) + " |", flush=True)
+        if decode_cells:
+            print(f"| {row}, decode only | " + " | ".join(decode_cells) + " |", flush=True)
     dist.destroy_process_group()
 
 

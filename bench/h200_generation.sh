@@ -13,7 +13,7 @@ timeout ${TEST_LIMIT:-80} python -m pytest -q -m gpu -p no:cacheprovider -k "not
   tests/test_engines.py tests/test_rollout.py \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests exit $?" >> "$OUT/gpu_tests.log"
-BENCH="python bench/generation.py --shape qwen2-1.5b --batches 64,256 --prompt 512 --new 256"
+BENCH="python bench/generation.py --shape qwen2-1.5b --batches 64,256 --prompt 512 --new 256 --split"
 timeout ${BENCH_LIMIT:-90} $BENCH --rows hf_fast > "$OUT/bench_fast.md" 2>&1
 echo "bench exit $?" >> "$OUT/bench_fast.md"
 # static-cache generate compiles its forward on first use (over 90 s on the H200: it was cut there

@@ -1,0 +1,25 @@
+"""The bench scripts still run end to end (on the CPU, at a toy size): their figures are only
+worth recording if the script that prints them works."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_generation_bench_prints_a_row_per_engine_with_a_decode_split_and_a_profile(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "bench/generation.py", "--device", "cpu", "--shape", "qwen2-8m", "--batches", "2",
+         "--prompt", "8", "--new", "6", "--warmup-new", "2", "--rows", "hf_fast,hf_plain", "--split",
+         "--profile", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| ([a-z_]+(?:, decode only)?) \| (.+) \|$", out.stdout, re.M)}
+    for engine in ("hf_fast", "hf_plain"):
+        assert float(rows[engine].replace(",", "")) > 0
+        assert re.fullmatch(r"[\d,]+ \(prefill \+ 1 token: [\d.]+ s\)|n/a", rows[f"{engine}, decode only"])
+        assert "aten::" in (tmp_path / f"{engine}_b2.txt").read_text()
