@@ -33,7 +33,11 @@ HFEngine has two decoders on the policy itself:
   (stop strings are decoded then); the loop ends when every row has finished, and rows are
   batched by prompt length so short prompts do not carry long ones' padding. Attention
   keeps grouped-query heads grouped (`grouped_query_attention`: K and V read once, not
-  copied per query head). On the CPU the same code runs without the graph (the tests use it).
+  copied per query head). With `compile_decode` the step is compiled by torch.compile first
+  (dynamic shapes: one compile per process serves every batch size and cache length), which
+  fuses each layer's ~20 small elementwise kernels (RMSNorm, rotary, SiLU x up, residual adds,
+  casts), most of a decode step at batch 256 on the H200 (docs/PERFORMANCE.md); the first
+  generate call pays the compile. On the CPU the same code runs without the graph (the tests use it).
 - plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches, our
   own temperature/top-p as the last logits processor, a stopping criterion that records
   each row's cut.
@@ -228,11 +232,14 @@ class HFEngine:
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
                  reshard_after_forward: bool = True, fast: bool | None = None,
                  cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16,
-                 initial_cache_tokens: int = 1024):
+                 initial_cache_tokens: int = 1024, compile_decode: bool = False):
         self.model = model
         # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
         self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
         self.cuda_graph = cuda_graph
+        # fast decoder: the decode step through torch.compile, made on first use and shared by
+        # every decoder of this engine (dynamo keys its cache on the code; shapes are dynamic)
+        self.compiled_step = torch.compile(_FastDecoder._step, dynamic=True) if compile_decode else None
         self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
         self.check_every = check_every     # decoding steps between host checks (fast decoder)
         self.initial_cache_tokens = initial_cache_tokens   # new positions first allocated (fast decoder)
@@ -558,7 +565,7 @@ class _FastDecoder:
         self.positions = torch.tensor(lengths, device=self.device)[:, None]
         self.cache.write_positions = torch.full((1,), self.width, dtype=torch.long, device=self.device)
         self.cache.write_positions_host = self.width     # the same, known without a sync
-        step_fn = self._step
+        step_fn = self._decode_step
         checked = 0
         check_every = self.engine.check_every
         done = 0
@@ -604,27 +611,33 @@ class _FastDecoder:
         self.bias.index_fill_(3, self.cache.write_positions, 0.0)
         return self._forward(self.cache, self.next_ids, self.bias, self.positions)
 
+    def _decode_step(self) -> torch.Tensor:
+        """_step, compiled when the engine asks for it (`compile_decode`)."""
+        compiled = self.engine.compiled_step
+        return compiled(self) if compiled is not None else self._step()
+
     def _captured_step(self) -> Callable[[], torch.Tensor]:
         """The decode step as a CUDA graph replay (on CUDA with `cuda_graph`), else eager.
         The replay's logits buffer is the graph's own: the caller samples from it before the
         next replay, and nothing keeps a reference across replays."""
         if self.device.type != "cuda" or not self.engine.cuda_graph:
-            return self._step
-        # Warm up on a side stream (as torch.cuda.graphs asks). This step writes the same
-        # cache slot and mask column, with the same inputs, as the first replay will.
+            return self._decode_step
+        # Warm up on a side stream (as torch.cuda.graphs asks; with compile_decode this call
+        # compiles). This step writes the same cache slot and mask column, with the same
+        # inputs, as the first replay will.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step()
+            self._decode_step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                logits_buffer = self._step()
+                logits_buffer = self._decode_step()
         except RuntimeError as error:  # a model whose forward cannot be captured: run eager
             warnings.warn(f"HFEngine: CUDA graph capture failed, decoding eagerly: {error}")
             torch.cuda.synchronize()
-            return self._step
+            return self._decode_step
 
         def replay() -> torch.Tensor:
             graph.replay()

@@ -145,6 +145,30 @@ def test_fast_decoder_greedy_equals_plain_generate(tokenizer):
     assert {c.finish_reason for g in want for c in g} == {"stop", "length"}, "pick eos_logit so both occur"
 
 
+@pytest.mark.slow
+def test_compiled_decode_step_gives_plain_generates_tokens_across_batch_shapes(tokenizer):
+    """compile_decode: the decode step through torch.compile (dynamic shapes) gives generate's
+    greedy tokens, cuts and log-probs, over batches of 3 and 2 rows and a cache that grows
+    3 -> 6 -> 12 -> 20 (shapes one compile must serve)."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()   # so the compile below is counted even if another test compiled first
+    model = tiny_model(seed=5, eos_logit=0.15)
+    plain = engines.HFEngine(model, tokenizer, fast=False)
+    compiled = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5,
+                                initial_cache_tokens=3, compile_decode=True)
+    prompts = [plain.encode_prompt(t) for t in ("a longer prompt than x", "x", "mid size", "x")]
+    want = plain.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
+    got = compiled.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
+    for want_group, got_group in zip(want, got):
+        for w, g in zip(want_group, got_group):
+            assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4)
+    assert {c.finish_reason for g in want for c in g} == {"stop", "length"}
+    # the step was compiled, once for every shape (a recompile per shape would be a compile per
+    # generate call in training, and past torch's recompile limit a silent fall back to eager)
+    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
+
+
 @pytest.mark.parametrize("q_len", [1, 5])
 def test_grouped_query_attention_equals_attention_with_repeated_heads(q_len):
     torch.manual_seed(0)
@@ -309,21 +333,25 @@ def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer, fast, dtype, top_
 
 @pytest.mark.gpu
 def test_cuda_graph_decode_equals_eager_decode_and_plain_generate(tokenizer):
-    """fp32 greedy on CUDA: the graph-replayed step gives the eager step's tokens and
-    log-probs, and the same tokens as with the model's own attention and as generate."""
+    """fp32 greedy on CUDA: the graph-replayed step, compiled or not, gives the eager step's
+    tokens and log-probs, and the same tokens as with the model's own attention and as generate."""
     model = tiny_model(seed=5, eos_logit=0.15).cuda()
     prompts = [engines.render_prompt(tokenizer, t) for t in ("a longer prompt than x", "x", "mid size")]
     results = {}
     # (the graph is captured again each time the cache grows: 8 -> 16 -> 32 -> 40 new positions)
     for name, kwargs in {"graph": dict(fast=True, initial_cache_tokens=8),
+                         "compiled_graph": dict(fast=True, initial_cache_tokens=8, compile_decode=True),
                          "eager": dict(fast=True, cuda_graph=False, initial_cache_tokens=8),
                          "own_attention": dict(fast=True, grouped_attention=False),
                          "plain": dict(fast=False)}.items():
         engine = engines.HFEngine(model, tokenizer, max_batch_rows=4, **kwargs)
         results[name] = [c for g in engine.generate(prompts, n=2, max_new_tokens=40, temperature=0.0) for c in g]
-    for g, e, o, p in zip(results["graph"], results["eager"], results["own_attention"], results["plain"]):
-        assert g.token_ids == e.token_ids == o.token_ids == p.token_ids
+    for g, c, e, o, p in zip(results["graph"], results["compiled_graph"], results["eager"],
+                             results["own_attention"], results["plain"]):
+        assert g.token_ids == c.token_ids == e.token_ids == o.token_ids == p.token_ids
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(e.logprobs), atol=1e-5)
+        # inductor's fused kernels sum in another order: fp32 rounding apart, no more
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4)
 
 # ------------------------------------------------------------------------- vLLM pieces
 
