@@ -92,6 +92,7 @@ class Config:
     scale_by_std: bool = True
     micro_batch_tokens: int = 16384   # padded tokens per micro-batch
     generation_batch_rows: int = 64   # rows the HF engine decodes at once
+    compile_decode: bool = False      # torch.compile the HF engine's decode step (not yet run on a GPU)
     activation_checkpointing: bool = False
     compile: bool = False             # torch.compile each decoder layer's training forward
     cpu_offload: bool = False
@@ -332,7 +333,8 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         vllm = engines.VLLMEngine(config.model, tokenizer, gpu_memory_utilization=config.vllm_memory,
                                   seed=config.seed + rank, distributed_executor_backend="external_launcher")
         vllm.sleep()
-    engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=config.generation_batch_rows)
+    engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=config.generation_batch_rows,
+                                      compile_decode=config.compile_decode)
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=language, seed=config.seed + rank)
