@@ -612,9 +612,14 @@ class _FastDecoder:
         return self._forward(self.cache, self.next_ids, self.bias, self.positions)
 
     def _decode_step(self) -> torch.Tensor:
-        """_step, compiled when the engine asks for it (`compile_decode`)."""
+        """_step, compiled when the engine asks for it (`compile_decode`), whatever the caller's
+        compiler stance: train.py rolls out under "force_eager" to keep its per-layer training
+        compile off the decoding shapes, which would otherwise turn this compile off too."""
         compiled = self.engine.compiled_step
-        return compiled(self) if compiled is not None else self._step()
+        if compiled is None:
+            return self._step()
+        with torch.compiler.set_stance("default"):
+            return compiled(self)
 
     def _captured_step(self) -> Callable[[], torch.Tensor]:
         """The decode step as a CUDA graph replay (on CUDA with `cuda_graph`), else eager.
