@@ -8,6 +8,7 @@ import contextlib
 import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -566,6 +567,7 @@ def test_compile_zygote_forks_workers_with_torch_loaded_and_their_own_tag(tmp_pa
     report = tmp_path / "report"
     src = f"""
 import os
+import statistics
 initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
 open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
 """
@@ -721,14 +723,25 @@ def busy_processes(n: int = 2):
             p.wait()
 
 
-def judged_under_load(path: str, calm: ke.EvalResult, device: str, **cfg) -> None:
+def judged_under_load(path: str, device: str, rounds: int = 2, **cfg) -> None:
     """An honest kernel judged beside two busy processes gets its verdict, and a speedup within 2x of
-    the same kernel's judged without them."""
-    with busy_processes(2):
-        result = ke.evaluate(REFERENCE, open(path).read(), device=device, **cfg)
-    check_expectation(os.path.basename(path), expectation(path), result, ke.EvalConfig(**cfg))
-    assert calm.status == "correct" and calm.speedup > 0, calm.message
-    assert calm.speedup / 2 <= result.speedup <= calm.speedup * 2, (calm.speedup, result.speedup, result.message)
+    the same kernel's judged without them: `rounds` fresh evaluations of each, in turn (calm, loaded,
+    calm, ...), compared by their geometric means. One run against one run is not enough on the 2-core
+    box: judged alone, the same kernel's speedup ranged 1.85x-3.34x over six fresh evaluations (its
+    per-call CPU time switches between two levels ~2x apart for seconds at a time), and a calm run
+    taken from a batch, beside other candidates' workers, read 3.7x-4.3x (docs/PERFORMANCE.md)."""
+    calm_src = open(os.path.join(os.path.dirname(path), "benign.py")).read()
+    calm, loaded = [], []
+    for _ in range(rounds):
+        calm.append(ke.evaluate(REFERENCE, calm_src, device=device, **cfg))
+        with busy_processes(2):
+            loaded.append(ke.evaluate(REFERENCE, open(path).read(), device=device, **cfg))
+    for result in loaded:
+        check_expectation(os.path.basename(path), expectation(path), result, ke.EvalConfig(**cfg))
+    for result in calm:
+        assert result.status == "correct" and result.speedup > 0, result.message
+    calm_mean, loaded_mean = (statistics.geometric_mean(r.speedup for r in rs) for rs in (calm, loaded))
+    assert calm_mean / 2 <= loaded_mean <= calm_mean * 2, ([r.speedup for r in calm], [r.speedup for r in loaded])
 
 
 @pytest.fixture(scope="module")
@@ -747,7 +760,7 @@ def test_adversarial_cpp(name, cpp_results):
 
 @pytest.mark.slow
 def test_honest_cpp_kernel_keeps_its_speedup_under_load(cpp_results, cache_root):
-    judged_under_load(CPP_CASES["loaded_benign"], cpp_results["benign"], "cpu", cache_root=cache_root, **FAST)
+    judged_under_load(CPP_CASES["loaded_benign"], "cpu", cache_root=cache_root, **FAST)
 
 
 @pytest.mark.slow
@@ -814,6 +827,7 @@ SECRET = "sk-keval-test-4f1c9e0b7d"
 # the process reads it, and as /proc shows its initial block) or in any process's command line
 SECRET_PROBE = f"""
 import os
+import statistics
 _seen = [k for k, v in os.environ.items() if k == "OPENAI_API_KEY" or "{SECRET}" in v]
 with open("/proc/self/environ", "rb") as _f:
     _seen += ["/proc/self/environ"] if b"{SECRET}" in _f.read() else []
@@ -922,7 +936,7 @@ def test_adversarial_cuda(name, cuda_results):
 
 @pytest.mark.gpu
 def test_honest_cuda_kernel_keeps_its_speedup_under_load(cuda_results, cache_root):
-    judged_under_load(CUDA_CASES["loaded_benign"], cuda_results["benign"], "cuda", cache_root=cache_root,
+    judged_under_load(CUDA_CASES["loaded_benign"], "cuda", cache_root=cache_root,
                       check_timeout_s=30, load_timeout_s=180, gpu_trials=30)
 
 
