@@ -26,11 +26,11 @@ A completion is cut right after the token that sampled an EOS or completed a sto
 HFEngine has two decoders on the policy itself:
 - the fast one (default on CUDA): each distinct prompt is prefilled once into a preallocated
   (static) KV cache and its rows copied to its n samples (the cache holds
-  `initial_cache_tokens` new positions and doubles when full); each decoding step is one forward
-  of the whole batch, captured once in a CUDA graph (static input and output buffers, the
-  outputs read before the next replay) and replayed; sampling, EOS detection and the
-  per-row finish step stay on the device, with one host check every `check_every` steps
-  (stop strings are decoded then); the loop ends when every row has finished, and rows are
+  `initial_cache_tokens` new positions and doubles when full); each decoding step (one forward
+  of the whole batch, then sampling, EOS detection and the per-row finish step, all on static
+  buffers) is captured once in a CUDA graph and replayed, so a step costs the host one replay
+  call; one host check every `check_every` steps decodes stop strings and asks whether every
+  row has finished; the loop ends when every row has finished, and rows are
   batched by prompt length so short prompts do not carry long ones' padding. Attention
   keeps grouped-query heads grouped (`grouped_query_attention`: K and V read once, not
   copied per query head). With `compile_decode` the step is compiled by torch.compile first
@@ -551,12 +551,16 @@ class _FastDecoder:
 
     def decode(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
         lengths = [len(self.prompts[p]) for p in self.row_prompt_list]
-        logits = self._prefill()
         steps = self.max_new_tokens
-        tokens = torch.zeros(self.rows, steps, dtype=torch.long, device=self.device)
-        logprobs = torch.zeros(self.rows, steps, dtype=torch.float32, device=self.device)
-        finish = torch.full((self.rows,), -1, dtype=torch.long, device=self.device)
-        # The decode step's inputs, updated in place so a captured graph sees them.
+        if steps == 0:
+            return [[] for _ in lengths], [[] for _ in lengths], [-1] * self.rows
+        logits = self._prefill()
+        # The step's state, on the device and updated in place, so a captured graph sees it:
+        # what was sampled, each row's finish step (-1: not yet), the step being sampled.
+        self.tokens = torch.zeros(self.rows, steps, dtype=torch.long, device=self.device)
+        self.logprobs = torch.zeros(self.rows, steps, dtype=torch.float32, device=self.device)
+        self.finish = torch.full((self.rows,), -1, dtype=torch.long, device=self.device)
+        self.step_index = torch.zeros(1, dtype=torch.long, device=self.device)
         prompt_real = torch.zeros(self.rows, self.cache.length, dtype=torch.bool)
         for r, n in enumerate(lengths):
             prompt_real[r, self.width - n:self.width] = True
@@ -565,35 +569,27 @@ class _FastDecoder:
         self.positions = torch.tensor(lengths, device=self.device)[:, None]
         self.cache.write_positions = torch.full((1,), self.width, dtype=torch.long, device=self.device)
         self.cache.write_positions_host = self.width     # the same, known without a sync
-        step_fn = self._decode_step
-        checked = 0
-        check_every = self.engine.check_every
-        done = 0
-        for t in range(steps):
-            token, logprob = sample_from_logits(logits, self.temperature, self.top_p)
-            tokens[:, t] = token
-            logprobs[:, t] = logprob
-            finish = torch.where(torch.isin(token, self.eos_ids) & (finish < 0), t + 1, finish)
-            done = t + 1
-            if done % check_every == 0 or done == steps:
-                finish, checked = self._check_stops(tokens, finish, checked, done)
-                if bool((finish >= 0).all()):
+        self._sample(logits)                             # step 0, from the prefill's last position
+        step_fn = None
+        checked, done = 0, 1
+        while True:
+            if done % self.engine.check_every == 0 or done == steps:
+                checked = self._check_stops(checked, done)
+                if bool((self.finish >= 0).all()):
                     break
             if done == steps:
                 break
-            self.next_ids.copy_(token[:, None])
             if self.cache.write_positions_host >= self.cache.length:
                 self._grow(min(self.width + steps, self.width + 2 * (self.cache.length - self.width)))
-                step_fn = self._captured_step()   # the graph read the old buffers
-            elif t == 0:
+                step_fn = None                           # a graph reads the buffers it was captured on
+            if step_fn is None:
                 step_fn = self._captured_step()
-            logits = step_fn()
+            step_fn()
             self.cache.write_positions_host += 1
-            self.cache.write_positions += 1
-            self.positions += 1
-        finish_host = finish.tolist()
+            done += 1
+        finish_host = self.finish.tolist()
         cut = [f if f >= 0 else done for f in finish_host]
-        token_rows, logprob_rows = tokens[:, :done].tolist(), logprobs[:, :done].tolist()
+        token_rows, logprob_rows = self.tokens[:, :done].tolist(), self.logprobs[:, :done].tolist()
         return ([row[:n] for row, n in zip(token_rows, cut)],
                 [row[:n] for row, n in zip(logprob_rows, cut)], finish_host)
 
@@ -605,59 +601,75 @@ class _FastDecoder:
                             device=self.device)
         self.bias = torch.cat([self.bias, hidden], dim=3)
 
+    def _sample(self, logits: torch.Tensor) -> None:
+        """Sample step `step_index` from `logits` and record it: token, log-prob, the finish
+        step of rows that sampled an EOS, the next step's input ids. On the device, no sync."""
+        token, logprob = sample_from_logits(logits, self.temperature, self.top_p)
+        self.tokens.index_copy_(1, self.step_index, token[:, None])
+        self.logprobs.index_copy_(1, self.step_index, logprob[:, None])
+        ended = (token[:, None] == self.eos_ids).any(dim=1) & (self.finish < 0)
+        self.finish.copy_(torch.where(ended, self.step_index + 1, self.finish))
+        self.next_ids.copy_(token[:, None])
+        self.step_index += 1
+
     def _step(self) -> torch.Tensor:
-        """One decoding step on the static buffers: unmask the position being written, run the
+        """The model's part of a decoding step: unmask the position being written, run the
         model on the last sampled tokens, return the next logits."""
         self.bias.index_fill_(3, self.cache.write_positions, 0.0)
         return self._forward(self.cache, self.next_ids, self.bias, self.positions)
 
-    def _decode_step(self) -> torch.Tensor:
-        """_step, compiled when the engine asks for it (`compile_decode`), whatever the caller's
-        compiler stance: train.py rolls out under "force_eager" to keep its per-layer training
-        compile off the decoding shapes, which would otherwise turn this compile off too."""
+    def _decode_step(self) -> None:
+        """One decoding step on the static buffers: the forward (through torch.compile when the
+        engine asks for it, `compile_decode`, whatever the caller's compiler stance: train.py
+        rolls out under "force_eager" to keep its per-layer training compile off the decoding
+        shapes, which would otherwise turn this compile off too), then the next sample."""
         compiled = self.engine.compiled_step
         if compiled is None:
-            return self._step()
-        with torch.compiler.set_stance("default"):
-            return compiled(self)
+            logits = self._step()
+        else:
+            with torch.compiler.set_stance("default"):
+                logits = compiled(self)
+        self.cache.write_positions += 1
+        self.positions += 1
+        self._sample(logits)
 
-    def _captured_step(self) -> Callable[[], torch.Tensor]:
-        """The decode step as a CUDA graph replay (on CUDA with `cuda_graph`), else eager.
-        The replay's logits buffer is the graph's own: the caller samples from it before the
-        next replay, and nothing keeps a reference across replays."""
+    def _captured_step(self) -> Callable[[], None]:
+        """The decode step, sampling included, as a CUDA graph replay (on CUDA with
+        `cuda_graph`), else eager. Each replay draws fresh random numbers: torch's CUDA
+        generator advances its offset by the graph's draws on every replay."""
         if self.device.type != "cuda" or not self.engine.cuda_graph:
             return self._decode_step
         # Warm up on a side stream (as torch.cuda.graphs asks; with compile_decode this call
-        # compiles). This step writes the same cache slot and mask column, with the same
-        # inputs, as the first replay will.
+        # compiles), then put back the state that step advanced: the first replay writes the
+        # same cache slot, mask column and sample slot again, from the same inputs.
+        advanced = (self.cache.write_positions, self.positions, self.next_ids, self.finish, self.step_index)
+        saved = [t.clone() for t in advanced]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._decode_step()
         torch.cuda.current_stream().wait_stream(side)
+        for t, before in zip(advanced, saved):
+            t.copy_(before)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                logits_buffer = self._decode_step()
+                self._decode_step()
         except RuntimeError as error:  # a model whose forward cannot be captured: run eager
             warnings.warn(f"HFEngine: CUDA graph capture failed, decoding eagerly: {error}")
             torch.cuda.synchronize()
             return self._decode_step
+        return graph.replay
 
-        def replay() -> torch.Tensor:
-            graph.replay()
-            return logits_buffer
-        return replay
-
-    def _check_stops(self, tokens, finish, checked: int, done: int):
+    def _check_stops(self, checked: int, done: int) -> int:
         """The host check: stop strings completed in steps (checked, done], each row cut at the
         first step where an EOS was sampled or a stop string completed (as _FinishRecorder).
         A row already cut at or before `checked` has nothing left to scan."""
         if not self.stop:
-            return finish, done
-        finish_host = finish.tolist()
-        recent = tokens[:, max(0, checked + 1 - self.tail_tokens):done].tolist()
+            return done
+        finish_host = self.finish.tolist()
         offset = max(0, checked + 1 - self.tail_tokens)
+        recent = self.tokens[:, offset:done].tolist()
         tokenizer = self.engine.tokenizer
         for r in range(self.rows):
             last = finish_host[r] if finish_host[r] >= 0 else done
@@ -667,7 +679,8 @@ class _FastDecoder:
                 if any(stop in tail for stop in self.stop):
                     finish_host[r] = s
                     break
-        return torch.tensor(finish_host, device=self.device), done
+        self.finish.copy_(torch.tensor(finish_host))
+        return done
 
 
 # ---------------------------------------------------------------------------------------

@@ -335,6 +335,30 @@ def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer, fast, dtype, top_
 
 
 @pytest.mark.gpu
+def test_sampling_captured_in_a_cuda_graph_draws_afresh_on_every_replay():
+    """The fast decoder samples inside its captured step: every replay must draw new noise from
+    the same distribution (torch's CUDA generator advances by the graph's draws on each replay),
+    not repeat the draws of the capture."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -1.0, -3.0], device="cuda").expand(4_000, -1).contiguous()
+    temperature, top_p = 0.7, 0.8
+    want = naive_top_p((logits[:1].cpu() / temperature), top_p).softmax(-1)[0]
+    engines.sample_from_logits(logits, temperature, top_p)   # warm-up, off the graph
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        token, logprob = engines.sample_from_logits(logits, temperature, top_p)
+    draws = []
+    for _ in range(10):
+        graph.replay()
+        draws.append(token.clone())
+    draws = torch.stack(draws).cpu()
+    assert len({tuple(d.tolist()) for d in draws}) == 10
+    frequencies = torch.bincount(draws.flatten(), minlength=6).double() / draws.numel()
+    assert torch.allclose(frequencies, want.double(), atol=0.01)
+    assert torch.allclose(logprob.cpu(), want.log()[draws[-1]], atol=1e-5)
+
+
+@pytest.mark.gpu
 def test_cuda_graph_decode_equals_eager_decode_and_plain_generate(tokenizer):
     """fp32 greedy on CUDA: the graph-replayed step, compiled or not, gives the eager step's
     tokens and log-probs, and the same tokens as with the model's own attention and as generate."""
