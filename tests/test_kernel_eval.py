@@ -723,25 +723,26 @@ def busy_processes(n: int = 2):
             p.wait()
 
 
-def judged_under_load(path: str, device: str, rounds: int = 2, **cfg) -> None:
-    """An honest kernel judged beside two busy processes gets its verdict, and a speedup within 2x of
-    the same kernel's judged without them: `rounds` fresh evaluations of each, in turn (calm, loaded,
-    calm, ...), compared by their geometric means. One run against one run is not enough on the 2-core
-    box: judged alone, the same kernel's speedup ranged 1.85x-3.34x over six fresh evaluations (its
-    per-call CPU time switches between two levels ~2x apart for seconds at a time), and a calm run
-    taken from a batch, beside other candidates' workers, read 3.7x-4.3x (docs/PERFORMANCE.md)."""
+def judged_under_load(path: str, device: str, rounds: int = 3, **cfg) -> None:
+    """An honest kernel judged beside two busy processes stays correct, and its median speedup over
+    `rounds` fresh evaluations is confirmed and within 2x of the median of as many judged without
+    them, taken in turn (calm, loaded, calm, ...). Medians, because one CPU verdict on the 2-core box
+    is noisy with or without load: judged alone, the same kernel read 1.85x-3.34x over six fresh
+    evaluations (its per-call CPU time switches between two levels ~2x apart for seconds at a time),
+    and now and then a calm run's timing is refused (the reference's loop overhead moved between
+    blocks more than the candidate's time: docs/PERFORMANCE.md). Load that broke the verdict in most
+    runs still fails this."""
+    assert expectation(path) == "correct"
     calm_src = open(os.path.join(os.path.dirname(path), "benign.py")).read()
     calm, loaded = [], []
     for _ in range(rounds):
         calm.append(ke.evaluate(REFERENCE, calm_src, device=device, **cfg))
         with busy_processes(2):
             loaded.append(ke.evaluate(REFERENCE, open(path).read(), device=device, **cfg))
-    for result in loaded:
-        check_expectation(os.path.basename(path), expectation(path), result, ke.EvalConfig(**cfg))
-    for result in calm:
-        assert result.status == "correct" and result.speedup > 0, result.message
-    calm_mean, loaded_mean = (statistics.geometric_mean(r.speedup for r in rs) for rs in (calm, loaded))
-    assert calm_mean / 2 <= loaded_mean <= calm_mean * 2, ([r.speedup for r in calm], [r.speedup for r in loaded])
+    assert all(r.status == "correct" for r in calm + loaded), [(r.status, r.message) for r in calm + loaded]
+    calm_median, loaded_median = (statistics.median(r.speedup for r in rs) for rs in (calm, loaded))
+    speedups = ([r.speedup for r in calm], [r.speedup for r in loaded], [r.message for r in loaded])
+    assert calm_median > 0 and calm_median / 2 <= loaded_median <= calm_median * 2, speedups
 
 
 @pytest.fixture(scope="module")
