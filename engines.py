@@ -574,7 +574,8 @@ class _FastDecoder:
         checked, done = 0, 1
         while True:
             if done % self.engine.check_every == 0 or done == steps:
-                checked = self._check_stops(checked, done)
+                self._check_stops(checked, done)
+                checked = done
                 if bool((self.finish >= 0).all()):
                     break
             if done == steps:
@@ -661,12 +662,12 @@ class _FastDecoder:
             return self._decode_step
         return graph.replay
 
-    def _check_stops(self, checked: int, done: int) -> int:
+    def _check_stops(self, checked: int, done: int) -> None:
         """The host check: stop strings completed in steps (checked, done], each row cut at the
         first step where an EOS was sampled or a stop string completed (as _FinishRecorder).
         A row already cut at or before `checked` has nothing left to scan."""
         if not self.stop:
-            return done
+            return
         finish_host = self.finish.tolist()
         offset = max(0, checked + 1 - self.tail_tokens)
         recent = self.tokens[:, offset:done].tolist()
@@ -680,7 +681,6 @@ class _FastDecoder:
                     finish_host[r] = s
                     break
         self.finish.copy_(torch.tensor(finish_host))
-        return done
 
 
 # ---------------------------------------------------------------------------------------

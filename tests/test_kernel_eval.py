@@ -567,7 +567,6 @@ def test_compile_zygote_forks_workers_with_torch_loaded_and_their_own_tag(tmp_pa
     report = tmp_path / "report"
     src = f"""
 import os
-import statistics
 initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
 open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
 """
@@ -828,7 +827,6 @@ SECRET = "sk-keval-test-4f1c9e0b7d"
 # the process reads it, and as /proc shows its initial block) or in any process's command line
 SECRET_PROBE = f"""
 import os
-import statistics
 _seen = [k for k, v in os.environ.items() if k == "OPENAI_API_KEY" or "{SECRET}" in v]
 with open("/proc/self/environ", "rb") as _f:
     _seen += ["/proc/self/environ"] if b"{SECRET}" in _f.read() else []
