@@ -227,15 +227,12 @@ class HFEngine:
     way the returned log-probs are those of the distribution actually sampled from
     (temperature-scaled and top-p-filtered; greedy when temperature is 0). `max_batch_rows`
     rows are decoded together; `cuda_graph` False keeps the fast decoder eager on CUDA;
-    `grouped_attention` False keeps the model's own attention in the fast decoder, and
-    `decode_attention` "flex" puts its decoding steps' attention through FlexAttention
-    (flex_decode_attention; with `compile_decode`)."""
+    `grouped_attention` False keeps the model's own attention in the fast decoder."""
 
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
                  reshard_after_forward: bool = True, fast: bool | None = None,
                  cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16,
-                 initial_cache_tokens: int = 1024, compile_decode: bool = False,
-                 decode_attention: str = "sdpa"):
+                 initial_cache_tokens: int = 1024, compile_decode: bool = False):
         self.model = model
         # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
         self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
@@ -243,13 +240,7 @@ class HFEngine:
         # fast decoder: the decode step through torch.compile, made on first use and shared by
         # every decoder of this engine (dynamo keys its cache on the code; shapes are dynamic)
         self.compiled_step = torch.compile(_FastDecoder._step, dynamic=True) if compile_decode else None
-        # and the prefill's forward, whose elementwise ops over (rows x prompt) tokens are a
-        # large share of a prefill's time when they run one kernel each
-        self.compiled_prefill = torch.compile(_FastDecoder._forward, dynamic=True) if compile_decode else None
         self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
-        if decode_attention not in DECODE_ATTENTION:
-            raise ValueError(f"HFEngine: decode_attention {decode_attention!r} is not one of {sorted(DECODE_ATTENTION)}")
-        self.decode_attention = decode_attention
         self.check_every = check_every     # decoding steps between host checks (fast decoder)
         self.initial_cache_tokens = initial_cache_tokens   # new positions first allocated (fast decoder)
         self.tokenizer = tokenizer
@@ -335,8 +326,7 @@ class HFEngine:
         for start in range(0, len(rows), self.max_batch_rows):
             batch = rows[start:start + self.max_batch_rows]
             decoder = _FastDecoder(self, prompts, batch, max_new_tokens, temperature, top_p, stop)
-            attention = (grouped_attention_for(self.model, self.decode_attention) if self.grouped_attention
-                         else contextlib.nullcontext())
+            attention = grouped_attention_for(self.model) if self.grouped_attention else contextlib.nullcontext()
             with attention:
                 token_rows, logprob_rows, finish = decoder.decode()
             for p, ids, logprobs, finished in zip(batch, token_rows, logprob_rows, finish):
@@ -435,7 +425,6 @@ def sample_from_logits(logits: torch.Tensor, temperature: float,
 
 
 GROUPED_ATTENTION = "kernel_rl_grouped_sdpa"
-FLEX_DECODE_ATTENTION = "kernel_rl_flex_decode"
 
 
 def grouped_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -459,35 +448,11 @@ def grouped_query_attention(module, query, key, value, attention_mask, scaling=N
     return out.reshape(batch, q_heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 
-def flex_decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                          **kwargs) -> tuple[torch.Tensor, None]:
-    """grouped_query_attention, except that a decoding step (one query per row) goes through
-    torch's FlexAttention, whose decoding kernel under torch.compile splits each row's keys
-    over many thread blocks (flash-decoding) instead of one block per (row, KV head) walking
-    all of them; the mask is added to the scores as a score_mod. Uncompiled, FlexAttention
-    computes the same thing unfused (slowly): this is meant for `compile_decode`."""
-    if query.shape[2] != 1:
-        return grouped_query_attention(module, query, key, value, attention_mask, scaling=scaling)
-    from torch.nn.attention.flex_attention import flex_attention
-    bias = attention_mask[:, 0, 0, :key.shape[-2]]
-
-    def add_mask(score, row, head, q_index, kv_index):
-        return score + bias[row, kv_index]
-
-    out = flex_attention(query, key, value, score_mod=add_mask, enable_gqa=True, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
-DECODE_ATTENTION = {"sdpa": (GROUPED_ATTENTION, grouped_query_attention),
-                    "flex": (FLEX_DECODE_ATTENTION, flex_decode_attention)}
-
-
 @contextlib.contextmanager
-def grouped_attention_for(model, decode_attention: str = "sdpa"):
-    """Run `model` with grouped_query_attention (or, with decode_attention "flex",
-    flex_decode_attention) while inside, when that is a like-for-like swap: its attention is
-    sdpa or eager and no layer has a sliding window (which the functions ignore). Anything
-    else keeps its own attention."""
+def grouped_attention_for(model):
+    """Run `model` with grouped_query_attention while inside, when that is a like-for-like
+    swap: its attention is sdpa or eager and no layer has a sliding window (which the
+    function ignores). Anything else keeps its own attention."""
     config = model.config
     swappable = (config._attn_implementation in ("sdpa", "eager")
                  and not any(getattr(m, "sliding_window", None) for m in model.modules()))
@@ -495,10 +460,9 @@ def grouped_attention_for(model, decode_attention: str = "sdpa"):
         yield
         return
     from transformers import AttentionInterface
-    name, function = DECODE_ATTENTION[decode_attention]
-    AttentionInterface.register(name, function)
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_attention)
     previous = config._attn_implementation
-    config._attn_implementation = name
+    config._attn_implementation = GROUPED_ATTENTION
     try:
         yield
     finally:
@@ -573,12 +537,7 @@ class _FastDecoder:
             positions = (real.long().cumsum(1) - 1).clamp(min=0)
             prefill = _StaticKVCache(len(chunk), self.width)
             prefill.write_positions = torch.arange(self.width, device=self.device)
-            bias = _attention_bias(allowed, self.dtype)
-            if self.engine.compiled_prefill is None:
-                logits = self._forward(prefill, ids, bias, positions)
-            else:
-                with torch.compiler.set_stance("default"):
-                    logits = self.engine.compiled_prefill(self, prefill, ids, bias, positions)
+            logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
             if not self.cache.keys:
                 self.cache.allocate_like(prefill)
                 logits_per_row = logits.new_empty(self.rows, logits.shape[-1])

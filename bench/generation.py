@@ -6,9 +6,8 @@ runs to --new tokens):
                          decode step) on the model as loaded (bf16 on cuda)
   hf_fast_fsdp2          the same on train.shard's FSDP2 model (one rank; bf16 compute, fp32 master
                          weights), as train.py generates: unsharded once per generation
-  hf_fast_compiled       hf_fast with compile_decode (the step and the prefill's forward through
-                         torch.compile; the warm-up call pays the compile)
-  hf_fast_compiled_flex  the same with decode_attention="flex" (FlexAttention's split-KV decoding)
+  hf_fast_compiled       hf_fast with compile_decode (the step through torch.compile; the warm-up
+                         call pays the compile)
   hf_plain, hf_fsdp2     the same two through transformers generate (HFEngine(fast=False))
   generate, dynamic      model.generate, sampling, no log-probs, no stop handling
   generate, static       the same with cache_implementation="static"
@@ -125,9 +124,7 @@ def main(argv=None) -> None:
             prompts = torch.randint(2, SHAPES[args.shape]["vocab_size"], (batch, args.prompt), generator=g)
             if row.startswith("hf_"):
                 engine = engines.HFEngine(fsdp if row.endswith("fsdp2") else plain, tokenizer, max_batch_rows=batch,
-                                          fast=row.startswith("hf_fast"),
-                                          compile_decode=row.startswith("hf_fast_compiled"),
-                                          decode_attention="flex" if row.endswith("_flex") else "sdpa")
+                                          fast=row.startswith("hf_fast"), compile_decode=row == "hf_fast_compiled")
                 run = lambda new: engine.generate(prompts.tolist(), max_new_tokens=new, temperature=1.0)  # noqa: E731
             else:
                 cache = {"cache_implementation": "static"} if row == "generate_static" else {}

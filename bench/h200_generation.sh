@@ -3,9 +3,7 @@
 #   tests     the GPU tests of engines.py and rollout.py (the fast decoder in bf16 and fp32, graph ==
 #             compiled graph == eager == generate, FSDP2 on one rank, an oracle-free rollout)   <= 80 s
 #   fast      bench/generation.py, the fast decoder (hf_fast)                                   <= 90 s
-#   compiled  the same with its step and prefill compiled (hf_fast_compiled; the warm-up call
-#             compiles)                                                                          <= 300 s
-#   flex      the compiled one with FlexAttention's decoding attention (hf_fast_compiled_flex)   <= 300 s
+#   compiled  the same with its step compiled (hf_fast_compiled; the warm-up call compiles)     <= 300 s
 #   static    plain generate with a static cache (compiles on first use: the ratio)    <= 240 s
 #   rest      the fast decoder on FSDP2, plain generate (dynamic cache), the old HFEngine path  <= 90 s
 # Qwen2-1.5B's shape, batch 64 and 256, 512-token prompts, 256 new tokens, with the decode-only split.
@@ -22,7 +20,7 @@ bench() {  # bench PART LIMIT ROWS
   echo "bench exit $?" >> "$OUT/bench_$1.md"
   grep -v "generation flags" "$OUT/bench_$1.md" | grep "|\|exit"
 }
-for part in "${@:-tests fast compiled flex static rest}"; do
+for part in "${@:-tests fast compiled static rest}"; do
   for p in $part; do
     case "$p" in
       tests)
@@ -31,10 +29,9 @@ for part in "${@:-tests fast compiled flex static rest}"; do
         echo "gpu tests exit $?" >> "$OUT/gpu_tests.log"; tail -3 "$OUT/gpu_tests.log" ;;
       fast) bench fast ${BENCH_LIMIT:-90} hf_fast ;;
       compiled) bench compiled ${COMPILED_LIMIT:-300} hf_fast_compiled ;;
-      flex) bench flex ${COMPILED_LIMIT:-300} hf_fast_compiled_flex ;;
       static) bench static ${STATIC_LIMIT:-240} generate_static ;;
       rest) bench rest ${BENCH_REST_LIMIT:-90} hf_fast_fsdp2,generate_dynamic,hf_plain ;;
-      *) echo "unknown part $p (tests | fast | compiled | flex | static | rest)"; exit 2 ;;
+      *) echo "unknown part $p (tests | fast | compiled | static | rest)"; exit 2 ;;
     esac
   done
 done
