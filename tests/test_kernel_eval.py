@@ -699,9 +699,10 @@ def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
 # ----------------------------------------------------------------------------- CPU suite (slow)
 
 @pytest.fixture(scope="module")
-def cache_root(tmp_path_factory):
-    # KERNEL_EVAL_TEST_CACHE reuses builds across local runs; CI starts empty
-    return os.environ.get("KERNEL_EVAL_TEST_CACHE") or str(tmp_path_factory.mktemp("kernel_eval_cache"))
+def cache_root():
+    # KERNEL_EVAL_TEST_CACHE reuses builds across local runs; otherwise the session's cache
+    # (tests/conftest.py), which CI starts empty and other modules' tests share
+    return os.environ.get("KERNEL_EVAL_TEST_CACHE") or ke.EvalConfig().cache_root
 
 
 CPP_CASES = cases("cpp")
