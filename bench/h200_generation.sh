@@ -8,7 +8,9 @@
 #   rest      the fast decoder on FSDP2, plain generate (dynamic cache), the old HFEngine path  <= 90 s
 # Qwen2-1.5B's shape, batch 64 and 256, 512-token prompts, 256 new tokens, with the decode-only split.
 #   bash bench/h200_generation.sh                           # every part: ~800 s, two device calls' worth
-#   bash bench/h200_generation.sh tests fast compiled       # one call
+#   bash bench/h200_generation.sh tests fast compiled       # one call (~190 s on 2026-12-02)
+#   STATIC_LIMIT=450 bash bench/h200_generation.sh static   # its own call: static generate's compile
+#                                                           # outran 90 s and ~140 s in two calls
 # Logs go to $OUT (the device tool's output folder), or ./h200_out.
 set -u
 OUT=${OUT:-h200_out}

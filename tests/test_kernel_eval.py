@@ -907,8 +907,11 @@ def test_builtin_solutions_are_accepted_on_cpu(cache_root):
     if not builtin:
         pytest.skip("no built-in tasks with a C++ solution yet")
     pairs = [(t.reference_src, t.solutions["cpp"]) for t in builtin]
-    # real tasks: cheap trial counts, but the default phase limits (references move large tensors)
-    results = ke.evaluate_batch(pairs, device="cpu", cache_root=cache_root, cpu_trials=3, max_parallel_runs=2)
+    # real tasks: cheap trial counts (two input sets checked: most of a CPU candidate's time is its
+    # reference's and its own outputs over tensors of up to 64M elements, per set), but the
+    # default phase limits (references move large tensors)
+    results = ke.evaluate_batch(pairs, device="cpu", cache_root=cache_root, cpu_trials=3, n_correct_trials=2,
+                                max_parallel_runs=2)
     bad = {t.task_id: (r.status, r.message) for t, r in zip(builtin, results) if r.status != "correct"}
     assert not bad, bad
 
