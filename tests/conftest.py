@@ -13,8 +13,8 @@ if ROOT not in sys.path:
 
 # Set before any test module imports kernel_eval (EvalConfig reads it at import): every harness
 # build of the session goes to one fresh cache unless the caller names one, so tests never write
-# to the user's ~/.cache, CI starts cold, and the tests that judge the same built-in solution
-# (the harness's, the rollout's, eval.py's) build it once.
+# to the user's ~/.cache and CI starts cold. Tests that submit the same source share its build
+# (eval.py's and the rollout's oracle tests do).
 SESSION_CACHE = None
 if "KERNEL_EVAL_CACHE" not in os.environ:
     SESSION_CACHE = tempfile.mkdtemp(prefix="kernel_eval_test_cache_")
