@@ -240,6 +240,10 @@ class HFEngine:
         # fast decoder: the decode step through torch.compile, made on first use and shared by
         # every decoder of this engine (dynamo keys its cache on the code; shapes are dynamic)
         self.compiled_step = torch.compile(_FastDecoder._step, dynamic=True) if compile_decode else None
+        # ... its sampling's passes over the logits, fused
+        self.compiled_pick = torch.compile(pick_token, dynamic=True) if compile_decode else None
+        # ... and the prefill's norms and MLPs (compiled_token_forwards; one compile per class)
+        self.compiled_module = torch.compile(module_forward, dynamic=True) if compile_decode else None
         self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
         self.check_every = check_every     # decoding steps between host checks (fast decoder)
         self.initial_cache_tokens = initial_cache_tokens   # new positions first allocated (fast decoder)
@@ -405,11 +409,22 @@ def _forward_kwargs(model) -> dict:
             "wants_cache_position": "cache_position" in parameters}
 
 
-def sample_from_logits(logits: torch.Tensor, temperature: float,
-                       top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float,
+                       pick: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(token, log-prob of that token) per row, sampled on the device with no host sync,
     from _SamplingDistribution's distribution (computed in fp32, as generate does).
-    Sampling is argmax(p / E) with E ~ Exp(1) per entry, which draws from p exactly."""
+    Sampling is argmax(p / E) with E ~ Exp(1) per entry, which draws from p exactly. The
+    noise is drawn here, eagerly (torch's generator, which a CUDA graph replays afresh), and
+    `pick` (pick_token, or the engine's compiled pick_token) does the rest."""
+    noise = (torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1.0)
+             if temperature > 0 else None)
+    return (pick or pick_token)(logits, noise, temperature, top_p)
+
+
+def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float,
+               top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_from_logits given its Exp(1) noise (None when greedy): a pure function of its
+    inputs, so torch.compile can fuse its passes over the (rows, vocab) logits into a few."""
     scores = logits.float()
     if temperature > 0:
         scores = top_p_filter(scores / temperature, top_p)
@@ -417,11 +432,57 @@ def sample_from_logits(logits: torch.Tensor, temperature: float,
     if temperature > 0:
         # Clamped above 0: a draw of exactly 0 would make 0 / 0 = NaN on a token outside the
         # nucleus, and argmax picks NaN.
-        noise = torch.empty_like(log_probs).exponential_(1.0).clamp_(min=torch.finfo(torch.float32).tiny)
-        token = (log_probs.exp() / noise).argmax(dim=-1)
+        token = (log_probs.exp() / noise.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
     else:
         token = scores.argmax(dim=-1)
     return token, log_probs.gather(1, token[:, None]).squeeze(1)
+
+
+def norms_and_mlps(model) -> list[torch.nn.Module]:
+    """Each decoder layer's two norms and MLP, and the final norm (the Llama family's names):
+    a prefill's elementwise work (float32 RMSNorm passes, SiLU x up) lives in these, and each
+    maps every token's hidden state on its own, so one compile of each class serves every
+    layer and every prompt shape (compiled_token_forwards)."""
+    decoder = model.get_decoder()
+    names = ("input_layernorm", "post_attention_layernorm", "mlp")
+    found = [getattr(layer, name) for layer in getattr(decoder, "layers", ()) for name in names
+             if isinstance(getattr(layer, name, None), torch.nn.Module)]
+    return found + ([decoder.norm] if isinstance(getattr(decoder, "norm", None), torch.nn.Module) else [])
+
+
+def module_forward(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The forward of `module`'s class (what compiled_token_forwards compiles, once per class)."""
+    return type(module).forward(module, hidden_states)
+
+
+@contextlib.contextmanager
+def compiled_token_forwards(modules: Sequence[torch.nn.Module], compiled: Callable):
+    """While inside, each module (one that maps every token's hidden state on its own) runs
+    through `compiled`, a torch.compile of module_forward, whatever the caller's compiler
+    stance, on its input flattened to (tokens, hidden): a prompt batch of one row or of
+    one-token prompts is then not a shape of its own (torch specializes sizes 0 and 1), so
+    one compile per class serves them all. Hooks still run eagerly around it. The instance
+    attribute that does this shadows the class's forward and is removed (or a previous one
+    put back) on exit."""
+    def through(module):
+        def forward(hidden_states):
+            for dim in range(hidden_states.dim() - 1):
+                torch._dynamo.decorators.mark_unbacked(hidden_states, dim)
+            with torch.compiler.set_stance("default"):
+                return compiled(module, hidden_states)
+        return forward
+
+    previous = [module.__dict__.get("forward") for module in modules]
+    for module in modules:
+        module.forward = through(module)
+    try:
+        yield
+    finally:
+        for module, before in zip(modules, previous):
+            if before is None:
+                del module.forward
+            else:
+                module.forward = before
 
 
 GROUPED_ATTENTION = "kernel_rl_grouped_sdpa"
@@ -537,7 +598,10 @@ class _FastDecoder:
             positions = (real.long().cumsum(1) - 1).clamp(min=0)
             prefill = _StaticKVCache(len(chunk), self.width)
             prefill.write_positions = torch.arange(self.width, device=self.device)
-            logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
+            compiled = self.engine.compiled_module
+            with (compiled_token_forwards(norms_and_mlps(self.model), compiled) if compiled is not None
+                  else contextlib.nullcontext()):
+                logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
             if not self.cache.keys:
                 self.cache.allocate_like(prefill)
                 logits_per_row = logits.new_empty(self.rows, logits.shape[-1])
@@ -605,13 +669,21 @@ class _FastDecoder:
     def _sample(self, logits: torch.Tensor) -> None:
         """Sample step `step_index` from `logits` and record it: token, log-prob, the finish
         step of rows that sampled an EOS, the next step's input ids. On the device, no sync."""
-        token, logprob = sample_from_logits(logits, self.temperature, self.top_p)
+        token, logprob = sample_from_logits(logits, self.temperature, self.top_p, self._pick)
         self.tokens.index_copy_(1, self.step_index, token[:, None])
         self.logprobs.index_copy_(1, self.step_index, logprob[:, None])
         ended = (token[:, None] == self.eos_ids).any(dim=1) & (self.finish < 0)
         self.finish.copy_(torch.where(ended, self.step_index + 1, self.finish))
         self.next_ids.copy_(token[:, None])
         self.step_index += 1
+
+    def _pick(self, logits, noise, temperature, top_p) -> tuple[torch.Tensor, torch.Tensor]:
+        """pick_token, through the engine's compile of it when it has one."""
+        compiled = self.engine.compiled_pick
+        if compiled is None:
+            return pick_token(logits, noise, temperature, top_p)
+        with torch.compiler.set_stance("default"):
+            return compiled(logits, noise, temperature, top_p)
 
     def _step(self) -> torch.Tensor:
         """The model's part of a decoding step: unmask the position being written, run the

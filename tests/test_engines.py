@@ -147,11 +147,12 @@ def test_fast_decoder_greedy_equals_plain_generate(tokenizer):
 
 @pytest.mark.slow
 def test_compiled_decode_step_gives_plain_generates_tokens_across_batch_shapes(tokenizer):
-    """compile_decode: the decode step through torch.compile (dynamic shapes) gives generate's
-    greedy tokens, cuts and log-probs, over batches of 3 and 2 rows and a cache that grows
-    3 -> 6 -> 12 -> 20 (shapes one compile must serve)."""
+    """compile_decode: the decode step, its sampling and the prefill's norms and MLPs through
+    torch.compile (dynamic shapes) give generate's greedy tokens, cuts and log-probs, over
+    batches of 3 and 2 rows, prefills of one and of two distinct prompts, and a cache that
+    grows 3 -> 6 -> 12 -> 20 (shapes one compile of each must serve)."""
     from torch._dynamo.utils import counters
-    torch._dynamo.reset()   # so the compile below is counted even if another test compiled first
+    torch._dynamo.reset()   # so the compiles below are counted even if another test compiled first
     model = tiny_model(seed=5, eos_logit=0.15)
     plain = engines.HFEngine(model, tokenizer, fast=False)
     compiled = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5,
@@ -167,9 +168,28 @@ def test_compiled_decode_step_gives_plain_generates_tokens_across_batch_shapes(t
             assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
             assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4)
     assert {c.finish_reason for g in want for c in g} == {"stop", "length"}
-    # the step was compiled, once for every shape (a recompile per shape would be a compile per
-    # generate call in training, and past torch's recompile limit a silent fall back to eager)
-    assert counters["frames"]["ok"] == 1, dict(counters["frames"])
+    # four compiles, each once for every shape: the step, the sampling, the norm class and the
+    # MLP class (a recompile per shape would be a compile per generate call in training, and
+    # past torch's recompile limit a silent fall back to eager)
+    assert counters["frames"]["ok"] == 4, dict(counters["frames"])
+    # and the modules' own forwards are back
+    assert not any("forward" in m.__dict__ for m in engines.norms_and_mlps(model))
+
+
+@pytest.mark.slow
+def test_compiled_pick_token_equals_pick_token():
+    """The fused sampling the compiled decoder uses picks the same tokens from the same noise,
+    with the same log-probs, as pick_token eager (nucleus, full distribution, greedy)."""
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3
+    noise = torch.empty(6, 50).exponential_(1.0)
+    compiled = torch.compile(engines.pick_token, dynamic=True)
+    for temperature, top_p in ((0.7, 0.8), (1.0, 1.0), (0.0, 1.0)):
+        draws = noise if temperature > 0 else None
+        want_token, want_logprob = engines.pick_token(logits, draws, temperature, top_p)
+        got_token, got_logprob = compiled(logits, draws, temperature, top_p)
+        assert torch.equal(got_token, want_token), (temperature, top_p)
+        assert torch.allclose(got_logprob, want_logprob, atol=1e-6), (temperature, top_p)
 
 
 @pytest.mark.parametrize("q_len", [1, 5])
