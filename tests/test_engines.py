@@ -168,12 +168,21 @@ def test_compiled_decode_step_gives_plain_generates_tokens_across_batch_shapes(t
             assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
             assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4)
     assert {c.finish_reason for g in want for c in g} == {"stop", "length"}
-    # four compiles, each once for every shape: the step, the sampling, the norm class and the
-    # MLP class (a recompile per shape would be a compile per generate call in training, and
-    # past torch's recompile limit a silent fall back to eager)
-    assert counters["frames"]["ok"] == 4, dict(counters["frames"])
-    # and the modules' own forwards are back
+    # then more shapes: other widths, 3-row batches, sampling at T=1 with a nucleus
+    other = [plain.encode_prompt(t) for t in ("another prompt, longer than the first of them", "yz")]
+    with torch.compiler.set_stance("force_eager"):
+        compiled.generate(other, n=3, max_new_tokens=12, temperature=0.0)
+        compiled.generate(other + prompts, n=1, max_new_tokens=7, temperature=1.0, top_p=0.9)
+    # a handful of compiles over three calls of different shapes, not one per call (that would
+    # be a compile per generate call in training, and past torch's recompile limit a silent
+    # fall back to eager): the step, the sampling (greedy; T=1 and top-p), the norm and MLP
+    # classes and the rotary embedding, with the prefill's few specializations (torch
+    # specializes a size of 1, and sizes equal to another when first seen)
+    assert 6 <= counters["frames"]["ok"] <= 12, dict(counters["frames"])
+    # and the modules' own forwards and the modeling module's rotary function are back
     assert not any("forward" in m.__dict__ for m in engines.norms_and_mlps(model))
+    import transformers.models.llama.modeling_llama as modeling
+    assert modeling.apply_rotary_pos_emb.__module__ == modeling.__name__
 
 
 @pytest.mark.slow
