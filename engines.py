@@ -36,8 +36,11 @@ HFEngine has two decoders on the policy itself:
   copied per query head). With `compile_decode` the step is compiled by torch.compile first
   (dynamic shapes: one compile per process serves every batch size and cache length), which
   fuses each layer's ~20 small elementwise kernels (RMSNorm, rotary, SiLU x up, residual adds,
-  casts), most of a decode step at batch 256 on the H200 (docs/PERFORMANCE.md); the first
-  generate call pays the compile. On the CPU the same code runs without the graph (the tests use it).
+  casts), most of a decode step at batch 256 on the H200 (docs/PERFORMANCE.md); so are the
+  sampling's passes over the logits (`pick_token`) and, in the prefill, the norms, MLPs and
+  rotary embedding (`compiled_token_forwards`, `compiled_rotary_embedding`: the prefill's
+  elementwise work, swapped in only while it runs); the first generate calls pay the compiles
+  (a handful per process, whatever the shapes). On the CPU the same code runs without the graph (the tests use it).
 - plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches, our
   own temperature/top-p as the last logits processor, a stopping criterion that records
   each row's cut.

@@ -92,7 +92,7 @@ class Config:
     scale_by_std: bool = True
     micro_batch_tokens: int = 16384   # padded tokens per micro-batch
     generation_batch_rows: int = 64   # rows the HF engine decodes at once
-    compile_decode: bool = False      # torch.compile the HF engine's decode step (not yet run on a GPU)
+    compile_decode: bool = False      # torch.compile the HF engine's decode step, sampling and prefill
     activation_checkpointing: bool = False
     compile: bool = False             # torch.compile each decoder layer's training forward
     cpu_offload: bool = False
