@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import json
 import random
@@ -448,11 +449,19 @@ def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: fl
     return token, log_probs.gather(1, token[:, None]).squeeze(1)
 
 
+def run_compiled(compiled: Callable, *args, **kwargs):
+    """Call a torch.compile'd function whatever the caller's compiler stance: train.py rolls
+    out under "force_eager" to keep its per-layer training compile off the decoding shapes,
+    which would otherwise turn the engine's own compiles off too."""
+    with torch.compiler.set_stance("default"):
+        return compiled(*args, **kwargs)
+
+
 def norms_and_mlps(model) -> list[torch.nn.Module]:
     """Each decoder layer's two norms and MLP, and the final norm (the Llama family's names):
     a prefill's elementwise work (float32 RMSNorm passes, SiLU x up) lives in these, and each
-    maps every token's hidden state on its own, so one compile of each class serves every
-    layer and every prompt shape (compiled_token_forwards)."""
+    maps every token's hidden state on its own, so a compile of each class serves every layer
+    and prompt shape (compiled_token_forwards; torch adds one for a size of 1 and the like)."""
     decoder = model.get_decoder()
     names = ("input_layernorm", "post_attention_layernorm", "mlp")
     found = [getattr(layer, name) for layer in getattr(decoder, "layers", ()) for name in names
@@ -468,18 +477,12 @@ def module_forward(module: torch.nn.Module, hidden_states: torch.Tensor) -> torc
 @contextlib.contextmanager
 def compiled_token_forwards(modules: Sequence[torch.nn.Module], compiled: Callable):
     """While inside, each module runs through `compiled`, a torch.compile (dynamic shapes) of
-    module_forward, whatever the caller's compiler stance; hooks still run eagerly around it.
-    The instance attribute that does this shadows the class's forward and is removed (or a
-    previous one put back) on exit."""
-    def through(module):
-        def forward(hidden_states):
-            with torch.compiler.set_stance("default"):
-                return compiled(module, hidden_states)
-        return forward
-
+    module_forward (run_compiled); hooks still run eagerly around it. The instance attribute
+    that does this shadows the class's forward and is removed (or a previous one put back) on
+    exit."""
     previous = [module.__dict__.get("forward") for module in modules]
     for module in modules:
-        module.forward = through(module)
+        module.forward = functools.partial(run_compiled, compiled, module)
     try:
         yield
     finally:
@@ -493,7 +496,7 @@ def compiled_token_forwards(modules: Sequence[torch.nn.Module], compiled: Callab
 @contextlib.contextmanager
 def compiled_rotary_embedding(model, compiled: dict[str, Callable]):
     """While inside, the rotary embedding of `model`'s attention runs through torch.compile
-    (dynamic shapes), whatever the caller's compiler stance: in the Llama family it is
+    (dynamic shapes; run_compiled): in the Llama family it is
     `apply_rotary_pos_emb`, a function of the modeling module that the attention looks up by
     name, so it is swapped there and put back on exit. `compiled` keeps one compile per
     modeling module across calls. A model without that function is left as it is."""
@@ -506,13 +509,7 @@ def compiled_rotary_embedding(model, compiled: dict[str, Callable]):
         return
     if modeling.__name__ not in compiled:
         compiled[modeling.__name__] = torch.compile(original, dynamic=True)
-    fused = compiled[modeling.__name__]
-
-    def rotary(*args, **kwargs):
-        with torch.compiler.set_stance("default"):
-            return fused(*args, **kwargs)
-
-    modeling.apply_rotary_pos_emb = rotary
+    modeling.apply_rotary_pos_emb = functools.partial(run_compiled, compiled[modeling.__name__])
     try:
         yield
     finally:
@@ -725,8 +722,7 @@ class _FastDecoder:
         compiled = self.engine.compiled_pick
         if compiled is None:
             return pick_token(logits, noise, temperature, top_p)
-        with torch.compiler.set_stance("default"):
-            return compiled(logits, noise, temperature, top_p)
+        return run_compiled(compiled, logits, noise, temperature, top_p)
 
     def _step(self) -> torch.Tensor:
         """The model's part of a decoding step: unmask the position being written, run the
@@ -736,15 +732,9 @@ class _FastDecoder:
 
     def _decode_step(self) -> None:
         """One decoding step on the static buffers: the forward (through torch.compile when the
-        engine asks for it, `compile_decode`, whatever the caller's compiler stance: train.py
-        rolls out under "force_eager" to keep its per-layer training compile off the decoding
-        shapes, which would otherwise turn this compile off too), then the next sample."""
+        engine asks for it, `compile_decode`; run_compiled), then the next sample."""
         compiled = self.engine.compiled_step
-        if compiled is None:
-            logits = self._step()
-        else:
-            with torch.compiler.set_stance("default"):
-                logits = compiled(self)
+        logits = self._step() if compiled is None else run_compiled(compiled, self)
         self.cache.write_positions += 1
         self.positions += 1
         self._sample(logits)
