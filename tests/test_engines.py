@@ -275,7 +275,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _fsdp_worker(rank: int, world: int, port: int, device_type: str, fast: bool, results):
+def _fsdp_worker(rank: int, world: int, port: int, device_type: str, decoder: str, results):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -297,7 +297,8 @@ def _fsdp_worker(rank: int, world: int, port: int, device_type: str, fast: bool,
         # per-step all-gathers this would hang; unsharded once, it cannot.
         prompt = engines.render_prompt(tokenizer, ["short", "a different prompt"][rank % 2])
         max_new = 6 + 7 * rank
-        got = engines.HFEngine(model, tokenizer, fast=fast).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
+        engine = engines.HFEngine(model, tokenizer, fast=decoder != "plain", compile_decode=decoder == "compiled")
+        got = engine.generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
         want = engines.HFEngine(reference, tokenizer, fast=False).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
         resharded = all(isinstance(p, DTensor) for p in model.parameters())
         full = dict(engines.iter_full_weights(model))
@@ -311,31 +312,33 @@ def _fsdp_worker(rank: int, world: int, port: int, device_type: str, fast: bool,
         dist.destroy_process_group()
 
 
-def _run_fsdp_ranks(world: int, device_type: str, fast: bool) -> dict:
+def _run_fsdp_ranks(world: int, device_type: str, decoder: str) -> dict:
+    """decoder: "plain" (generate), "fast", or "compiled" (the fast one with compile_decode)."""
     manager = mp.Manager()
     results = manager.dict()
-    mp.spawn(_fsdp_worker, args=(world, _free_port(), device_type, fast, results), nprocs=world)
+    mp.spawn(_fsdp_worker, args=(world, _free_port(), device_type, decoder, results), nprocs=world)
     return dict(results)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fast", [False, True])
-def test_fsdp2_generation_on_two_gloo_ranks(fast):
-    # (same tokens as the unsharded model, params sharded again, full weights, training works)
-    assert _run_fsdp_ranks(2, "cpu", fast) == {0: (True, True, True, True), 1: (True, True, True, True)}
+@pytest.mark.parametrize("decoder", ["plain", "fast", "compiled"])
+def test_fsdp2_generation_on_two_gloo_ranks(decoder):
+    # (same tokens as the unsharded model, params sharded again, full weights, training works);
+    # "compiled": the compiled step, sampling and prefill modules on FSDP2's wrapped layers
+    assert _run_fsdp_ranks(2, "cpu", decoder) == {0: (True, True, True, True), 1: (True, True, True, True)}
 
 
 @pytest.mark.gpu
 def test_fsdp2_generation_on_two_cuda_ranks():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    assert _run_fsdp_ranks(2, "cuda", True) == {0: (True, True, True, True), 1: (True, True, True, True)}
+    assert _run_fsdp_ranks(2, "cuda", "fast") == {0: (True, True, True, True), 1: (True, True, True, True)}
 
 
 @pytest.mark.gpu
 def test_fsdp2_fast_generation_on_one_cuda_rank():
     # the fast decoder (CUDA graph step) on an FSDP2 model unsharded once, as train.py runs it
-    assert _run_fsdp_ranks(1, "cuda", True) == {0: (True, True, True, True)}
+    assert _run_fsdp_ranks(1, "cuda", "fast") == {0: (True, True, True, True)}
 
 
 @pytest.mark.gpu
