@@ -246,8 +246,9 @@ class HFEngine:
         # fast decoder: the decode step through torch.compile, made on first use and shared by
         # every decoder of this engine (dynamo keys its cache on the code; shapes are dynamic)
         self.compiled_step = torch.compile(_FastDecoder._step, dynamic=True) if compile_decode else None
-        # ... its sampling's passes over the logits, fused
-        self.compiled_pick = torch.compile(pick_token, dynamic=True) if compile_decode else None
+        # ... its sampling's passes over the logits, fused (what sample_from_logits calls)
+        self.pick = (functools.partial(run_compiled, torch.compile(pick_token, dynamic=True))
+                     if compile_decode else pick_token)
         # ... and the prefill's norms and MLPs (compiled_token_forwards; one compile per class)
         # and rotary embedding (compiled_rotary_embedding; one per modeling module, made on use)
         self.compiled_module = torch.compile(module_forward, dynamic=True) if compile_decode else None
@@ -496,9 +497,9 @@ def compiled_token_forwards(modules: Sequence[torch.nn.Module], compiled: Callab
 @contextlib.contextmanager
 def compiled_rotary_embedding(model, compiled: dict[str, Callable]):
     """While inside, the rotary embedding of `model`'s attention runs through torch.compile
-    (dynamic shapes; run_compiled): in the Llama family it is
-    `apply_rotary_pos_emb`, a function of the modeling module that the attention looks up by
-    name, so it is swapped there and put back on exit. `compiled` keeps one compile per
+    (dynamic shapes; run_compiled): in the Llama family it is `apply_rotary_pos_emb`, a
+    function of the modeling module that the attention looks up by name, so it is swapped
+    there and put back on exit. `compiled` keeps one compile per
     modeling module across calls. A model without that function is left as it is."""
     layers = getattr(model.get_decoder(), "layers", ())
     attention = getattr(layers[0], "self_attn", None) if len(layers) else None
@@ -631,8 +632,7 @@ class _FastDecoder:
             positions = (real.long().cumsum(1) - 1).clamp(min=0)
             prefill = _StaticKVCache(len(chunk), self.width)
             prefill.write_positions = torch.arange(self.width, device=self.device)
-            with self._compiled_prefill():
-                logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
+            logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
             if not self.cache.keys:
                 self.cache.allocate_like(prefill)
                 logits_per_row = logits.new_empty(self.rows, logits.shape[-1])
@@ -658,7 +658,8 @@ class _FastDecoder:
         steps = self.max_new_tokens
         if steps == 0:
             return [[] for _ in lengths], [[] for _ in lengths], [-1] * self.rows
-        logits = self._prefill()
+        with self._compiled_prefill():   # swapped in once for all the prefill's chunks
+            logits = self._prefill()
         # The step's state, on the device and updated in place, so a captured graph sees it:
         # what was sampled, each row's finish step (-1: not yet), the step being sampled.
         self.tokens = torch.zeros(self.rows, steps, dtype=torch.long, device=self.device)
@@ -709,20 +710,13 @@ class _FastDecoder:
     def _sample(self, logits: torch.Tensor) -> None:
         """Sample step `step_index` from `logits` and record it: token, log-prob, the finish
         step of rows that sampled an EOS, the next step's input ids. On the device, no sync."""
-        token, logprob = sample_from_logits(logits, self.temperature, self.top_p, self._pick)
+        token, logprob = sample_from_logits(logits, self.temperature, self.top_p, self.engine.pick)
         self.tokens.index_copy_(1, self.step_index, token[:, None])
         self.logprobs.index_copy_(1, self.step_index, logprob[:, None])
         ended = (token[:, None] == self.eos_ids).any(dim=1) & (self.finish < 0)
         self.finish.copy_(torch.where(ended, self.step_index + 1, self.finish))
         self.next_ids.copy_(token[:, None])
         self.step_index += 1
-
-    def _pick(self, logits, noise, temperature, top_p) -> tuple[torch.Tensor, torch.Tensor]:
-        """pick_token, through the engine's compile of it when it has one."""
-        compiled = self.engine.compiled_pick
-        if compiled is None:
-            return pick_token(logits, noise, temperature, top_p)
-        return run_compiled(compiled, logits, noise, temperature, top_p)
 
     def _step(self) -> torch.Tensor:
         """The model's part of a decoding step: unmask the position being written, run the
