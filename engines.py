@@ -33,7 +33,8 @@ HFEngine has two decoders on the policy itself:
   row has finished; the loop ends when every row has finished, and rows are
   batched by prompt length so short prompts do not carry long ones' padding. Attention
   keeps grouped-query heads grouped (`grouped_query_attention`: K and V read once, not
-  copied per query head). With `compile_decode` the step is compiled by torch.compile first
+  copied per query head); a decoding step's attention is decode_attention's Triton kernel,
+  which reads only the cache positions each row attends. With `compile_decode` the step is compiled by torch.compile first
   (dynamic shapes: one compile per process serves every batch size and cache length), which
   fuses each layer's ~20 small elementwise kernels (RMSNorm, rotary, SiLU x up, residual adds,
   casts), most of a decode step at batch 256 on the H200 (docs/PERFORMANCE.md); so are the
@@ -64,6 +65,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
+
+import decode_attention
 
 # Used when a tokenizer has no chat template (e.g. ByT5Tokenizer in the tests).
 PLAIN_CHAT_TEMPLATE = "User: {prompt}\nAssistant: "
@@ -232,13 +235,14 @@ class HFEngine:
     way the returned log-probs are those of the distribution actually sampled from
     (temperature-scaled and top-p-filtered; greedy when temperature is 0). `max_batch_rows`
     rows are decoded together; `cuda_graph` False keeps the fast decoder eager on CUDA;
-    `grouped_attention` False keeps the model's own attention in the fast decoder."""
+    `grouped_attention` False keeps the model's own attention in the fast decoder, and
+    `decode_kernel` False keeps its decoding steps off decode_attention's Triton kernel."""
 
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
                  reshard_after_forward: bool = True, fast: bool | None = None,
                  cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16,
                  initial_cache_tokens: int = 1024, compile_decode: bool = False,
-                 prefill_chunk_tokens: int = 1 << 16):
+                 prefill_chunk_tokens: int = 1 << 16, decode_kernel: bool = True):
         self.model = model
         # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
         self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
@@ -257,6 +261,7 @@ class HFEngine:
         # compiled kernels' element counts under 2^31, where they index in 32 bits)
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
+        self.decode_kernel = decode_kernel   # ... with decode_attention's kernel for decoding steps
         self.check_every = check_every     # decoding steps between host checks (fast decoder)
         self.initial_cache_tokens = initial_cache_tokens   # new positions first allocated (fast decoder)
         self.tokenizer = tokenizer
@@ -342,7 +347,8 @@ class HFEngine:
         for start in range(0, len(rows), self.max_batch_rows):
             batch = rows[start:start + self.max_batch_rows]
             decoder = _FastDecoder(self, prompts, batch, max_new_tokens, temperature, top_p, stop)
-            attention = grouped_attention_for(self.model) if self.grouped_attention else contextlib.nullcontext()
+            attention = (grouped_attention_for(self.model, kernel=self.decode_kernel) if self.grouped_attention
+                         else contextlib.nullcontext())
             with attention:
                 token_rows, logprob_rows, finish = decoder.decode()
             for p, ids, logprobs, finished in zip(batch, token_rows, logprob_rows, finish):
@@ -521,31 +527,37 @@ GROUPED_ATTENTION = "kernel_rl_grouped_sdpa"
 
 
 def grouped_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                            **kwargs) -> tuple[torch.Tensor, None]:
-    """SDPA with grouped-query heads kept grouped: the query heads that share a KV head become
-    extra query rows of that head, so K and V are read once per step instead of being copied
-    once per query head (what transformers' sdpa does whenever a mask is given on CUDA; at
-    batch 256 that copy is most of a decode step's memory traffic). A transformers attention
-    function (AttentionInterface): query (batch, q_heads, q_len, dim), key and value
-    (batch, kv_heads, kv_len, dim), an additive 4-D mask; returns (batch, q_len, q_heads, dim)."""
+                            kernel: bool = True, **kwargs) -> tuple[torch.Tensor, None]:
+    """Attention with grouped-query heads kept grouped: K and V are read once per KV head, never
+    copied once per query head (what transformers' sdpa does whenever a mask is given on CUDA;
+    at batch 256 that copy is most of a decoding step's memory traffic). A transformers
+    attention function (AttentionInterface): query (batch, q_heads, q_len, dim), key and value
+    (batch, kv_heads, kv_len, dim), an additive 4-D mask; returns (batch, q_len, q_heads, dim).
+    A decoding step (q_len 1) runs decode_attention's kernel (`kernel`, where Triton runs), or
+    SDPA with the query heads that share a KV head as extra query rows of that head; a prefill
+    runs SDPA with enable_gqa (measured faster than either copy: docs/PERFORMANCE.md)."""
     batch, q_heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
-    group = q_heads // kv_heads
-    # Query head h uses KV head h // group (transformers' repeat_kv), so splitting the head
-    # axis into (kv_heads, group) and merging (group, q_len) gives row g * q_len + i.
-    grouped = query.reshape(batch, kv_heads, group * q_len, dim)
     mask = attention_mask[:, :, :, :key.shape[-2]].to(query.dtype)
-    if q_len > 1:
-        mask = mask.repeat(1, 1, group, 1)   # row g * q_len + i gets query i's mask row
-    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scaling)
+    scale = dim ** -0.5 if scaling is None else scaling
+    if q_len == 1 and kernel and decode_attention.available(query):
+        return decode_attention.decode_attention(query, key, value, mask, scale), None
+    if q_len == 1:
+        # Query head h uses KV head h // group (transformers' repeat_kv), so splitting the head
+        # axis into (kv_heads, group) makes the group the query rows of its KV head.
+        grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, dim)
+        out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
+                                                               enable_gqa=True)
     return out.reshape(batch, q_heads, q_len, dim).transpose(1, 2).contiguous(), None
 
 
 @contextlib.contextmanager
-def grouped_attention_for(model):
-    """Run `model` with grouped_query_attention while inside, when that is a like-for-like
-    swap: its attention is sdpa or eager and no layer has a sliding window (which the
-    function ignores). Anything else keeps its own attention."""
+def grouped_attention_for(model, kernel: bool = True):
+    """Run `model` with grouped_query_attention (its decoding kernel if `kernel`) while inside,
+    when that is a like-for-like swap: its attention is sdpa or eager and no layer has a
+    sliding window (which the function ignores). Anything else keeps its own attention."""
     config = model.config
     swappable = (config._attn_implementation in ("sdpa", "eager")
                  and not any(getattr(m, "sliding_window", None) for m in model.modules()))
@@ -553,7 +565,7 @@ def grouped_attention_for(model):
         yield
         return
     from transformers import AttentionInterface
-    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_attention)
+    AttentionInterface.register(GROUPED_ATTENTION, functools.partial(grouped_query_attention, kernel=kernel))
     previous = config._attn_implementation
     config._attn_implementation = GROUPED_ATTENTION
     try:

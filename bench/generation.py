@@ -8,6 +8,8 @@ runs to --new tokens):
                          weights), as train.py generates: unsharded once per generation
   hf_fast_compiled       hf_fast with compile_decode (the step through torch.compile; the warm-up
                          call pays the compile)
+  hf_fast_sdpa, hf_fast_compiled_sdpa   the same two with decode_kernel=False: the decoding
+                         steps' attention through SDPA instead of decode_attention's kernel
   hf_plain, hf_fsdp2     the same two through transformers generate (HFEngine(fast=False))
   generate, dynamic      model.generate, sampling, no log-probs, no stop handling
   generate, static       the same with cache_implementation="static"
@@ -125,7 +127,9 @@ def main(argv=None) -> None:
             prompts = torch.randint(2, SHAPES[args.shape]["vocab_size"], (batch, args.prompt), generator=g)
             if row.startswith("hf_"):
                 engine = engines.HFEngine(fsdp if row.endswith("fsdp2") else plain, tokenizer, max_batch_rows=batch,
-                                          fast=row.startswith("hf_fast"), compile_decode=row == "hf_fast_compiled")
+                                          fast=row.startswith("hf_fast"),
+                                          compile_decode=row.startswith("hf_fast_compiled"),
+                                          decode_kernel=not row.endswith("_sdpa"))
                 run = lambda new: engine.generate(prompts.tolist(), max_new_tokens=new, temperature=1.0)  # noqa: E731
             else:
                 cache = {"cache_implementation": "static"} if row == "generate_static" else {}
