@@ -55,7 +55,7 @@ if triton is not None:
             stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
             stride_bb, stride_ob, stride_oh,
             GROUP: tl.constexpr, GROUP_ROWS: tl.constexpr, DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-            BLOCK_N: tl.constexpr, HIDDEN: tl.constexpr):
+            BLOCK_N: tl.constexpr, HIDDEN: tl.constexpr, PRECISION: tl.constexpr):
         row = tl.program_id(0)
         kv_head = tl.program_id(1)
         heads = kv_head * GROUP + tl.arange(0, GROUP_ROWS)
@@ -86,7 +86,7 @@ if triton is not None:
             k = tl.load(k_base + keys[:, None] * stride_kn + dims[None, :],
                         mask=in_span[:, None] & dim_ok[None, :], other=0.0)
             bias = tl.load(Bias + row * stride_bb + keys, mask=in_span, other=HIDDEN).to(tl.float32)
-            scores = tl.dot(q, tl.trans(k)) * scale + bias[None, :]
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + bias[None, :]
             scores = tl.where(in_span[None, :], scores, float("-inf"))
             block_max = tl.maximum(running_max, tl.max(scores, axis=1))
             rescale = tl.exp(running_max - block_max)
@@ -94,7 +94,7 @@ if triton is not None:
             running_sum = running_sum * rescale + tl.sum(weights, axis=1)
             v = tl.load(v_base + keys[:, None] * stride_vn + dims[None, :],
                         mask=in_span[:, None] & dim_ok[None, :], other=0.0)
-            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
             running_max = block_max
 
         # A row with no attended key (not one a decoder makes) gets zeros, not 0 / 0.
@@ -104,7 +104,7 @@ if triton is not None:
 
 
 def launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor, scale: float,
-           *, block_n: int = 64, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+           *, block_n: int = 32, num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """decode_attention's work, with the kernel's tile size and launch settings exposed for
     bench/attention.py; the defaults are the fastest measured there."""
     rows, q_heads, q_len, dim = query.shape
@@ -122,6 +122,8 @@ def launch(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: to
         value.stride(0), value.stride(1), value.stride(2), bias.stride(0), out.stride(0), out.stride(2),
         GROUP=group, GROUP_ROWS=max(16, triton.next_power_of_2(group)), DIM=dim,
         DIM_PAD=max(16, triton.next_power_of_2(dim)), BLOCK_N=block_n, HIDDEN=HIDDEN_BIAS,
+        # float32 inputs multiply in float32 (Triton's default for them is TF32's 10-bit mantissa)
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages)
     return out
 

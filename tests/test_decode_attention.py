@@ -94,7 +94,8 @@ def check_strided_inputs_compile_and_refusals(device):
 def check_engine_uses_kernel_with_sdpa_results(device):
     """HFEngine's fast decoder with the kernel (left-padded prompts of three lengths, n=2)
     gives the greedy tokens and the log-probs of the same decoder with SDPA, and the kernel ran
-    at every decoding step of every layer."""
+    at every decoding step of every layer (counted in Python: no CUDA graph, whose replays
+    would not pass through it; tests/test_engines.py runs the graphs with the kernel)."""
     sys.path.insert(0, HERE)
     import engines
     from test_engines import tiny_model
@@ -107,7 +108,8 @@ def check_engine_uses_kernel_with_sdpa_results(device):
     decode_attention.launch = lambda *args, **kwargs: calls.append(1) or launch(*args, **kwargs)
     results = {}
     for kernel in (True, False):
-        engine = engines.HFEngine(model, tokenizer, fast=True, decode_kernel=kernel, max_batch_rows=6)
+        engine = engines.HFEngine(model, tokenizer, fast=True, decode_kernel=kernel, max_batch_rows=6,
+                                  cuda_graph=False)
         results[kernel] = [c for g in engine.generate(prompts, n=2, max_new_tokens=12, temperature=0.0) for c in g]
     decode_attention.launch = launch
     layers = model.config.num_hidden_layers
