@@ -8,7 +8,10 @@ load hits both sides; on CPU both are timed by their CPU time).
 The kernel is tests/adversarial/<cpp|cuda>/benign.py against tests/adversarial/reference.py. Each
 run is a fresh evaluate() (a fresh batch: workers, reference session, timing window); builds come
 from the cache after the first. Prints a markdown table: every run's speedup, and max/min over all
-runs (goal <= 1.3 on the 2-core CPU).
+runs (goal <= 1.3 on the 2-core CPU). --blocks also prints each run's timing blocks as
+paired_verdict saw them: per side and block, the calls, the worker's claimed ms per call, the
+parent's ms per call, and their difference (the loop's overhead per call; the reference's is what
+paired_verdict takes out of the candidate's blocks).
 """
 from __future__ import annotations
 
@@ -47,7 +50,16 @@ def main() -> None:
     p.add_argument("--busy", type=int, default=2, help="busy processes during every other run")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (the first run builds)")
     p.add_argument("--json-out", default=None)
+    p.add_argument("--blocks", action="store_true", help="print every run's timing blocks")
     a = p.parse_args()
+    blocks = []
+    if a.blocks:   # evaluate() calls paired_verdict in this process: record what it is given
+        verdict = kernel_eval.paired_verdict
+
+        def recording(ref_blocks, cand_blocks, *args, **kwargs):
+            blocks.append((ref_blocks, cand_blocks))
+            return verdict(ref_blocks, cand_blocks, *args, **kwargs)
+        kernel_eval.paired_verdict = recording
     kind = "cpp" if a.device == "cpu" else "cuda"
     with open(os.path.join(ADV, "reference.py")) as f:
         ref = f.read()
@@ -65,6 +77,11 @@ def main() -> None:
         print(f"  run {i + 1}: busy {busy}: {r.status} {r.speedup:.3f}x (reference {r.ref_ms:.4g} ms, candidate "
               f"{r.candidate_ms:.4g} ms) in {rows[-1]['seconds']:.1f} s" + ("" if r.timing_ok else f"  {r.message!r}"),
               flush=True)
+        if a.blocks and blocks:
+            for side, side_blocks in zip(("reference", "candidate"), blocks[-1]):
+                print(f"    {side:9s} (calls, claimed, parent, overhead ms/call): " + ", ".join(
+                    f"({len(t)}, {statistics.fmean(t):.4f}, {ms / len(t):.4f}, {ms / len(t) - statistics.fmean(t):.4f})"
+                    for t, ms in side_blocks), flush=True)
     speedups = [row["speedup"] for row in rows]
     ratio = max(speedups) / min(speedups) if min(speedups) > 0 else float("inf")
     print(f"\n| {a.device}: {kind}/benign.py, {a.runs} runs | speedup |")
