@@ -33,7 +33,7 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:   # the CPU build of torch ships without Triton
+except ImportError:   # no Triton here (not on PyPI for macOS; CPU builds of torch do not bring it)
     triton = None
 
 # A key whose bias is at or below this is hidden (engines.MASKED_SCORE, float16's minimum):
