@@ -107,11 +107,14 @@ def check_engine_uses_kernel_with_sdpa_results(device):
     launch = decode_attention.launch
     decode_attention.launch = lambda *args, **kwargs: calls.append(1) or launch(*args, **kwargs)
     results = {}
-    for kernel in (True, False):
-        engine = engines.HFEngine(model, tokenizer, fast=True, decode_kernel=kernel, max_batch_rows=6,
-                                  cuda_graph=False)
-        results[kernel] = [c for g in engine.generate(prompts, n=2, max_new_tokens=12, temperature=0.0) for c in g]
-    decode_attention.launch = launch
+    try:   # on CUDA this runs in the test process: put launch back whatever happens
+        for kernel in (True, False):
+            engine = engines.HFEngine(model, tokenizer, fast=True, decode_kernel=kernel, max_batch_rows=6,
+                                      cuda_graph=False)
+            results[kernel] = [c for g in engine.generate(prompts, n=2, max_new_tokens=12, temperature=0.0)
+                               for c in g]
+    finally:
+        decode_attention.launch = launch
     layers = model.config.num_hidden_layers
     assert len(calls) == layers * 11                   # 12 tokens: the prefill's and 11 steps
     for with_kernel, with_sdpa in zip(results[True], results[False]):
