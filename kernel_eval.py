@@ -245,6 +245,9 @@ class EvalResult:
     timing_ok: bool = True
     claimed_ms: float = 0.0  # the candidate process's own median, before the cross-check
     wall_ms: float = 0.0  # the parent's clock over the timing request
+    # the timing window as paired_verdict saw it, per side ("reference", "candidate") and block in
+    # time order: [calls, median and mean claimed ms/call, parent's ms/call]; a diagnostic
+    blocks: dict = field(default_factory=dict)
     ops: list = field(default_factory=list)  # aten compute ops seen in forward (when flagged)
     seconds: dict = field(default_factory=dict)  # per phase
 
@@ -457,6 +460,9 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
     verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
     result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
     result.wall_ms = sum(wall for _, wall in cand_blocks)
+    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
+                            for times, ms in side_blocks]
+                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
     if verdict["problem"]:
         result.timing_ok, result.speedup = False, 0.0
         result.candidate_ms = verdict["parent_ms"]

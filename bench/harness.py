@@ -37,6 +37,7 @@ sys.path.insert(0, ROOT)
 
 import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
+from repeatability import print_blocks  # noqa: E402  (bench/, this script's own directory)
 
 KERNEL_MARK = {"cuda": "__global__", "cpp": "torch::Tensor"}
 
@@ -63,16 +64,18 @@ def make_candidates(task_list: list, language: str, n: int) -> list:
     return out
 
 
-def pair_disagreement(candidates: list, results: list) -> list:
+def pair_disagreement(candidates: list, results: list, key: str = "candidate_ms") -> list:
     """For each variant (a later candidate of the same task: the same kernel, make_candidates):
-    max/min of its time and the first one's, both correct and timed. 1.0 is perfect agreement;
+    max/min of its `key` (the candidate's time, or the speedup paid: with the reference timed beside
+    each, the two differ) and the first one's, both correct and timed. 1.0 is perfect agreement;
     in-batch timing noise."""
     first, ratios = {}, []
     for (task_id, _, _), b in zip(candidates, results):
         a = first.setdefault(task_id, b)
         if a is not b and a.status == b.status == "correct" and a.timing_ok and b.timing_ok \
-                and min(a.candidate_ms, b.candidate_ms) > 0:
-            ratios.append(max(a.candidate_ms, b.candidate_ms) / min(a.candidate_ms, b.candidate_ms))
+                and min(getattr(a, key), getattr(b, key)) > 0:
+            pair = (getattr(a, key), getattr(b, key))
+            ratios.append(max(pair) / min(pair))
     return ratios
 
 
@@ -191,6 +194,8 @@ def main() -> None:
                    help="kernel_eval's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_eval's)")
     p.add_argument("--no-compile-zygote", action="store_true",
                    help="spawn each compile worker (it imports torch itself) instead of forking it from one zygote")
+    p.add_argument("--gpu-warmup-ms", type=float, default=None, help="kernel_eval's gpu_warmup_ms (default: its own)")
+    p.add_argument("--blocks", action="store_true", help="print each stability run's timing blocks")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     language = "cpp" if a.device == "cpu" else "cuda"
@@ -203,11 +208,13 @@ def main() -> None:
     candidates = pool[: a.n_candidates]
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
             "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote}
+    if a.gpu_warmup_ms is not None:
+        over["gpu_warmup_ms"] = a.gpu_warmup_ms
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
 
-    results, wall, own, to_verdict, compile_s, phases, pairs = [], float("nan"), [], [], [], {}, []
+    results, wall, own, to_verdict, compile_s, phases, pairs, speedup_pairs = [], float("nan"), [], [], [], {}, [], []
     if candidates:
         print(f"kernel_eval: {len(candidates)} distinct {language} candidates on {a.device}, cache {cache_root}", flush=True)
         t0 = time.monotonic()
@@ -227,9 +234,11 @@ def main() -> None:
               f"p90 {percentile(own, 0.9):.1f} s, p50 batch start to verdict {percentile(to_verdict, 0.5):.1f} s", flush=True)
         print("  p50 per phase (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
         pairs = pair_disagreement(candidates, results)
+        speedup_pairs = pair_disagreement(candidates, results, key="speedup")
         if pairs:
             print(f"  in-batch noise: {len(pairs)} pairs of identical kernels, candidate times apart by "
-                  f"median {percentile(pairs, 0.5):.3f}x, max {max(pairs):.3f}x", flush=True)
+                  f"median {percentile(pairs, 0.5):.3f}x, max {max(pairs):.3f}x; speedups by median "
+                  f"{percentile(speedup_pairs, 0.5):.3f}x, max {max(speedup_pairs):.3f}x", flush=True)
         for (task_id, _, _), r in zip(candidates, results):
             print(f"  {task_id:42s} {r.status:8s} {r.speedup:6.3f}x timing_ok={r.timing_ok} "
                   + " ".join(f"{k}={v:.1f}" for k, v in r.seconds.items())
@@ -278,6 +287,8 @@ def main() -> None:
             ref_times.append(r.ref_ms)
             print(f"  stability {task_id}: {r.status} speedup {r.speedup:.4f} (reference {r.ref_ms:.4g} ms, "
                   f"candidate {r.candidate_ms:.4g} ms)", flush=True)
+            if a.blocks:
+                print_blocks(r)
         stability = {"task": task_id, "candidate_ms": statistics.median(times), "speedups": speedups,
                      "spread": spread(speedups), "reference_ms": ref_times, "candidate_ms_runs": times,
                      "candidate_spread": spread(times), "reference_spread": spread(ref_times)}
@@ -295,7 +306,7 @@ def main() -> None:
         "kernelbench_n": len(kb_rows), "kernelbench_wall_s": kb_wall, "kernelbench_build_s": kb_build,
         "kernelbench_per_min": len(kb_rows) / kb_wall * 60 if kb_wall else float("nan"),
         "kernelbench_correct": sum(r["status"] == "correct" for r in kb_rows),
-        "stability": stability, "pair_ratios": pairs,
+        "stability": stability, "pair_ratios": pairs, "speedup_pair_ratios": speedup_pairs,
         "candidates": [{"task": t, "status": r.status, "speedup": r.speedup, "timing_ok": r.timing_ok,
                         "seconds": r.seconds} for (t, _, _), r in zip(candidates, results)],
     }
@@ -322,6 +333,8 @@ def main() -> None:
     if pairs:
         print(f"| identical kernels' times apart, median / max of {len(pairs)} pairs | "
               f"{percentile(pairs, 0.5):.3f}x / {max(pairs):.3f}x | | |")
+        print(f"| identical kernels' speedups apart, median / max of {len(speedup_pairs)} pairs | "
+              f"{percentile(speedup_pairs, 0.5):.3f}x / {max(speedup_pairs):.3f}x | | |")
     print("| p50 per phase (s) | " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()) + " | | |")
     print(f"\nthroughput ratio kernel_eval / KernelBench-style parallel: {kb_ratio:.2f}x (goal >= 3); "
           f"/ naive serial: {ratio:.2f}x")

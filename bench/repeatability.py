@@ -43,6 +43,15 @@ def judged(ref: str, cand: str, device: str, busy: int, cfg: dict) -> kernel_eva
             p.wait()
 
 
+def print_blocks(r: kernel_eval.EvalResult) -> None:
+    """The result's timing window, per side and block: calls, the worker's mean claimed ms per call,
+    the parent's ms per call, and their difference (the loop's overhead per call)."""
+    for side, side_blocks in r.blocks.items():
+        print(f"    {side:9s} (calls, claimed, parent, overhead ms/call): " + ", ".join(
+            f"({calls}, {mean:.4f}, {parent:.4f}, {parent - mean:.4f})" for calls, _, mean, parent in side_blocks),
+            flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
@@ -52,14 +61,6 @@ def main() -> None:
     p.add_argument("--json-out", default=None)
     p.add_argument("--blocks", action="store_true", help="print every run's timing blocks")
     a = p.parse_args()
-    blocks = []
-    if a.blocks:   # evaluate() calls paired_verdict in this process: record what it is given
-        verdict = kernel_eval.paired_verdict
-
-        def recording(ref_blocks, cand_blocks, *args, **kwargs):
-            blocks.append((ref_blocks, cand_blocks))
-            return verdict(ref_blocks, cand_blocks, *args, **kwargs)
-        kernel_eval.paired_verdict = recording
     kind = "cpp" if a.device == "cpu" else "cuda"
     with open(os.path.join(ADV, "reference.py")) as f:
         ref = f.read()
@@ -77,11 +78,8 @@ def main() -> None:
         print(f"  run {i + 1}: busy {busy}: {r.status} {r.speedup:.3f}x (reference {r.ref_ms:.4g} ms, candidate "
               f"{r.candidate_ms:.4g} ms) in {rows[-1]['seconds']:.1f} s" + ("" if r.timing_ok else f"  {r.message!r}"),
               flush=True)
-        if a.blocks and blocks:
-            for side, side_blocks in zip(("reference", "candidate"), blocks[-1]):
-                print(f"    {side:9s} (calls, claimed, parent, overhead ms/call): " + ", ".join(
-                    f"({len(t)}, {statistics.fmean(t):.4f}, {ms / len(t):.4f}, {ms / len(t) - statistics.fmean(t):.4f})"
-                    for t, ms in side_blocks), flush=True)
+        if a.blocks:
+            print_blocks(r)
     speedups = [row["speedup"] for row in rows]
     ratio = max(speedups) / min(speedups) if min(speedups) > 0 else float("inf")
     print(f"\n| {a.device}: {kind}/benign.py, {a.runs} runs | speedup |")

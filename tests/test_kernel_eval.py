@@ -740,6 +740,14 @@ def judged_under_load(path: str, device: str, rounds: int = 3, **cfg) -> None:
         with busy_processes(2):
             loaded.append(ke.evaluate(REFERENCE, open(path).read(), device=device, **cfg))
     assert all(r.status == "correct" for r in calm + loaded), [(r.status, r.message) for r in calm + loaded]
+    blocks = ke.EvalConfig(**cfg).timing_blocks
+    # the window it reports is the one its times came from: a side's median over all its calls lies
+    # within its blocks' medians
+    for r in calm + loaded:
+        for side, ms in (("reference", r.ref_ms), ("candidate", r.claimed_ms)):
+            assert len(r.blocks[side]) == blocks, r.blocks
+            medians = [median for _, median, _, _ in r.blocks[side]]
+            assert min(medians) <= ms <= max(medians), (side, ms, r.blocks)
     calm_median, loaded_median = (statistics.median(r.speedup for r in rs) for rs in (calm, loaded))
     speedups = ([r.speedup for r in calm], [r.speedup for r in loaded], [r.message for r in loaded])
     assert calm_median > 0 and calm_median / 2 <= loaded_median <= calm_median * 2, speedups
