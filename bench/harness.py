@@ -195,6 +195,7 @@ def main() -> None:
     p.add_argument("--no-compile-zygote", action="store_true",
                    help="spawn each compile worker (it imports torch itself) instead of forking it from one zygote")
     p.add_argument("--gpu-warmup-ms", type=float, default=None, help="kernel_eval's gpu_warmup_ms (default: its own)")
+    p.add_argument("--timing-blocks", type=int, default=None, help="kernel_eval's timing_blocks per side (default: its own)")
     p.add_argument("--blocks", action="store_true", help="print each stability run's timing blocks")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
@@ -210,6 +211,8 @@ def main() -> None:
             "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote}
     if a.gpu_warmup_ms is not None:
         over["gpu_warmup_ms"] = a.gpu_warmup_ms
+    if a.timing_blocks is not None:
+        over["timing_blocks"] = a.timing_blocks
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
@@ -308,7 +311,8 @@ def main() -> None:
         "kernelbench_correct": sum(r["status"] == "correct" for r in kb_rows),
         "stability": stability, "pair_ratios": pairs, "speedup_pair_ratios": speedup_pairs,
         "candidates": [{"task": t, "status": r.status, "speedup": r.speedup, "timing_ok": r.timing_ok,
-                        "seconds": r.seconds} for (t, _, _), r in zip(candidates, results)],
+                        "ref_ms": r.ref_ms, "candidate_ms": r.candidate_ms, "blocks": r.blocks, "seconds": r.seconds}
+                       for (t, _, _), r in zip(candidates, results)],
     }
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows and n else float("nan")
     kb_ratio = fig["per_min"] / fig["kernelbench_per_min"] if kb_rows and n else float("nan")
