@@ -49,7 +49,9 @@ How one evaluation runs, and why
    defence in depth, not a boundary.
 4. time, with the device to itself (checks share the device with each other, never with a timed
    run: _DeviceLock), the reference and the candidate in one window, on the same timing sets
-   (`timing_input_sets` sets copied into the same buffers in turn), the same loop, the same flushes:
+   (`timing_input_sets` sets copied in turn into `timing_buffers` copies of the input buffers: where
+   a tensor lands in device memory moves a kernel's time by up to ~20%, bench/placement.py, so a
+   window averages over placements instead of carrying one), the same loop, the same flushes:
    both warm up (`gpu_warmup` calls, then rounds until `gpu_warmup_ms` have passed on the parent's
    clock: GPU clocks ramp up), then `timing_blocks` blocks a side in the order R C C R R C C R, each
    of at least trials / blocks calls and long enough (`gpu_block_ms`, sized on the reference) for
@@ -180,6 +182,10 @@ class EvalConfig:
     cpu_warmup_ms: float = 0.0
     cpu_trials: int = 5
     timing_input_sets: int = 2
+    # copies of the input buffers the timed calls rotate through (each a place in memory), at most
+    # timing_buffer_bytes of them in all; 1: one set of buffers, as KernelBench times
+    timing_buffers: int = 4
+    timing_buffer_bytes: int = 2 << 30
     # (atol, rtol) per output dtype; KernelBench v0 and Kevin used 1e-2 in fp32.
     tolerances: dict = field(default_factory=lambda: {
         "float32": (1e-2, 1e-2), "float64": (1e-2, 1e-2), "float16": (1e-2, 1e-2),
@@ -481,7 +487,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
     `pids()`: each side's supervisor, whose process tree's CPU time is the parent's clock on CPU."""
     warmup, trials, warmup_ms = _timing_counts(device, cfg)
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
-        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes}, (time_file,))
+        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
+             "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes}, (time_file,))
     # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
     # this process's clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
@@ -2265,7 +2272,7 @@ def _worker_serve(a) -> None:
                 sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
                 if cuda and flush is None:
                     flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=dev)
-                timing = _TimingLoop(model, sets, flush, cuda, sync)
+                timing = _TimingLoop(model, sets, flush, cuda, sync, msg["buffers"], msg["buffer_bytes"])
                 timing.run(msg["warmup"])
                 _child_send(reply, {"nonce": nonce})
             elif cmd == "warm":  # more warm-up, for as long as the parent's clock says
@@ -2288,14 +2295,18 @@ def _worker_serve(a) -> None:
 
 
 class _TimingLoop:
-    """Calls on the same buffers, refilled from alternating input sets; `run` returns per-call
-    times (ms) and keeps each set's last output. On GPU each call is preceded by an L2 flush and
-    ends with a device-wide sync before the end event, so work left on other streams is counted."""
+    """Calls on `buffers` copies of the input buffers (fewer if they would pass `buffer_bytes`),
+    refilled from alternating input sets; `run` returns per-call times (ms) and keeps each set's last
+    output. Call k takes set k mod sets into copy (k div sets) mod copies: every copy holds each set in
+    turn. On GPU each call is preceded by an L2 flush and ends with a device-wide sync before the end
+    event, so work left on other streams is counted."""
 
-    def __init__(self, model, sets: list, flush, cuda: bool, sync):
+    def __init__(self, model, sets: list, flush, cuda: bool, sync, buffers: int = 1, buffer_bytes: int = 0):
         import torch
         self.model, self.sets, self.flush, self.cuda, self.sync = model, sets, flush, cuda, sync
-        self.bufs = [x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]]
+        size = sum(x.numel() * x.element_size() for x in sets[0] if isinstance(x, torch.Tensor))
+        copies = max(1, min(buffers, buffer_bytes // size if size else buffers))
+        self.bufs = [[x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]] for _ in range(copies)]
         self.last = [None] * len(sets)
         self.calls = 0
 
@@ -2305,8 +2316,9 @@ class _TimingLoop:
         with torch.no_grad():
             for k in range(n):
                 i = self.calls % len(self.sets)
+                bufs = self.bufs[self.calls // len(self.sets) % len(self.bufs)]
                 self.calls += 1
-                for b, s in zip(self.bufs, self.sets[i]):
+                for b, s in zip(bufs, self.sets[i]):
                     if isinstance(b, torch.Tensor):
                         b.copy_(s)
                 if self.cuda:
@@ -2314,14 +2326,14 @@ class _TimingLoop:
                     self.sync()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    out = self.model(*self.bufs)
+                    out = self.model(*bufs)
                     self.sync()  # device-wide: work left on side streams is counted
                     end.record()
                     end.synchronize()
                     times.append(start.elapsed_time(end))
                 else:  # CPU time: preemption by other processes (load) is not the kernel's cost
                     t0 = _process_time()
-                    out = self.model(*self.bufs)
+                    out = self.model(*bufs)
                     times.append((_process_time() - t0) * 1e3)
                 if n - k <= len(self.sets):  # a run's last call of each set: a clone per call is overhead
                     self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]

@@ -233,6 +233,32 @@ def test_paired_verdict_ignores_stalls_in_half_the_blocks_but_not_a_lie():
         assert liar["parent_ms"] == pytest.approx(0.3)
 
 
+def test_timing_loop_rotates_input_copies_each_holding_every_set():
+    """Timed calls rotate through copies of the input buffers (each its own place in memory: on the
+    H200 a kernel's time moved up to ~20% with where its input landed), each call sees exactly its
+    set's values, and the copies stay within their byte budget."""
+    sets = [[torch.full((4, 8), float(v)), 3] for v in range(2)]
+    seen = []
+
+    def model(x, n):
+        seen.append((x.data_ptr(), float(x[0, 0]), n))
+        return x * 2
+
+    loop = ke._TimingLoop(model, sets, None, False, lambda: None, buffers=4, buffer_bytes=1 << 20)
+    times = loop.run(16)
+    assert len(times) == 16 and all(t >= 0 for t in times)
+    assert [v for _, v, _ in seen] == [0.0, 1.0] * 8 and all(n == 3 for _, _, n in seen)
+    by_copy = {}
+    for ptr, v, _ in seen:
+        by_copy.setdefault(ptr, set()).add(v)
+    assert len(by_copy) == 4 and all(vs == {0.0, 1.0} for vs in by_copy.values())
+    assert [float(o[0][0, 0]) for o in loop.last] == [0.0, 2.0]  # each set's last output
+    # a budget of 2.5 copies' bytes holds 2 copies; none holds 1 (KernelBench's one set of buffers)
+    one = 4 * 8 * 4
+    assert len(ke._TimingLoop(model, sets, None, False, lambda: None, 4, int(2.5 * one)).bufs) == 2
+    assert len(ke._TimingLoop(model, sets, None, False, lambda: None, 4, 0).bufs) == 1
+
+
 def test_finite_speedup_refuses_claims_with_no_finite_ratio():
     import math
     assert ke.finite_speedup(0.2, 0.1) == (2.0, None)
