@@ -50,7 +50,7 @@ How one evaluation runs, and why
 4. time, with the device to itself (checks share the device with each other, never with a timed
    run: _DeviceLock), the reference and the candidate in one window, on the same timing sets
    (`timing_input_sets` sets copied in turn into `timing_buffers` copies of the input buffers: where
-   a tensor lands in device memory moves a kernel's time by up to ~20%, bench/placement.py, so a
+   a tensor lands in device memory moved a kernel's time by up to ~18%, bench/placement.py, so a
    window averages over placements instead of carrying one), the same loop, the same flushes:
    both warm up (`gpu_warmup` calls, then rounds until `gpu_warmup_ms` have passed on the parent's
    clock: GPU clocks ramp up), then `timing_blocks` blocks a side in the order R C C R R C C R, each
