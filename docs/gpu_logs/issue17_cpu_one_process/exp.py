@@ -1,3 +1,8 @@
+# One-process control for the CPU timing noise (issue 17, PERFORMANCE.md): the benign C++ candidate and
+# the reference called in turn, no harness. Run from the repo checkout at /work/main as
+#   MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_PERTURB_=128 python exp.py > exp.log
+# (kernel_eval's CPU worker malloc settings). Per round: median ms per call of each, and the
+# (output - input, output) offsets within their 4 KiB pages seen in that round.
 import os, sys, time, random, statistics, torch
 torch.set_num_threads(1)
 sys.argv=['x']
