@@ -72,9 +72,8 @@ def pair_disagreement(candidates: list, results: list, key: str = "candidate_ms"
     first, ratios = {}, []
     for (task_id, _, _), b in zip(candidates, results):
         a = first.setdefault(task_id, b)
-        if a is not b and a.status == b.status == "correct" and a.timing_ok and b.timing_ok \
-                and min(getattr(a, key), getattr(b, key)) > 0:
-            pair = (getattr(a, key), getattr(b, key))
+        pair = (getattr(a, key), getattr(b, key))
+        if a is not b and a.status == b.status == "correct" and a.timing_ok and b.timing_ok and min(pair) > 0:
             ratios.append(max(pair) / min(pair))
     return ratios
 

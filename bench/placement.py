@@ -25,10 +25,7 @@ sys.path.insert(0, ROOT)
 
 import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
-
-
-def spread(values: list) -> float:
-    return (max(values) - min(values)) / statistics.median(values)
+from harness import spread  # noqa: E402  (bench/, this script's own directory)
 
 
 def main() -> None:
