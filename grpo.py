@@ -20,9 +20,9 @@ the variants named below):
 - KL3, `policy_loss(kl_coef=β)`: Schulman's k3 estimator of KL(π_θ || π_ref)
   (http://joschu.net/blog/kl-approx.html), exp(ref - logp) - (ref - logp) - 1: unbiased, >= 0.
 
-log π_θ(o_it) comes from `token_logprobs` (logits already materialised, e.g. by the model's LM
-head run over completion positions only) or `linear_token_logprobs` (hidden states and the LM head
-weight: the full logits never exist). Both work in chunks of tokens, in fp32, and keep no fp32 copy
+log π_θ(o_it) comes from `token_logprobs` (logits already materialised, e.g. by
+`completion_logprobs`, which runs a model's LM head over completion positions only) or
+`linear_token_logprobs` (hidden states and the LM head weight: the full logits never exist). Both work in chunks of tokens, in fp32, and keep no fp32 copy
 of the (tokens x vocab) logits for backward: they save log-sum-exp (one float per token) and
 recompute the softmax chunk by chunk in backward.
 """
@@ -254,6 +254,30 @@ def linear_token_logprobs(hidden, weight, targets, chunk_size=None, *, return_en
         _rows_per_chunk(chunk_size, weight.shape[0]), return_entropy)
     logp = logp.view(targets.shape)
     return (logp, entropy.view(targets.shape)) if return_entropy else logp
+
+
+def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(token) under logits / temperature at every trained position of a batch of token rows,
+    (rows, width - 1) with 0 elsewhere, and the mask of those positions.
+
+    batch: "input_ids" (rows, width), right-padded, and "loss_mask" (rows, width), 1 on the tokens
+    trained (the completion's). `model`: a Hugging Face causal LM (its forward and
+    get_output_embeddings). The LM head runs on the trained positions only: a pre-hook hands it
+    their hidden states inside the model's forward (where FSDP2 has gathered its weight), so
+    prompt and pad positions never become logits. No attention mask: rows are right-padded, so
+    under the causal mask no real token sees a pad, and without a padding mask SDPA can take its
+    flash kernel (pads' outputs are never trained)."""
+    mask = batch["loss_mask"][:, 1:]   # position i predicts token i + 1
+    trained = mask.bool()
+    head = model.get_output_embeddings()
+    hook = head.register_forward_pre_hook(lambda module, args: (args[0][:, :-1][trained],))
+    try:
+        logits = model(input_ids=batch["input_ids"], use_cache=False).logits   # (trained tokens, vocab)
+    finally:
+        hook.remove()
+    logp = torch.zeros(trained.shape, dtype=torch.float32, device=logits.device)
+    logp[trained] = token_logprobs(logits / temperature, batch["input_ids"][:, 1:][trained])
+    return logp, mask
 
 
 def loss_denominator(loss_mask, aggregation="dr_grpo", max_tokens=None) -> torch.Tensor:

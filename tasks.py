@@ -321,6 +321,33 @@ def split_tasks(tasks: list[Task], n_heldout: int = 20, seed: int = 0,
             sorted(heldout, key=lambda t: t.task_id))
 
 
+
+SAMPLERS = ("uniform", "prioritized")
+
+
+def draw_tasks(pool: list[Task], count: int, *, seed: int, step: int, sampler: str = "uniform",
+               success: dict | None = None, priority_floor: float = 0.05) -> list[Task]:
+    """`count` distinct tasks for training step `step`, without replacement.
+
+    Seeded by (seed, step), so every rank of a run draws the same tasks and a resumed run redraws
+    them. "uniform": each remaining task equally likely. "prioritized" (Kimi k1.5 §2.3.4,
+    curriculum sampling): task i weighs 1 - success_i + priority_floor, success_i = correct /
+    attempted from `success` {task_id: (correct, attempted)} (0 for a task never tried), so tasks
+    the policy already solves are drawn less often, yet never with probability 0 (the floor)."""
+    if sampler not in SAMPLERS:
+        raise ValueError(f"draw_tasks: sampler must be one of {SAMPLERS}, got {sampler!r}")
+    rng = random.Random(f"draw:{seed}:{step}")
+    pool, success, chosen = list(pool), success or {}, []
+    for _ in range(min(count, len(pool))):
+        if sampler == "prioritized":
+            rates = [success.get(t.task_id, (0, 0)) for t in pool]
+            weights = [1.0 - done / max(1, tried) + priority_floor for done, tried in rates]
+            chosen.append(pool.pop(rng.choices(range(len(pool)), weights)[0]))
+        else:
+            chosen.append(pool.pop(rng.randrange(len(pool))))
+    return chosen
+
+
 # ---------------------------------------------------------------- the checker
 
 def cache_root() -> str:

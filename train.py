@@ -110,6 +110,9 @@ PRESETS = {
                   activation_checkpointing=True, save_every=5),
 }
 
+CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": ("sum", "max"),
+           "aggregation": grpo.AGGREGATIONS}
+
 
 def parse_config(argv=None) -> Config:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -177,49 +180,13 @@ def shard(model, config: Config, device: torch.device, world: int):
     return model
 
 
-def draw_tasks(train: list, config: Config, step: int, success: dict) -> list:
-    """Seeded by (seed, step), so every rank draws the same tasks and a resumed run redraws them.
-    prioritized: weight 1 - success rate + priority_floor (Kimi k1.5 §2.3.4, curriculum)."""
-    rng = random.Random(f"draw:{config.seed}:{step}")
-    pool = list(train)
-    chosen = []
-    for _ in range(min(config.tasks_per_step, len(pool))):
-        if config.sampler == "prioritized":
-            rates = [success.get(t.task_id, (0, 0)) for t in pool]   # (correct, attempted)
-            weights = [1.0 - done / max(1, tried) + config.priority_floor for done, tried in rates]
-            chosen.append(pool.pop(rng.choices(range(len(pool)), weights)[0]))
-        else:
-            chosen.append(pool.pop(rng.randrange(len(pool))))
-    return chosen
-
-
 def lr_at(optimizer_step: int, total: int, config: Config) -> float:
     """Constant after a linear warm-up over warmup_frac of all optimizer steps (Kevin: 3%)."""
     warmup = max(1, round(config.warmup_frac * total))
     return config.lr * min(1.0, (optimizer_step + 1) / warmup)
 
 
-# ----------------------------------------------------------------------------- the loss
-
-def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(token) under logits / temperature at every trained position, (rows, width - 1) with 0
-    elsewhere, and the mask of those positions. The LM head runs on the trained positions only: a
-    pre-hook hands it their hidden states inside the model's forward (where FSDP2 has gathered its
-    weight), so prompt and pad positions never become logits (bench/train_step.py: MFU).
-    No attention mask: rows are right-padded, so under the causal mask no real token sees a pad,
-    and without a padding mask SDPA can take its flash kernel (pads' outputs are never trained)."""
-    mask = batch["loss_mask"][:, 1:]   # position i predicts token i + 1
-    trained = mask.bool()
-    head = model.get_output_embeddings()
-    hook = head.register_forward_pre_hook(lambda module, args: (args[0][:, :-1][trained],))
-    try:
-        logits = model(input_ids=batch["input_ids"], use_cache=False).logits   # (trained tokens, vocab)
-    finally:
-        hook.remove()
-    logp = torch.zeros(trained.shape, dtype=torch.float32, device=logits.device)
-    logp[trained] = grpo.token_logprobs(logits / temperature, batch["input_ids"][:, 1:][trained])
-    return logp, mask
-
+# ----------------------------------------------------------------------------- the update
 
 def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config, step: int, max_new: int,
            pad_id: int, device, world: int) -> dict:
@@ -236,7 +203,7 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     # 4. old log-probs, once, before any optimizer step changes the weights
     with torch.no_grad():
         for batch in (b for batches in mini_batches for b in batches):
-            batch["old_logprobs"] = completion_logprobs(model, batch, config.temperature)[0]
+            batch["old_logprobs"] = grpo.completion_logprobs(model, batch, config.temperature)[0]
     out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [],
            "advantage_nonzero": float((advantages != 0).float().mean()) if len(samples) else 0.0}
     for k, (batches, rows) in enumerate(zip(mini_batches, minis)):
@@ -246,7 +213,7 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
         dist.all_reduce(total)
         step_loss = 0.0
         for batch in batches:
-            logp, mask = completion_logprobs(model, batch, config.temperature)
+            logp, mask = grpo.completion_logprobs(model, batch, config.temperature)
             row_adv = advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"] else torch.zeros(1, device=device)
             # 5b. the clipped loss (grpo.policy_loss), normalised by the global Z
             loss, metrics = grpo.policy_loss(logp, batch["old_logprobs"], row_adv, mask, clip_low=config.clip_low,
@@ -289,8 +256,10 @@ def main(argv=None) -> None:
         if getattr(config, name) < 1:
             raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
     tasks_module.parse_levels(config.levels, "train.py")
-    if config.engine not in ("hf", "vllm"):
-        raise SystemExit(f"train.py: --engine {config.engine}: expected hf or vllm")
+    for name, allowed in CHOICES.items():
+        if getattr(config, name) not in allowed:
+            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: expected one of "
+                             f"{', '.join(allowed)}")
     if config.engine == "vllm" and config.model in TINY_MODELS:
         raise SystemExit(f"train.py: --engine vllm loads --model from disk; {config.model} is built in memory")
     import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
@@ -374,7 +343,9 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         if isinstance(engine, engines.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
             engine.rng.seed(f"oracle-mixed:{config.seed}:{rank}:{step}")
         # 1. this step's tasks; each task's whole group on one rank
-        my_tasks = draw_tasks(train_tasks, config, step, success)[rank::world]
+        my_tasks = tasks_module.draw_tasks(train_tasks, config.tasks_per_step, seed=config.seed, step=step,
+                                            sampler=config.sampler, success=success,
+                                            priority_floor=config.priority_floor)[rank::world]
         max_new = config.late_max_new_tokens if config.late_max_new_tokens and step >= config.late_from_step else config.max_new_tokens
         # 2. rollout: generation and judging, no collective inside
         rollout_config = rollout.RolloutConfig(

@@ -172,6 +172,37 @@ def test_linear_token_logprobs_bf16_matches_token_logprobs_of_bf16_logits():
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
+
+def test_completion_logprobs_of_right_padded_rows_equal_a_full_forward_of_each_row_alone():
+    """completion_logprobs runs without a padding mask (right padding under the causal mask) and
+    its LM head only on trained positions: each row's log-probs equal log_softmax(logits / T) of
+    a plain full forward over the row alone, at its completion tokens, and are 0 elsewhere."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0, eos_token_id=1, bos_token_id=None))
+    g = torch.Generator().manual_seed(0)
+    rows = [(torch.randint(3, 300, (n,), generator=g).tolist(), torch.randint(3, 300, (m,), generator=g).tolist())
+            for n, m in [(5, 3), (7, 2), (4, 6), (6, 4)]]
+    width = max(len(p) + len(c) for p, c in rows)
+    input_ids = torch.zeros(len(rows), width, dtype=torch.long)   # pad id 0, on the right
+    loss_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for r, (prompt, completion) in enumerate(rows):
+        input_ids[r, :len(prompt) + len(completion)] = torch.tensor(prompt + completion)
+        loss_mask[r, len(prompt):len(prompt) + len(completion)] = 1
+    logp, mask = grpo.completion_logprobs(model, {"input_ids": input_ids, "loss_mask": loss_mask}, temperature=0.7)
+    assert logp.shape == mask.shape == (len(rows), width - 1)
+    assert bool((logp[~mask.bool()] == 0).all())
+    for r, (prompt, completion) in enumerate(rows):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            naive = torch.log_softmax(model(input_ids=ids).logits.float() / 0.7, dim=-1)[0, :-1]
+        want = naive.gather(1, ids[0, 1:, None])[len(prompt) - 1:, 0]
+        assert int(mask[r].sum()) == len(completion)
+        torch.testing.assert_close(logp[r][mask[r].bool()], want, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------- policy_loss
 
 def naive_policy_loss(logprobs, old, adv, mask, clip_low, clip_high, aggregation, max_tokens, kl_coef, ref):

@@ -297,6 +297,32 @@ def test_split_rejects_bad_requests():
         tasks.split_tasks(pool + pool[:1], n_heldout=1)
 
 
+
+def test_draw_tasks_is_seeded_by_step_distinct_and_capped_by_the_pool():
+    pool = _fake_tasks({1: 10})
+    ids = lambda drawn: [t.task_id for t in drawn]
+    first = tasks.draw_tasks(pool, 4, seed=0, step=3)
+    assert ids(first) == ids(tasks.draw_tasks(pool, 4, seed=0, step=3))   # every rank, and a resumed run
+    assert len(set(ids(first))) == 4
+    assert len({tuple(ids(tasks.draw_tasks(pool, 4, seed=0, step=s))) for s in range(6)}) > 1
+    assert sorted(ids(tasks.draw_tasks(pool, 50, seed=0, step=0))) == sorted(ids(pool))
+
+
+def test_prioritized_draw_weighs_a_solved_task_by_the_floor_alone():
+    """Two tasks, one always solved (weight 0 + 0.05), one never tried (weight 1 + 0.05): the
+    solved one is drawn with probability 0.05 / 1.1 = 4.5% (uniform: 50%)."""
+    pool = _fake_tasks({1: 2})
+    solved = pool[0].task_id
+    success = {solved: (10, 10)}
+    for sampler, expected in [("prioritized", 0.05 / 1.1), ("uniform", 0.5)]:
+        hits = sum(tasks.draw_tasks(pool, 1, seed=0, step=s, sampler=sampler, success=success,
+                                    priority_floor=0.05)[0].task_id == solved for s in range(2000))
+        sd = (2000 * expected * (1 - expected)) ** 0.5
+        assert abs(hits - 2000 * expected) < 5 * sd, (sampler, hits)
+    with pytest.raises(ValueError, match="sampler must be one of .*'bogus'"):
+        tasks.draw_tasks(pool, 1, seed=0, step=0, sampler="bogus")
+
+
 # ---------------------------------------------------------------- checker, no compiler
 
 def test_checker_passes_a_correct_solution():

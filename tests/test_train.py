@@ -26,11 +26,16 @@ def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
         (["--levels", "one"], "--levels 'one': expected comma-separated level numbers"),
         (["--turns", "0"], "--turns 0: must be at least 1"),
         (["--device", "bogus"], "--device bogus: expected cpu, cuda or cuda:N"),
+        (["--sampler", "bogus"], "--sampler bogus: expected one of uniform, prioritized"),
+        (["--aggregation", "bogus"], "--aggregation bogus: expected one of dr_grpo, token_mean, seq_mean"),
+        (["--return-mode", "bogus"], "--return-mode bogus: expected one of sum, max"),
+        (["--engine", "bogus"], "--engine bogus: expected one of hf, vllm"),
     ]:
         with pytest.raises(SystemExit) as info:
             train.main(argv + ["--out", str(tmp_path / "out")])
         message = str(info.value)
         assert reason in message and "\n" not in message, message
+
 
 
 def test_tokenizer_without_eos_is_refused(tmp_path):
@@ -64,7 +69,7 @@ def _problem():
 
 def _gradient(model, samples, advantages, total, world):
     for batch in rollout.micro_batches(samples, 0, 1 << 20, torch.device("cpu")):
-        logp, mask = train.completion_logprobs(model, batch, temperature=0.7)
+        logp, mask = grpo.completion_logprobs(model, batch, temperature=0.7)
         loss, _ = grpo.policy_loss(logp, logp.detach(), advantages[batch["rows"]], mask,
                                    max_tokens=8, total=total)
         (loss * world).backward()
@@ -146,28 +151,6 @@ def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
     assert "stopping before step 1: --max-minutes" in captured.out + captured.err
     assert not os.path.exists(tmp_path / "metrics.jsonl")
     assert os.path.exists(tmp_path / "export" / "config.json")
-
-
-def test_right_padded_rows_get_the_log_probs_of_a_full_forward_alone():
-    """completion_logprobs runs without a padding mask (right padding under the causal mask) and
-    its LM head only on trained positions: each row's log-probs equal log_softmax(logits / T) of
-    a plain full forward over the row alone, at its completion tokens, and are 0 elsewhere."""
-    torch.manual_seed(0)
-    model, _ = train.load_policy(train.Config())
-    samples, _ = _problem()
-    together = rollout.micro_batches(samples, 0, 1 << 20, torch.device("cpu"))[0]
-    logp, mask = train.completion_logprobs(model, together, temperature=0.7)
-    assert logp.shape == mask.shape == (len(samples), together["input_ids"].shape[1] - 1)
-    assert bool((logp[~mask.bool()] == 0).all())
-    for row, i in enumerate(together["rows"]):
-        ids = torch.tensor([samples[i].input_ids])
-        with torch.no_grad():
-            naive = torch.log_softmax(model(input_ids=ids).logits.float() / 0.7, dim=-1)[0, :-1]
-        n_prompt = len(samples[i].prompt_ids)
-        want = naive.gather(1, ids[0, 1:, None])[n_prompt - 1:, 0]
-        got = logp[row][mask[row].bool()]
-        assert int(mask[row].sum()) == len(samples[i].completion_ids)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_path, monkeypatch, capsys):
