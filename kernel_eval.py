@@ -57,7 +57,10 @@ How one evaluation runs, and why
    of at least trials / blocks calls and long enough (`gpu_block_ms`, sized on the reference) for
    the parent's clock to resolve a call; load, clock ramps and drift hit both sides. On GPU each
    call is preceded by an L2 flush and bracketed by CUDA events with a device-wide synchronize
-   before the end event (side-stream work counts); on CPU by the worker's CPU time (load does not
+   before the end event (side-stream work counts), so a short kernel's time is mostly the host's
+   launch and synchronize: both timed workers move onto `timing_cpus` CPUs kept from the builds for
+   their window (the speedups of identical kernels in a batch drew apart with the build load);
+   on CPU each call is timed by the worker's CPU time (load does not
    inflate it; the parent reads the same clock of the worker's process tree). The timing sets reach
    the candidate only when timing starts, and its last output of each set is compared again, so
    caching outputs across calls fails. The parent times every block on its own clock; what the
@@ -234,6 +237,11 @@ class EvalConfig:
     cross_check_abs_ms: float = 0.002
     cpu_cross_check_abs_ms: float = 0.02
     ref_slowdown_max: float = 1.5  # the reference beside the candidate vs in the window's first block
+    # on GPU, CPUs kept for timing windows (the last this process may use): builds and checks run on
+    # the others, and both timed workers move onto these for their window, so a timed call's launch
+    # and synchronize never share a core with a compiler (PERFORMANCE.md: pair noise); 0: none kept.
+    # Not used on cpu, nor when the process may use no more CPUs than this.
+    timing_cpus: int = 2
     l2_flush_bytes: int = 256 << 20
     message_chars: int = 1500
     keep_scratch: bool = False
@@ -488,7 +496,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
     warmup, trials, warmup_ms = _timing_counts(device, cfg)
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
-             "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes}, (time_file,))
+             "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes,
+             "cpus": _cpu_split(device, cfg)[1]}, (time_file,))
     # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
     # this process's clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
@@ -829,7 +838,8 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
     with open(path, "w") as f:
         f.write(src)
     worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
-                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu")
+                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu",
+                    cpus=_cpu_split(device, cfg)[0])
     # replies are small (tensors go through memory files); the trusted reference also sends init inputs
     worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
     return worker
@@ -858,6 +868,15 @@ def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payl
         if str(e) != "closed":
             raise _Failure("runtime_error", f"{who} wrote malformed data on the result channel during {phase} ({e})") from e
         raise _Failure("runtime_error", f"{who} {worker.death_reason(phase)}") from e
+
+
+def _cpu_split(device: str, cfg: EvalConfig) -> tuple:
+    """(CPUs for builds and checks, CPUs for timing windows), or (None, None): no split (cpu, none
+    kept, or too few CPUs to keep one for builds)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if device == "cpu" or cfg.timing_cpus <= 0 or len(allowed) <= cfg.timing_cpus:
+        return None, None
+    return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
 
 
 def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
@@ -901,7 +920,8 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         f.write(candidate_src)
     worker = Worker("compile", _worker_args(src_path, device, cfg, arch), os.path.join(scratch, "w"),
                     _build_env(device, arch, cfg, compiling=True), cfg, cpu=device == "cpu",
-                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote)
+                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote,
+                    cpus=_cpu_split(device, cfg)[0])
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
@@ -1489,6 +1509,8 @@ def _supervise(spec: dict, forked: bool = False) -> int:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if spec.get("nice"):
             os.nice(spec["nice"])
+        if spec.get("cpus"):  # inherited by the compilers a build starts
+            os.sched_setaffinity(0, spec["cpus"])
 
     stop = {"flag": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
@@ -1593,7 +1615,8 @@ class Worker:
     """A worker process under its supervisor, with a framed channel to it."""
 
     def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, cfg: EvalConfig, cpu: bool,
-                 fsize: int | None = None, nice: int = 0, zygote: _CompileZygote | None = None):
+                 fsize: int | None = None, nice: int = 0, zygote: _CompileZygote | None = None,
+                 cpus: list | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
         cmd_r, cmd_w = os.pipe()
@@ -1609,7 +1632,8 @@ class Worker:
         spec = {"mode": mode, "args": args, "env": env, "fds": [cmd_r, rep_w, child_sock.fileno()],
                 "stdout": self.stdout, "stderr": self.stderr, "code_file": self.code_file,
                 "fsize": fsize or cfg.max_message_bytes, "output_bytes": cfg.max_file_bytes, "nice": nice,
-                "parent": os.getpid(), "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0}
+                "parent": os.getpid(), "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0,
+                "cpus": cpus}
         self.proc = zygote.fork(spec) if zygote else None  # None: no zygote, or it is out of service
         if self.proc is None:  # the spec (it holds the environment) through a pipe: argv is public (ps)
             self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise"],
@@ -2189,6 +2213,7 @@ def _worker_serve(a) -> None:
             torch.ones(1, device=dev).add(1)
     _child_send(reply, {"ready": True})
     module, model, flush, timing, ref_outs = None, None, None, None, {}
+    home_cpus = os.sched_getaffinity(0)
     while True:
         try:
             msg, payload = _child_recv(cmd_in)
@@ -2197,6 +2222,8 @@ def _worker_serve(a) -> None:
         nonce, cmd = msg.get("nonce"), msg.get("cmd")
         fds = receive_fds(msg["fds"]) if msg.get("fds") else []
         try:
+            if cmd not in ("time_prepare", "warm", "time"):   # a timing window's CPUs are for timing only
+                os.sched_setaffinity(0, home_cpus)
             if cmd == "load":
                 wanted = "Model" if a.mode == "ref" else "ModelNew"
                 try:
@@ -2269,6 +2296,8 @@ def _worker_serve(a) -> None:
                 outputs.close()
                 _child_send(reply, {"nonce": nonce, "changed": changed, "ops": sorted(ops)})
             elif cmd == "time_prepare":  # inputs onto the device and warm-up, outside the parent's clock
+                if msg.get("cpus"):
+                    os.sched_setaffinity(0, msg["cpus"])
                 sets = [to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
                 if cuda and flush is None:
                     flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=dev)

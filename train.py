@@ -236,6 +236,16 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     return out
 
 
+def bind_rank_cpus(local_rank: int, local_world: int) -> None:
+    """This rank's own share of the node's CPUs (contiguous, equal): kernel_eval keeps the last
+    CPUs a process may use for its timing windows (EvalConfig.timing_cpus), so without a share of
+    its own every rank on a node would time its kernels on the same few cores at once."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // local_world
+    if local_world > 1 and share >= 1:
+        os.sched_setaffinity(0, cpus[local_rank * share:(local_rank + 1) * share])
+
+
 def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
     """Whether the next step would end past --max-minutes, agreed by all ranks (their clocks differ)."""
     late = torch.tensor(float(projected_seconds > 60 * max_minutes), device=device)
@@ -272,6 +282,7 @@ def main(argv=None) -> None:
     device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        bind_rank_cpus(local_rank, local_world)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(minutes=config.dist_timeout_minutes))
     try:

@@ -196,6 +196,7 @@ def main() -> None:
     p.add_argument("--gpu-warmup-ms", type=float, default=None, help="kernel_eval's gpu_warmup_ms (default: its own)")
     p.add_argument("--timing-blocks", type=int, default=None, help="kernel_eval's timing_blocks per side (default: its own)")
     p.add_argument("--timing-buffers", type=int, default=None, help="kernel_eval's timing_buffers (default: its own)")
+    p.add_argument("--timing-cpus", type=int, default=None, help="kernel_eval's timing_cpus (default: its own)")
     p.add_argument("--blocks", action="store_true", help="print each stability run's timing blocks")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
@@ -215,6 +216,8 @@ def main() -> None:
         over["timing_blocks"] = a.timing_blocks
     if a.timing_buffers is not None:
         over["timing_buffers"] = a.timing_buffers
+    if a.timing_cpus is not None:
+        over["timing_cpus"] = a.timing_cpus
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials

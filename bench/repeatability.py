@@ -4,6 +4,7 @@ load hits both sides; on CPU both are timed by their CPU time).
 
     python bench/repeatability.py --device cpu                   # 2-core CI box: 8 runs, 4 loaded; ~5 min
     python bench/repeatability.py --device cuda --busy 2         # H200 host
+    taskset -c 0-1 python bench/repeatability.py --device cuda --busy 14 --busy-cores 2-15   # load kept off the harness's cores
 
 The kernel is tests/adversarial/<cpp|cuda>/benign.py against tests/adversarial/reference.py. Each
 run is a fresh evaluate() (a fresh batch: workers, reference session, timing window); builds come
@@ -32,8 +33,18 @@ import kernel_eval  # noqa: E402
 ADV = os.path.join(ROOT, "tests", "adversarial")
 
 
-def judged(ref: str, cand: str, device: str, busy: int, cfg: dict) -> kernel_eval.EvalResult:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+def cpu_list(text: str) -> set:
+    """"2-15" or "0,2,4-7" -> the set of those CPU numbers (taskset's notation)."""
+    cpus = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def judged(ref: str, cand: str, device: str, busy: int, cfg: dict, busy_cores: set | None = None) -> kernel_eval.EvalResult:
+    spin = f"import os; os.sched_setaffinity(0, {sorted(busy_cores)!r})\n" if busy_cores else ""
+    procs = [subprocess.Popen([sys.executable, "-c", spin + "while True: pass"]) for _ in range(busy)]
     try:
         time.sleep(0.5 if busy else 0.0)
         return kernel_eval.evaluate(ref, cand, device=device, **cfg)
@@ -57,6 +68,8 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--busy", type=int, default=2, help="busy processes during every other run")
+    p.add_argument("--busy-cores", default="", help="CPUs the busy processes are confined to, e.g. 2-15 "
+                   "(default: any; run the bench under `taskset -c 0-1` to keep the harness off them)")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (the first run builds)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--blocks", action="store_true", help="print every run's timing blocks")
@@ -71,7 +84,7 @@ def main() -> None:
     for i in range(a.runs):
         busy = a.busy if i % 2 else 0
         t0 = time.monotonic()
-        r = judged(ref, cand, a.device, busy, cfg)
+        r = judged(ref, cand, a.device, busy, cfg, cpu_list(a.busy_cores) if a.busy_cores else None)
         rows.append({"run": i + 1, "busy": busy, "status": r.status, "speedup": r.speedup, "timing_ok": r.timing_ok,
                      "ref_ms": r.ref_ms, "candidate_ms": r.candidate_ms, "seconds": time.monotonic() - t0,
                      "message": r.message})

@@ -732,6 +732,7 @@ def cache_root():
 
 
 CPP_CASES = cases("cpp")
+CASES_BY_KIND = {"cpp": CPP_CASES, "cuda": cases("cuda")}
 # import_hang hangs in the compile phase too: run alone with a short compile limit; loaded_benign is
 # judged while busy processes load the machine
 SEPARATE = {"import_hang", "loaded_benign"}
@@ -909,6 +910,42 @@ def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, mo
     assert leaked.status == "runtime_error" and "sees the harness's secret" in leaked.message, leaked.message
 
 
+
+def cpus_seen(device: str, log: str, **cfg) -> tuple:
+    """Judge the benign kernel for `device`, its module recording the CPUs it may run on when
+    imported (compile and run workers) and at every forward (checks and timed calls): (result,
+    CPU sets seen at import, CPU sets seen in forward)."""
+    kind = "cpp" if device == "cpu" else "cuda"
+    src = open(CASES_BY_KIND[kind]["benign"]).read() + f"""
+import os as _os
+def _seen(where):
+    with open({log!r}, "a") as _f:
+        _f.write(where + " " + repr(sorted(_os.sched_getaffinity(0))) + "\\n")
+_seen("import")
+_forward = ModelNew.forward
+def _recording_forward(self, *args):
+    _seen("forward")
+    return _forward(self, *args)
+ModelNew.forward = _recording_forward
+"""
+    result = ke.evaluate(REFERENCE, src, device=device, **cfg)
+    seen = {"import": set(), "forward": set()}
+    with open(log) as f:
+        for line in f:
+            where, cpus = line.split(" ", 1)
+            seen[where].add(tuple(json.loads(cpus)))
+    return result, seen["import"], seen["forward"]
+
+
+@pytest.mark.slow
+def test_timing_cpus_are_not_kept_on_cpu(cache_root, tmp_path):
+    """On cpu a worker times itself by its CPU time: no core is kept, every phase may use them all."""
+    result, at_import, in_forward = cpus_seen("cpu", str(tmp_path / "cpus.log"), cache_root=cache_root,
+                                              timing_cpus=1, **FAST)
+    assert result.status == "correct", result.message
+    assert at_import == in_forward == {tuple(sorted(os.sched_getaffinity(0)))}
+
+
 @pytest.mark.slow
 def test_import_hang_times_out_in_compile(cpp_results, cache_root):
     t0 = time.monotonic()
@@ -991,6 +1028,21 @@ def test_builtin_solutions_are_accepted_on_cuda(cache_root):
 def test_cuda_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, monkeypatch):
     result = judged_without_secrets(open(CUDA_CASES["benign"]).read(), "cuda", monkeypatch, cache_root=cache_root)
     assert result.status == "correct", result.message
+
+
+
+@pytest.mark.gpu
+def test_cuda_timed_calls_run_on_the_kept_cpus_and_nothing_else_does(cache_root, tmp_path):
+    """timing_cpus=1: the candidate's module is imported (compile and run workers) and checked on
+    every CPU but the last, and its timed calls run on the last alone."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    result, at_import, in_forward = cpus_seen("cuda", str(tmp_path / "cpus.log"), cache_root=cache_root,
+                                              timing_cpus=1, gpu_trials=30)
+    assert result.status == "correct" and result.timing_ok, result.message
+    assert at_import == {tuple(allowed[:-1])}
+    assert in_forward == {tuple(allowed[:-1]), (allowed[-1],)}
 
 
 BROKEN_CPP = """

@@ -38,6 +38,21 @@ def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
 
 
 
+def test_ranks_of_a_node_get_disjoint_cpu_shares():
+    """Each rank's share (in a fresh process: the binding is for the process's life)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    allowed = sorted(os.sched_getaffinity(0))
+    shares = []
+    for rank in range(2):
+        code = f"import os, train; train.bind_rank_cpus({rank}, 2); print(sorted(os.sched_getaffinity(0)))"
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+        shares.append(json.loads(out.stdout))
+    half = len(allowed) // 2
+    assert shares == [allowed[:half], allowed[half:2 * half]]
+
+
 def test_tokenizer_without_eos_is_refused(tmp_path):
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
     config = train.Config(model=str(tmp_path / "m"))
