@@ -172,16 +172,22 @@ def prefill(args):
         if not padded:
             ways["causal_gqa"] = causal_gqa
         print(f"prefill, {rows} rows x {width} tokens, {'left-padded' if padded else 'no padding'}:")
-        for name, fn in ways.items():
-            if args.ways and not name.startswith(tuple(args.ways.split(","))):
-                continue
-            try:
-                out = fn()
-                error = ((out.float() - expected).abs().amax(dim=(2, 3))[real_q].max().item()
-                         if name != "create_block_mask" else float("nan"))
-                print(f"  {name:18s} {time_us(fn, 20):10.1f} us   ({error:.2e})", flush=True)
-            except (RuntimeError, TypeError, ValueError) as e:
-                print(f"  {name:18s} failed: {str(e).splitlines()[0][:200]}", flush=True)
+        time_ways(ways, args.ways, 20, lambda out: (out.float() - expected).abs().amax(dim=(2, 3))[real_q].max().item())
+
+
+def time_ways(ways: dict, prefixes: str | None, repeats: int, error_of) -> None:
+    """Print each way's microseconds per call (time_us) and its error, error_of(its output), for
+    the ways whose names start with one of the comma-separated `prefixes` (None: all); a way that
+    returns no tensor (it builds a mask) has no error, and one that fails prints why."""
+    for name, fn in ways.items():
+        if prefixes and not name.startswith(tuple(prefixes.split(","))):
+            continue
+        try:
+            out = fn()
+            error = error_of(out) if torch.is_tensor(out) else float("nan")
+            print(f"  {name:18s} {time_us(fn, repeats):8.1f} us   ({error:.2e})", flush=True)
+        except (RuntimeError, TypeError, ValueError) as e:
+            print(f"  {name:18s} failed: {str(e).splitlines()[0][:200]}", flush=True)
 
 
 def time_us(fn, repeats):
@@ -256,15 +262,7 @@ def main():
                 ways[f"flash_window_s{splits}"] = lambda s=splits: flash_window(q, k, v, starts, used, s)
         bytes_read = 2 * batch * kv_heads * args.cache * dim * 2
         print(f"batch {batch}: K and V are {bytes_read / 1e6:.0f} MB, {bytes_read / 4.8e12 * 1e6:.0f} us at 4.8 TB/s")
-        for name, fn in ways.items():
-            if args.ways and not name.startswith(tuple(args.ways.split(","))):
-                continue
-            try:
-                out = fn()
-                error = (out.float() - expected).abs().max().item() if torch.is_tensor(out) else float("nan")
-                print(f"  {name:18s} {time_us(fn, args.repeats):8.1f} us   ({error:.2e})", flush=True)
-            except (RuntimeError, TypeError) as e:
-                print(f"  {name:18s} failed: {str(e).splitlines()[0][:200]}", flush=True)
+        time_ways(ways, args.ways, args.repeats, lambda out: (out.float() - expected).abs().max().item())
 
 
 if __name__ == "__main__":
