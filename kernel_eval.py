@@ -240,7 +240,7 @@ class EvalConfig:
     # on GPU, CPUs kept for timing windows (the last this process may use): builds and checks run on
     # the others, and both timed workers move onto these for their window, so a timed call's launch
     # and synchronize never share a core with a compiler (PERFORMANCE.md: pair noise); 0: none kept.
-    # Not used on cpu, nor when the process may use no more CPUs than this.
+    # Not used on cpu, nor when the process may use fewer than 4x this many CPUs.
     timing_cpus: int = 2
     l2_flush_bytes: int = 256 << 20
     message_chars: int = 1500
@@ -872,9 +872,9 @@ def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payl
 
 def _cpu_split(device: str, cfg: EvalConfig) -> tuple:
     """(CPUs for builds and checks, CPUs for timing windows), or (None, None): no split (cpu, none
-    kept, or too few CPUs to keep one for builds)."""
+    kept, or fewer than 4 x timing_cpus CPUs: builds keep at least three quarters of them)."""
     allowed = sorted(os.sched_getaffinity(0))
-    if device == "cpu" or cfg.timing_cpus <= 0 or len(allowed) <= cfg.timing_cpus:
+    if device == "cpu" or cfg.timing_cpus <= 0 or len(allowed) < 4 * cfg.timing_cpus:
         return None, None
     return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
 

@@ -71,6 +71,8 @@ def main() -> None:
     p.add_argument("--busy-cores", default="", help="CPUs the busy processes are confined to, e.g. 2-15 "
                    "(default: any; run the bench under `taskset -c 0-1` to keep the harness off them)")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (the first run builds)")
+    p.add_argument("--block-ms", type=float, default=None,
+                   help="kernel_eval's cpu_block_ms or gpu_block_ms: each timing block's least length (default: its own)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--blocks", action="store_true", help="print every run's timing blocks")
     a = p.parse_args()
@@ -80,6 +82,8 @@ def main() -> None:
     with open(os.path.join(ADV, kind, "benign.py")) as f:
         cand = f.read()
     cfg = {"cache_root": a.cache_root or tempfile.mkdtemp(prefix="bench-repeat-")}
+    if a.block_ms is not None:
+        cfg["cpu_block_ms" if a.device == "cpu" else "gpu_block_ms"] = a.block_ms
     rows = []
     for i in range(a.runs):
         busy = a.busy if i % 2 else 0

@@ -1036,8 +1036,8 @@ def test_cuda_timed_calls_run_on_the_kept_cpus_and_nothing_else_does(cache_root,
     """timing_cpus=1: the candidate's module is imported (compile and run workers) and checked on
     every CPU but the last, and its timed calls run on the last alone."""
     allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        pytest.skip("needs two CPUs")
+    if len(allowed) < 4:
+        pytest.skip("needs four CPUs (builds keep three quarters)")
     result, at_import, in_forward = cpus_seen("cuda", str(tmp_path / "cpus.log"), cache_root=cache_root,
                                               timing_cpus=1, gpu_trials=30)
     assert result.status == "correct" and result.timing_ok, result.message
