@@ -9,11 +9,11 @@
     python train.py --out runs/smoke --resume                # continue from the last checkpoint
 
 One step, each a line of `main`'s loop you can point at:
- 1. draw tasks (uniform, or Kimi k1.5's prioritised sampling); rank r takes tasks[r::world], so a
-    task's whole group (G trajectories x T turns) lives on one rank;
+ 1. draw tasks (tasks.draw_tasks: uniform, or Kimi k1.5's prioritised sampling); rank r takes
+    tasks[r::world], so a task's whole group (G trajectories x T turns) lives on one rank;
  2. rollout: G x T attempts per task, judged by kernel_eval -> Samples with discounted returns;
  3. advantages: grpo.group_advantages over each task's G*T samples;
- 4. old log-probs, once, under no_grad, before the first optimizer step;
+ 4. old log-probs (grpo.completion_logprobs), once, under no_grad, before the first optimizer step;
  5. for each of `optimizer_steps` mini-batches: the global normaliser Z (all-reduced), the clipped
     loss on micro-batches (the same count on every rank), grad-norm clip, AdamW step;
  6. metrics gathered from every rank, written by rank 0; a checkpoint every `save_every` steps.
