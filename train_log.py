@@ -71,7 +71,7 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             "clip_fraction": sum(clips) / max(1, len(clips)), "approx_kl": sum(kls) / max(1, len(kls)),
             "advantage_nonzero": sum(p["advantage_nonzero"] * len(p["rows"]) for p in ranks) / n,
             "grad_norm": update_out["grad_norm"][-1], "lr": update_out["lr"],
-            "train_flops": sum(part["flops"] for part in ranks),
+            "train_flops": sum(part["flops"] for part in ranks), "ranks": len(ranks),   # MFU is per GPU
             # tasks whose reference failed in the harness: their samples were dropped, not paid 0
             "reference_error_tasks": sorted({t for turn in turns for t in turn.get("reference_error_tasks", [])}),
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}

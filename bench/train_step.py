@@ -95,12 +95,12 @@ def measure(model, layer_params, samples, config, device, repeats: int) -> tuple
 def from_run(run: str, model_path: str, peak_tflops: float) -> None:
     rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     print(f"train.py run {run}: model {model_path}")
-    print("| step | generation s | evaluation s | training s | step s | train TFLOP/s | training MFU |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| step | GPUs | generation s | evaluation s | training s | step s | train TFLOP/s (all GPUs) | training MFU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        rate = r["train_flops"] / r["seconds_training"] / 1e12
-        print(f"| {r['step']} | {r['seconds_generation']:.1f} | {r['seconds_evaluation']:.1f} | "
-              f"{r['seconds_training']:.1f} | {r['seconds_step']:.1f} | {rate:.0f} | {rate / peak_tflops:.1%} |")
+        rate, gpus = r["train_flops"] / r["seconds_training"] / 1e12, r.get("ranks", 1)   # older runs: one rank
+        print(f"| {r['step']} | {gpus} | {r['seconds_generation']:.1f} | {r['seconds_evaluation']:.1f} | "
+              f"{r['seconds_training']:.1f} | {r['seconds_step']:.1f} | {rate:.0f} | {rate / (gpus * peak_tflops):.1%} |")
 
 
 def main(argv=None) -> None:

@@ -30,7 +30,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
     assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
     assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
-    assert record["train_flops"] == 3e12 and record["reference_error_tasks"] == ["c"]
+    assert record["train_flops"] == 3e12 and record["ranks"] == 2 and record["reference_error_tasks"] == ["c"]
     assert (record["seconds_generation"], record["seconds_evaluation"], record["seconds_training"]) == (7.0, 2.0, 1.5)
     record["seconds_step"] = 10.0
     with open(tmp_path / "metrics.jsonl", "w") as f:
