@@ -497,7 +497,7 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
              "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes,
-             "cpus": _cpu_split(device, cfg)[1]}, (time_file,))
+             "cpus": _cpu_split(device == "cpu", cfg)[1]}, (time_file,))
     # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
     # this process's clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
@@ -838,8 +838,7 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
     with open(path, "w") as f:
         f.write(src)
     worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
-                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu",
-                    cpus=_cpu_split(device, cfg)[0])
+                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu")
     # replies are small (tensors go through memory files); the trusted reference also sends init inputs
     worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
     return worker
@@ -870,11 +869,11 @@ def _ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict, payl
         raise _Failure("runtime_error", f"{who} {worker.death_reason(phase)}") from e
 
 
-def _cpu_split(device: str, cfg: EvalConfig) -> tuple:
+def _cpu_split(cpu: bool, cfg: EvalConfig) -> tuple:
     """(CPUs for builds and checks, CPUs for timing windows), or (None, None): no split (cpu, none
     kept, or fewer than 4 x timing_cpus CPUs: builds keep at least three quarters of them)."""
     allowed = sorted(os.sched_getaffinity(0))
-    if device == "cpu" or cfg.timing_cpus <= 0 or len(allowed) < 4 * cfg.timing_cpus:
+    if cpu or cfg.timing_cpus <= 0 or len(allowed) < 4 * cfg.timing_cpus:
         return None, None
     return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
 
@@ -920,8 +919,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         f.write(candidate_src)
     worker = Worker("compile", _worker_args(src_path, device, cfg, arch), os.path.join(scratch, "w"),
                     _build_env(device, arch, cfg, compiling=True), cfg, cpu=device == "cpu",
-                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote,
-                    cpus=_cpu_split(device, cfg)[0])
+                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote)
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
@@ -1615,8 +1613,7 @@ class Worker:
     """A worker process under its supervisor, with a framed channel to it."""
 
     def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, cfg: EvalConfig, cpu: bool,
-                 fsize: int | None = None, nice: int = 0, zygote: _CompileZygote | None = None,
-                 cpus: list | None = None):
+                 fsize: int | None = None, nice: int = 0, zygote: _CompileZygote | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
         cmd_r, cmd_w = os.pipe()
@@ -1633,7 +1630,7 @@ class Worker:
                 "stdout": self.stdout, "stderr": self.stderr, "code_file": self.code_file,
                 "fsize": fsize or cfg.max_message_bytes, "output_bytes": cfg.max_file_bytes, "nice": nice,
                 "parent": os.getpid(), "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0,
-                "cpus": cpus}
+                "cpus": _cpu_split(cpu, cfg)[0]}  # off the CPUs kept for timing windows
         self.proc = zygote.fork(spec) if zygote else None  # None: no zygote, or it is out of service
         if self.proc is None:  # the spec (it holds the environment) through a pipe: argv is public (ps)
             self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise"],

@@ -851,6 +851,9 @@ def turn_score(parse_error: str | None, gate_reason: str | None, result: Any | N
     return kernel_score(result, correctness_weight, speedup_cap)
 
 
+RETURN_MODES = ("sum", "max")
+
+
 def discounted_returns(scores: Iterable[float], gamma: float = 0.4,
                        mode: str = "sum") -> list[float]:
     """Per-turn returns of one trajectory.
@@ -858,7 +861,7 @@ def discounted_returns(scores: Iterable[float], gamma: float = 0.4,
     sum: R_t = sum_{k>=t} gamma^(k-t) s_k  = s_t + gamma * R_{t+1}
     max: R_t = max_{k>=t} gamma^(k-t) s_k  = max(s_t, gamma * R_{t+1})   (gamma >= 0)
     """
-    if mode not in ("sum", "max"):
+    if mode not in RETURN_MODES:
         raise ValueError(f"mode must be 'sum' or 'max', got {mode!r}")
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")

@@ -163,7 +163,7 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
     if config.n_trajectories < 1 or config.n_turns < 1:
         raise ValueError(f"RolloutConfig needs n_trajectories >= 1 and n_turns >= 1, got "
                          f"{config.n_trajectories} and {config.n_turns}")
-    if config.return_mode not in ("sum", "max"):
+    if config.return_mode not in rewards.RETURN_MODES:
         raise ValueError(f"RolloutConfig.return_mode must be 'sum' or 'max', got {config.return_mode!r}")
     trajectories = [_Trajectory(t, g) for t in range(len(tasks)) for g in range(config.n_trajectories)]
     if histories is not None:

@@ -321,7 +321,6 @@ def split_tasks(tasks: list[Task], n_heldout: int = 20, seed: int = 0,
             sorted(heldout, key=lambda t: t.task_id))
 
 
-
 SAMPLERS = ("uniform", "prioritized")
 
 

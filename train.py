@@ -42,6 +42,7 @@ import torch.distributed as dist
 import checkpoint
 import engines
 import grpo
+import rewards
 import rollout
 import tasks as tasks_module
 import train_log
@@ -110,7 +111,7 @@ PRESETS = {
                   activation_checkpointing=True, save_every=5),
 }
 
-CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": ("sum", "max"),
+CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": rewards.RETURN_MODES,
            "aggregation": grpo.AGGREGATIONS}
 
 

@@ -732,7 +732,6 @@ def cache_root():
 
 
 CPP_CASES = cases("cpp")
-CASES_BY_KIND = {"cpp": CPP_CASES, "cuda": cases("cuda")}
 # import_hang hangs in the compile phase too: run alone with a short compile limit; loaded_benign is
 # judged while busy processes load the machine
 SEPARATE = {"import_hang", "loaded_benign"}
@@ -911,12 +910,11 @@ def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, mo
 
 
 
-def cpus_seen(device: str, log: str, **cfg) -> tuple:
-    """Judge the benign kernel for `device`, its module recording the CPUs it may run on when
+def cpus_seen(path: str, device: str, log: str, **cfg) -> tuple:
+    """Judge the kernel at `path` on `device`, its module recording the CPUs it may run on when
     imported (compile and run workers) and at every forward (checks and timed calls): (result,
     CPU sets seen at import, CPU sets seen in forward)."""
-    kind = "cpp" if device == "cpu" else "cuda"
-    src = open(CASES_BY_KIND[kind]["benign"]).read() + f"""
+    src = open(path).read() + f"""
 import os as _os
 def _seen(where):
     with open({log!r}, "a") as _f:
@@ -940,8 +938,8 @@ ModelNew.forward = _recording_forward
 @pytest.mark.slow
 def test_timing_cpus_are_not_kept_on_cpu(cache_root, tmp_path):
     """On cpu a worker times itself by its CPU time: no core is kept, every phase may use them all."""
-    result, at_import, in_forward = cpus_seen("cpu", str(tmp_path / "cpus.log"), cache_root=cache_root,
-                                              timing_cpus=1, **FAST)
+    result, at_import, in_forward = cpus_seen(CPP_CASES["benign"], "cpu", str(tmp_path / "cpus.log"),
+                                              cache_root=cache_root, timing_cpus=1, **FAST)
     assert result.status == "correct", result.message
     assert at_import == in_forward == {tuple(sorted(os.sched_getaffinity(0)))}
 
@@ -1038,8 +1036,8 @@ def test_cuda_timed_calls_run_on_the_kept_cpus_and_nothing_else_does(cache_root,
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 4:
         pytest.skip("needs four CPUs (builds keep three quarters)")
-    result, at_import, in_forward = cpus_seen("cuda", str(tmp_path / "cpus.log"), cache_root=cache_root,
-                                              timing_cpus=1, gpu_trials=30)
+    result, at_import, in_forward = cpus_seen(CUDA_CASES["benign"], "cuda", str(tmp_path / "cpus.log"),
+                                              cache_root=cache_root, timing_cpus=1, gpu_trials=30)
     assert result.status == "correct" and result.timing_ok, result.message
     assert at_import == {tuple(allowed[:-1])}
     assert in_forward == {tuple(allowed[:-1]), (allowed[-1],)}
