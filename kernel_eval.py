@@ -24,8 +24,10 @@ How one evaluation runs, and why
    flags are the defaults. TORCH_CUDA_ARCH_LIST is the device's own arch; CUDA is hidden from the
    compile worker. CUDA builds try the `cuda_header_tiers` first (default "slim": ATen's tensor
    class and lean copies of the headers of the ops the source names, instead of torch/extension.h,
-   whose parsing is most of a build), then the source as written. Up to `max_parallel_compiles`
-   builds run at once. Import errors that are not build errors are deferred to the run phase.
+   whose parsing is most of a build; ATen/cuda/CUDAContext.h cut to its device-property calls; the
+   host unit's headers read from a precompiled header built once per cache, `host_pch`), then the
+   source as written. Up to `max_parallel_compiles` builds run at once. Import errors that are
+   not build errors are deferred to the run phase.
 3. run. Each distinct reference in a batch gets one trusted reference session (a worker process
    running only the task's own code): it draws inputs from seeds only the parent knows (on the
    device when the task runs there: get_inputs under `with device`, on the CPU if that fails),
@@ -200,8 +202,7 @@ class EvalConfig:
     cache_root: str = os.environ.get("KERNEL_EVAL_CACHE",
                                      os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
     scratch_root: str | None = None  # None: the system temp dir
-    # None: every core on cpu (one C++ unit per build); on cuda cores / (2 x build_jobs): a build is a
-    # host unit and a .cu unit side by side, and run workers boot meanwhile (PERFORMANCE.md)
+    # None: default_parallel_compiles (every core on cpu; on cuda half the cores / build_jobs)
     max_parallel_compiles: int | None = None
     # candidates whose worker may be alive at once (it boots while its kernel compiles or waits for
     # the device). None: two per parallel build on cuda, 1 on cpu (cores are shared)
@@ -216,6 +217,9 @@ class EvalConfig:
     # header sets tried in order for CUDA builds before the source as written (HEADER_TIERS):
     # "slim" (ATen/core/Tensor.h plus the ops the source names), "light" (ATen/ATen.h); () = as written
     cuda_header_tiers: tuple = ("slim",)
+    # the slim tier's host units read a precompiled header kept in cache_root (build_host_pch), built
+    # from the first such build with the default flags; units with other flags parse the headers
+    host_pch: bool = True
     cuda_arch: str | None = None  # None: the device's own, e.g. "9.0"
     op_check: bool = True
     time_candidate: bool = True
@@ -304,8 +308,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
             todo.append(i)
     if not todo:
         return results
-    cores = os.cpu_count() or 1
-    n_compiles = config.max_parallel_compiles or (cores if device == "cpu" else cores // (2 * max(1, config.build_jobs)))
+    n_compiles = config.max_parallel_compiles or default_parallel_compiles(device, config)
     compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
     zygote = _CompileZygote() if config.compile_zygote else None  # starts with the first build
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
@@ -878,6 +881,15 @@ def _cpu_split(cpu: bool, cfg: EvalConfig) -> tuple:
     return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
 
 
+def default_parallel_compiles(device: str, cfg: EvalConfig) -> int:
+    """Builds at once when max_parallel_compiles is None. On cpu every core (one C++ unit per build).
+    On cuda half the cores / build_jobs (4 on a 16-core H200): a build is a .cu unit and a host unit
+    side by side, and the run workers boot beside them. 7 builds kept the CPUs busier and gave ~10%
+    more candidates per minute over five runs, at 23-26 s p50 latency instead of 17 s (PERFORMANCE.md)."""
+    cores = len(os.sched_getaffinity(0))
+    return cores if device == "cpu" else max(1, cores // (2 * max(1, cfg.build_jobs)))
+
+
 def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
     """(warm-up calls, timed calls, least warm-up ms)"""
     return ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
@@ -907,7 +919,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
     import torch
     key = source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__,
-                      list(cfg.default_cflags), cfg.use_pch, list(cfg.cuda_header_tiers))
+                      list(cfg.default_cflags), cfg.use_pch, list(cfg.cuda_header_tiers), cfg.host_pch)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = _read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
@@ -1024,7 +1036,7 @@ def _worker_args(src_path: str, device: str, cfg: EvalConfig, arch: str) -> list
     args = ["--source", src_path, "--device", "cuda" if device != "cpu" else "cpu",
             "--cache-root", cfg.cache_root, "--arch", arch,
             "--cflags", json.dumps(list(cfg.default_cflags)), "--use-pch", str(int(cfg.use_pch)),
-            "--cuda-header-tiers", ",".join(cfg.cuda_header_tiers)]
+            "--cuda-header-tiers", ",".join(cfg.cuda_header_tiers), "--host-pch", str(int(cfg.host_pch))]
     if cfg.cpu_threads and device == "cpu":
         args += ["--threads", str(cfg.cpu_threads)]
     return args
@@ -1863,14 +1875,15 @@ class _CompileZygote:
 # ----------------------------------------------------------------------------- worker side
 
 def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_pch: bool, fast_load: bool,
-                         cuda_header_tiers: tuple = ()) -> dict:
-    """Force load_inline/load into per-hash build dirs; inject -O3 and the precompiled header."""
+                         cuda_header_tiers: tuple = (), host_pch: bool = False) -> dict:
+    """Force load_inline/load into per-hash build dirs; inject -O3 and the precompiled headers."""
     import inspect
     import torch
     import torch.utils.cpp_extension as ce
 
     state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0}
     base_key = (torch.__version__, sys.version_info[:2], arch)
+    host_header = write_host_header(cache_root, torch.__version__) if host_pch and cuda_header_tiers else None
     inline, load = ce.load_inline, ce.load
 
     def fix_flags(args: dict, cuda: bool) -> None:
@@ -1904,8 +1917,12 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
             # of every .cu unit and torch/extension.h (all of torch's C++ API) in the host unit
             for tier in cuda_header_tiers:
                 try:
-                    module = build(header_tier_args(args, tier), cuda, remember_failure=True)
+                    tier_args = header_tier_args(args, tier)
+                    module = build(tier_args, cuda, remember_failure=True)
                     state["header_tier"] = tier
+                    if (tier == "slim" and host_header and not fast_load
+                            and list(args["extra_cflags"]) == list(default_cflags)):
+                        build_host_pch(host_header, tier_args["build_directory"])
                     return module
                 except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
                     state["build_error"] = None  # a heavier tier may still build it: fall back
@@ -1921,8 +1938,11 @@ def _patch_cpp_extension(cache_root: str, arch: str, default_cflags: list, use_p
         if tier == "slim":
             ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
             host_ops, device_ops = op_names(cpp, ops_dir), op_names(cu, ops_dir)
-            host = SLIM_HOST_HEADERS + ops_includes(host_ops) + TORCH_ALIASES
+            # first in the unit, so that g++ may use its precompiled form (build_host_pch)
+            host_headers = f'#include "{host_header}"\n' if host_header else SLIM_HOST_HEADERS
+            host = host_headers + ops_includes(host_ops) + TORCH_ALIASES
             device = SLIM_CUDA_HEADERS + ops_includes(device_ops)
+            cu = [s.replace(CUDA_CONTEXT_HEADER, SLIM_CUDA_CONTEXT) for s in cu]
             # lean copies of those ops' headers, first on the include path (-I precedes -isystem)
             include_paths = [write_lean_op_headers(sorted(set(host_ops + device_ops)), ops_dir,
                                                    os.path.join(cache_root, "op_headers"))] + include_paths
@@ -2032,6 +2052,23 @@ LEAN_OP_DROPPED = frozenset({"#include <ATen/Context.h>", "#include <ATen/Device
 SLIM_HOST_HEADERS = """#include <torch/csrc/Exceptions.h>
 #include <ATen/core/Tensor.h>
 """
+# A slim .cu unit gets this for ATen/cuda/CUDAContext.h: its device-property calls and AT_CUDA_CHECK
+# without cuBLAS, cuSPARSE, cuSOLVER and ATen/Context.h (at::cuda:: already names c10::cuda's streams
+# and guards). About a fifth of a .cu unit's build (PERFORMANCE.md); a source that needs the rest
+# falls back to the next tier.
+CUDA_CONTEXT_HEADER = "#include <ATen/cuda/CUDAContext.h>"
+SLIM_CUDA_CONTEXT = """#include <c10/cuda/CUDAFunctions.h>
+#include <c10/core/Allocator.h>
+namespace at::cuda {
+TORCH_CUDA_CPP_API cudaDeviceProp* getCurrentDeviceProperties();
+TORCH_CUDA_CPP_API int warp_size();
+TORCH_CUDA_CPP_API cudaDeviceProp* getDeviceProperties(c10::DeviceIndex device);
+TORCH_CUDA_CPP_API c10::Allocator* getCUDADeviceAllocator();
+}
+#ifndef AT_CUDA_CHECK
+#define AT_CUDA_CHECK(EXPR) C10_CUDA_CHECK(EXPR)
+#endif
+"""
 # light: all of ATen (every operator) in the .cu unit, torch/extension.h in the host unit
 LIGHT_CUDA_HEADERS = """#include <cuda.h>
 #include <cuda_runtime.h>
@@ -2086,6 +2123,60 @@ def write_lean_op_headers(names: list, ops_dir: str, root: str) -> str:
     return include_dir
 
 
+def write_host_header(cache_root: str, torch_version: str) -> str:
+    """SLIM_HOST_HEADERS as a file of their own under cache_root, which the slim tier's host units
+    include first: g++ then reads its precompiled form (<file>.gch, build_host_pch) where one is valid
+    for the unit's flags, and parses the headers where none is (same unit either way)."""
+    directory = os.path.join(cache_root, "host_pch", source_hash(SLIM_HOST_HEADERS, torch_version)[:24])
+    path = os.path.join(directory, "kernel_eval_host.h")
+    if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(SLIM_HOST_HEADERS)
+        os.replace(tmp, path)
+    return path
+
+
+def build_host_pch(header: str, build_dir: str, timeout_s: float = 300.0) -> bool:
+    """Precompile `header` once per cache with the host flags of a build that used it: torch's own
+    (read from that build's build.ninja, so they match whatever this torch writes) less the extension's
+    name and -I paths, which g++ does not require to match. Parsing pybind11 and ATen's tensor is
+    about 3 of a host unit's 8 s (PERFORMANCE.md). Returns whether a new one was written; a failed or
+    concurrent attempt leaves none, and the units parse the headers as before."""
+    gch = header + ".gch"
+    try:
+        with open(os.path.join(build_dir, "build.ninja")) as f:
+            ninja = f.read()
+    except OSError:
+        return False
+    variables = dict(re.findall(r"^(cxx|cflags|post_cflags) = (.*)$", ninja, re.M))
+    if os.path.exists(gch) or "cxx" not in variables or "cflags" not in variables:
+        return False
+    import shlex
+    flags = [f for f in shlex.split(variables["cflags"] + " " + variables.get("post_cflags", ""))
+             if not f.startswith(("-DTORCH_EXTENSION_NAME=", "-I"))]
+    with open(header + ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # another build is writing it
+        if os.path.exists(gch):
+            return False
+        tmp = f"{gch}.{os.getpid()}.tmp"
+        try:
+            done = subprocess.run(shlex.split(variables["cxx"]) + ["-x", "c++-header", header, "-o", tmp] + flags,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s)
+            if done.returncode == 0:
+                os.replace(tmp, gch)
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        return False
+
+
 def _import_source(path: str, module_name: str):
     import importlib.util
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -2135,7 +2226,8 @@ def _worker_compile(a) -> None:
     t_torch = _perf_counter() - t0  # timed apart from the build (diagnostics: the record's profile)
     del torch
     state = _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=False,
-                                 cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t))
+                                 cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t),
+                                 host_pch=bool(a.host_pch))
     try:
         _import_source(a.source, "candidate_module")
         total = _perf_counter() - t0
@@ -2170,7 +2262,8 @@ def _worker_serve(a) -> None:
     fd_sock = socket.socket(fileno=a.fd_sock)
     reply = a.reply_fd
     _patch_cpp_extension(a.cache_root, a.arch, json.loads(a.cflags), a.use_pch, fast_load=True,
-                         cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t))
+                         cuda_header_tiers=tuple(t for t in a.cuda_header_tiers.split(",") if t),
+                         host_pch=bool(a.host_pch))
 
     class OpRecorder(TorchDispatchMode):
         def __init__(self):
@@ -2381,6 +2474,7 @@ def _worker_main(argv: list) -> None:
     p.add_argument("--use-pch", type=int, default=1)
     p.add_argument("--threads", default="")
     p.add_argument("--cuda-header-tiers", default="")
+    p.add_argument("--host-pch", type=int, default=0)
     a = p.parse_args(argv)
     a.use_pch = bool(a.use_pch)
     if a.mode == "compile":

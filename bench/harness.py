@@ -191,6 +191,7 @@ def main() -> None:
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
     p.add_argument("--header-tiers", default=None,
                    help="kernel_eval's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_eval's)")
+    p.add_argument("--no-host-pch", action="store_true", help="kernel_eval's host_pch off (host units parse their headers)")
     p.add_argument("--no-compile-zygote", action="store_true",
                    help="spawn each compile worker (it imports torch itself) instead of forking it from one zygote")
     p.add_argument("--gpu-warmup-ms", type=float, default=None, help="kernel_eval's gpu_warmup_ms (default: its own)")
@@ -220,6 +221,8 @@ def main() -> None:
         over["timing_cpus"] = a.timing_cpus
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
+    if a.no_host_pch:
+        over["host_pch"] = False
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
 
     results, wall, own, to_verdict, compile_s, phases, pairs, speedup_pairs = [], float("nan"), [], [], [], {}, [], []

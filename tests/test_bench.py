@@ -23,3 +23,19 @@ def test_generation_bench_prints_a_row_per_engine_with_a_decode_split_and_a_prof
         assert float(rows[engine].replace(",", "")) > 0
         assert re.fullmatch(r"[\d,]+ \(prefill \+ 1 token: [\d.]+ s\)|n/a", rows[f"{engine}, decode only"])
         assert "aten::" in (tmp_path / f"{engine}_b2.txt").read_text()
+
+
+def test_cpu_by_process_counts_a_childs_cpu_time_under_its_kind():
+    """A child that burns ~1 CPU s and then sleeps is seen while alive and counted under its kind;
+    the sleeping parent command is counted near zero; the exit status is the command's."""
+    burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(0.5)"
+    out = subprocess.run(
+        [sys.executable, "bench/cpu_by_process.py", "--interval", "0.05", "--",
+         "bash", "-c", f"{sys.executable} -c '{burn}'; exit 3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stderr[-2000:]
+    rows = {m.group(1): (int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^\| (.+?) \| (\d+) \| ([\d.]+) \| [\d.]+% \|$", out.stdout, re.M)}
+    count, cpu_s = rows["python: other"]
+    assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
+    assert rows.get("bash", (1, 0.0))[1] < 0.3, out.stdout

@@ -8,6 +8,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -427,11 +428,12 @@ def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False,
                             cuda_header_tiers=("slim", "light"))
     ce.load_inline("ext", "#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x);",
-                   cuda_sources="#include <torch/extension.h>\n__global__ void k() {}\n"
+                   cuda_sources="#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>\n__global__ void k() {}\n"
                                 "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); return at::zeros_like(y); }")
     assert len(calls) == 1 and calls[0]["no_implicit_headers"]  # built on the slim tier
     cu, cpp = "".join(calls[0]["cuda_sources"]), "".join(calls[0]["cpp_sources"])
     assert "torch/extension.h" not in cu + cpp and "ATen/ATen.h" not in cu and "__global__ void k" in cu
+    assert ke.CUDA_CONTEXT_HEADER not in cu and ke.SLIM_CUDA_CONTEXT in cu  # no cuBLAS/cuSPARSE headers
     # the ops the unit names, and only those, from a lean copy first on the include path
     assert "ATen/ops/empty_like.h" in cu and "ATen/ops/zeros_like.h" in cu and "ATen/ops/empty.h>" not in cu
     lean = calls[0]["extra_include_paths"][0]
@@ -449,6 +451,59 @@ def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     assert len(calls) == 7  # the failed tiers are remembered, not retried
     with pytest.raises(ValueError, match="cuda_header_tiers"):
         ke.evaluate(REFERENCE, "x = 1", device="cpu", cache_root=str(tmp_path), cuda_header_tiers=("tiny",))
+
+
+def test_slim_host_units_include_the_shared_header_first(monkeypatch, tmp_path):
+    import functools
+    import torch.utils.cpp_extension as ce
+    calls = []
+    monkeypatch.setattr(ce, "load_inline", functools.wraps(ce.load_inline)(lambda **kw: calls.append(kw) or kw["build_directory"]))
+    monkeypatch.setattr(ce, "load", ce.load)
+    monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
+    ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=False, fast_load=False,
+                            cuda_header_tiers=("slim",), host_pch=True)
+    for name in ("ext_a", "ext_b"):
+        ce.load_inline(name, "torch::Tensor f(torch::Tensor x);", cuda_sources="__global__ void k() {}")
+    first_lines = {"".join(c["cpp_sources"]).splitlines()[0] for c in calls}
+    assert len(first_lines) == 1  # one header for every unit of this torch, so one precompiled form
+    header = first_lines.pop().removeprefix('#include "').removesuffix('"')
+    assert header.startswith(str(tmp_path)) and open(header).read() == ke.SLIM_HOST_HEADERS
+    # no build.ninja in these fake builds: nothing to learn the flags from, so no precompiled header
+    assert not os.path.exists(header + ".gch")
+
+
+@pytest.mark.slow
+def test_host_pch_is_built_from_the_units_flags_and_used_by_another_extension(tmp_path):
+    """build_host_pch reads the flags torch wrote for a build and precompiles the header with them;
+    a unit of another extension (another TORCH_EXTENSION_NAME, other -I paths) then reads it."""
+    import shutil
+    import sysconfig
+    import torch.utils.cpp_extension as ce
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    header = ke.write_host_header(str(tmp_path), torch.__version__)
+    system = [f"-isystem {p}" for p in ce.include_paths()] + [f"-isystem {sysconfig.get_paths()['include']}"]
+    build = tmp_path / "build_a"
+    build.mkdir()
+
+    def ninja(cflags: str) -> None:
+        (build / "build.ninja").write_text(f"ninja_required_version = 1.3\ncxx = c++\n\ncflags = {cflags}\npost_cflags = \n")
+
+    ninja("-DTORCH_EXTENSION_NAME=ext_a -DTORCH_API_INCLUDE_EXTENSION_H -I/no/such/dir -std=c++17 --no-such-flag "
+          + " ".join(system))
+    assert not ke.build_host_pch(header, str(build))  # the compiler refused: nothing written, nothing left
+    assert sorted(os.listdir(os.path.dirname(header))) == ["kernel_eval_host.h", "kernel_eval_host.h.lock"]
+    flags = "-DTORCH_API_INCLUDE_EXTENSION_H " + " ".join(system) + " -fPIC -std=c++17 -O3"
+    ninja("-DTORCH_EXTENSION_NAME=ext_a -I/no/such/dir " + flags)
+    assert ke.build_host_pch(header, str(build))
+    assert not ke.build_host_pch(header, str(build))  # built once
+    unit = tmp_path / "main.cpp"
+    unit.write_text(f'#include "{header}"\n' + ke.TORCH_ALIASES + "torch::Tensor f(torch::Tensor x) { return x; }\n")
+    import shlex
+    done = subprocess.run(["c++", "-DTORCH_EXTENSION_NAME=ext_b", f"-I{tmp_path}", *shlex.split(flags),
+                           "-Winvalid-pch", "-H", "-fsyntax-only", str(unit)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"! {header}.gch" in done.stderr.splitlines()  # g++ marks a precompiled header it used with "!"
 
 
 def test_lean_op_headers_drop_only_the_unused_includes_and_compile(tmp_path):
@@ -593,6 +648,7 @@ def test_compile_zygote_forks_workers_with_torch_loaded_and_their_own_tag(tmp_pa
     report = tmp_path / "report"
     src = f"""
 import os
+import re
 initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
 open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
 """
@@ -862,6 +918,7 @@ SECRET = "sk-keval-test-4f1c9e0b7d"
 # the process reads it, and as /proc shows its initial block) or in any process's command line
 SECRET_PROBE = f"""
 import os
+import re
 _seen = [k for k, v in os.environ.items() if k == "OPENAI_API_KEY" or "{SECRET}" in v]
 with open("/proc/self/environ", "rb") as _f:
     _seen += ["/proc/self/environ"] if b"{SECRET}" in _f.read() else []
@@ -1041,6 +1098,35 @@ def test_cuda_timed_calls_run_on_the_kept_cpus_and_nothing_else_does(cache_root,
     assert result.status == "correct" and result.timing_ok, result.message
     assert at_import == {tuple(allowed[:-1])}
     assert in_forward == {tuple(allowed[:-1]), (allowed[-1],)}
+
+
+@pytest.mark.gpu
+def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_headers(tmp_path):
+    """A source that includes ATen/cuda/CUDAContext.h and calls its device-property functions and
+    AT_CUDA_CHECK builds on the slim tier (SLIM_CUDA_CONTEXT), and the host headers' precompiled form
+    that its build leaves is valid for the flags torch gives a host unit on this machine."""
+    import shlex
+    src = open(CUDA_CASES["benign"]).read().replace('name="ext"', 'name="ext_context"')
+    src = src.replace("#include <c10/cuda/CUDAStream.h>", "#include <ATen/cuda/CUDAContext.h>")
+    src = src.replace("    auto y = torch::empty_like(xc);\n    launch(xc, y, scale, 0, xc.numel(), ",
+                      "    TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->multiProcessorCount > 0);\n"
+                      "    TORCH_CHECK(at::cuda::warp_size() == 32);\n"
+                      "    auto y = torch::empty_like(xc);\n    launch(xc, y, scale, 0, xc.numel(), ", 1)
+    src = src.replace("    return y;\n}\n\n// partial", "    AT_CUDA_CHECK(cudaGetLastError());\n    return y;\n}\n\n// partial", 1)
+    assert src.count("getCurrentDeviceProperties") == 1 and src.count("AT_CUDA_CHECK") == 1
+    cache = str(tmp_path / "cache")
+    result = ke.evaluate(REFERENCE, src, device="cuda", cache_root=cache, gpu_trials=30)
+    assert result.status == "correct", result.message
+    records = [json.load(open(p)) for p in glob.glob(os.path.join(cache, "compiled", "*.json"))]
+    assert [r["header_tier"] for r in records] == ["slim"]
+    [gch] = glob.glob(os.path.join(cache, "host_pch", "*", "kernel_eval_host.h.gch"))
+    [build_dir] = [os.path.dirname(p) for p in glob.glob(os.path.join(cache, "build", "*", "build.ninja"))
+                   if "ext_context" in open(p).read()]
+    ninja = open(os.path.join(build_dir, "build.ninja")).read()
+    cxx, cflags = (re.search(rf"^{v} = (.*)$", ninja, re.M).group(1) for v in ("cxx", "cflags"))
+    done = subprocess.run([*shlex.split(cxx), *shlex.split(cflags), "-Winvalid-pch", "-H", "-fsyntax-only",
+                           os.path.join(build_dir, "main.cpp")], capture_output=True, text=True)
+    assert done.returncode == 0 and f"! {gch}" in done.stderr.splitlines(), done.stderr[-2000:]
 
 
 BROKEN_CPP = """
