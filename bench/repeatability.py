@@ -73,6 +73,8 @@ def main() -> None:
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (the first run builds)")
     p.add_argument("--block-ms", type=float, default=None,
                    help="kernel_eval's cpu_block_ms or gpu_block_ms: each timing block's least length (default: its own)")
+    p.add_argument("--timing-blocks", type=int, default=None,
+                   help="kernel_eval's timing_blocks: blocks a side in one window (default: its own)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--blocks", action="store_true", help="print every run's timing blocks")
     a = p.parse_args()
@@ -84,6 +86,8 @@ def main() -> None:
     cfg = {"cache_root": a.cache_root or tempfile.mkdtemp(prefix="bench-repeat-")}
     if a.block_ms is not None:
         cfg["cpu_block_ms" if a.device == "cpu" else "gpu_block_ms"] = a.block_ms
+    if a.timing_blocks is not None:
+        cfg["timing_blocks"] = a.timing_blocks
     rows = []
     for i in range(a.runs):
         busy = a.busy if i % 2 else 0
