@@ -129,6 +129,7 @@ import os
 import re
 import secrets
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -2153,7 +2154,6 @@ def build_host_pch(header: str, build_dir: str, timeout_s: float = 300.0) -> boo
     variables = dict(re.findall(r"^(cxx|cflags|post_cflags) = (.*)$", ninja, re.M))
     if os.path.exists(gch) or "cxx" not in variables or "cflags" not in variables:
         return False
-    import shlex
     flags = [f for f in shlex.split(variables["cflags"] + " " + variables.get("post_cflags", ""))
              if not f.startswith(("-DTORCH_EXTENSION_NAME=", "-I"))]
     with open(header + ".lock", "a") as lock:
