@@ -2266,6 +2266,14 @@ def _worker_serve(a) -> None:
                          host_pch=bool(a.host_pch))
 
     class OpRecorder(TorchDispatchMode):
+        """The aten operators run while it is entered. Not wrapped to skip Dynamo: torch wraps a
+        mode's __torch_dispatch__ in torch._disable_dynamo unless told otherwise, and that wrapper's
+        first call imports torch._dynamo, sympy and triton (~900 modules: 1.3 CPU s on the 2-core
+        box, 5-6 of the ~12 CPU s a candidate worker's boot takes on the H200; PERFORMANCE.md)."""
+        @classmethod
+        def _should_skip_dynamo(cls):
+            return False
+
         def __init__(self):
             super().__init__()
             self.ops = set()
@@ -2298,7 +2306,7 @@ def _worker_serve(a) -> None:
             raise RuntimeError(f"expected {n} file descriptors, got {len(fds)}")
         return fds
 
-    if a.mode == "cand":  # a dispatch mode's first use imports half of torch (1-5 s): during boot
+    if a.mode == "cand":  # a dispatch mode's first use loads what dispatch needs: during boot
         with OpRecorder():
             torch.ones(1, device=dev).add(1)
     _child_send(reply, {"ready": True})

@@ -545,6 +545,21 @@ def test_precheck_rejects_without_compiling(tmp_path):
     assert time.monotonic() - t0 < 5 and not os.path.exists(os.path.join(tmp_path, "compiled"))
 
 
+def test_op_check_records_torch_ops_without_loading_dynamo_into_the_candidate(tmp_path):
+    """A forward made of torch ops is caught by the op recorder, and the candidate's process has
+    not had torch._dynamo loaded by the harness (its first import costs seconds of every boot)."""
+    src = REFERENCE.replace("class Model(", "class ModelNew(") + (
+        "\nimport sys\n_forward = ModelNew.forward\n"
+        "def forward(self, x):\n"
+        "    if 'torch._dynamo' in sys.modules:\n"
+        "        raise RuntimeError('torch._dynamo was loaded')\n"
+        "    return _forward(self, x)\n"
+        "ModelNew.forward = forward\n")
+    result = ke.evaluate(REFERENCE, src, device="cpu", cache_root=str(tmp_path), cpu_trials=2)
+    assert result.status == "incorrect" and "torch compute operators" in result.message, result.message
+    assert "aten::relu" in result.ops
+
+
 def _reference_outputs(session, part: str) -> list:
     """What the reference session holds, recomputed here from the session's own seeds and files."""
     import types
