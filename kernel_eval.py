@@ -996,12 +996,17 @@ class _DeviceLock:
         self.file.close()
 
 
-def _atomic_write_json(path: str, obj) -> None:
+def _atomic_write_text(path: str, text: str) -> None:
+    """Written whole (replace), so a concurrent reader never sees half of it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f)
+        f.write(text)
     os.replace(tmp, path)
+
+
+def _atomic_write_json(path: str, obj) -> None:
+    _atomic_write_text(path, json.dumps(obj))
 
 
 def _read_json(path: str):
@@ -2116,11 +2121,8 @@ def write_lean_op_headers(names: list, ops_dir: str, root: str) -> str:
     os.makedirs(target, exist_ok=True)
     for n, text in texts.items():
         path = os.path.join(target, n + ".h")
-        if not os.path.exists(path):  # written whole (replace), so a concurrent build never reads half
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+        if not os.path.exists(path):
+            _atomic_write_text(path, text)
     return include_dir
 
 
@@ -2128,14 +2130,10 @@ def write_host_header(cache_root: str, torch_version: str) -> str:
     """SLIM_HOST_HEADERS as a file of their own under cache_root, which the slim tier's host units
     include first: g++ then reads its precompiled form (<file>.gch, build_host_pch) where one is valid
     for the unit's flags, and parses the headers where none is (same unit either way)."""
-    directory = os.path.join(cache_root, "host_pch", source_hash(SLIM_HOST_HEADERS, torch_version)[:24])
-    path = os.path.join(directory, "kernel_eval_host.h")
+    path = os.path.join(cache_root, "host_pch", source_hash(SLIM_HOST_HEADERS, torch_version)[:24],
+                        "kernel_eval_host.h")
     if not os.path.exists(path):
-        os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(SLIM_HOST_HEADERS)
-        os.replace(tmp, path)
+        _atomic_write_text(path, SLIM_HOST_HEADERS)
     return path
 
 

@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -499,7 +500,6 @@ def test_host_pch_is_built_from_the_units_flags_and_used_by_another_extension(tm
     assert not ke.build_host_pch(header, str(build))  # built once
     unit = tmp_path / "main.cpp"
     unit.write_text(f'#include "{header}"\n' + ke.TORCH_ALIASES + "torch::Tensor f(torch::Tensor x) { return x; }\n")
-    import shlex
     done = subprocess.run(["c++", "-DTORCH_EXTENSION_NAME=ext_b", f"-I{tmp_path}", *shlex.split(flags),
                            "-Winvalid-pch", "-H", "-fsyntax-only", str(unit)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -663,7 +663,6 @@ def test_compile_zygote_forks_workers_with_torch_loaded_and_their_own_tag(tmp_pa
     report = tmp_path / "report"
     src = f"""
 import os
-import re
 initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
 open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
 """
@@ -933,7 +932,6 @@ SECRET = "sk-keval-test-4f1c9e0b7d"
 # the process reads it, and as /proc shows its initial block) or in any process's command line
 SECRET_PROBE = f"""
 import os
-import re
 _seen = [k for k, v in os.environ.items() if k == "OPENAI_API_KEY" or "{SECRET}" in v]
 with open("/proc/self/environ", "rb") as _f:
     _seen += ["/proc/self/environ"] if b"{SECRET}" in _f.read() else []
@@ -1120,7 +1118,6 @@ def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_heade
     """A source that includes ATen/cuda/CUDAContext.h and calls its device-property functions and
     AT_CUDA_CHECK builds on the slim tier (SLIM_CUDA_CONTEXT), and the host headers' precompiled form
     that its build leaves is valid for the flags torch gives a host unit on this machine."""
-    import shlex
     src = open(CUDA_CASES["benign"]).read().replace('name="ext"', 'name="ext_context"')
     src = src.replace("#include <c10/cuda/CUDAStream.h>", "#include <ATen/cuda/CUDAContext.h>")
     src = src.replace("    auto y = torch::empty_like(xc);\n    launch(xc, y, scale, 0, xc.numel(), ",
