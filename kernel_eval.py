@@ -35,8 +35,9 @@ How one evaluation runs, and why
    correctness trials, timing sets) that the parent then seals read-only (F_SEAL_WRITE: no process,
    whatever its uid, can change them afterwards), keeps the reference outputs on the device, and
    is timed beside every candidate (4.). Each candidate
-   runs in its own fresh worker, started (torch imported, CUDA context created, the op recorder's
-   first use paid) while its kernel compiles. The candidate worker only ever receives inputs and
+   runs in its own fresh worker, started (forked, like the reference's, from a run zygote that
+   imported torch once per batch; its own CUDA context created, the op recorder's first use paid)
+   while its kernel compiles. The candidate worker only ever receives inputs and
    writes outputs, as raw tensor bytes in a memory file of its own (no pickle; each call's outputs
    are written before the next call, so a buffer reused across calls is still checked per call);
    the parent seals that file and hands it to the reference session, which validates it and
@@ -78,8 +79,8 @@ How one evaluation runs, and why
    Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
    crash the supervisor kills the worker's process group, then every orphan that was reparented to
    it (children that called setsid), and the parent finally sweeps /proc for processes carrying
-   the evaluation's tag in their initial environment (a compile worker forked from the zygote has
-   its tag written into that block in place, so its forks carry it too). stdout/stderr go to
+   the evaluation's tag in their initial environment (a worker forked from a zygote has its tag
+   written into that block in place, so its forks carry it too). stdout/stderr go to
    files; only a bounded tail is read. CPU workers get RLIMIT_AS; all workers get RLIMIT_FSIZE.
    Workers get an allowlisted environment (worker_env: compilers, torch, CUDA, kernel_eval's own),
    never the trainer's API keys; the supervisor's spec comes through a pipe, never argv (ps shows it).
@@ -112,7 +113,7 @@ the harness as an unprivileged user in a container for a hard boundary.
 Reading order: the configuration and the result; the verdict path (evaluate, evaluate_batch, and
 per candidate _evaluate_one -> _run -> _paired_timing -> paired_verdict, compare_outputs); then
 what it stands on: the parent side (reference sessions, workers, locks, compiles), helpers, the
-framed channel, tensor memory files, process supervision, the compile zygote, the worker side (what
+framed channel, tensor memory files, process supervision, the zygotes, the worker side (what
 runs in the candidate's and the reference's processes); the command line last.
 """
 from __future__ import annotations
@@ -209,7 +210,10 @@ class EvalConfig:
     # the device). None: two per parallel build on cuda, 1 on cpu (cores are shared)
     max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
-    compile_zygote: bool = True  # fork compile workers from one process that imported torch (_CompileZygote)
+    # fork workers from a process that imported torch (_Zygote) instead of spawning them: compile
+    # workers, and run workers (the candidates' and the references')
+    compile_zygote: bool = True
+    run_zygote: bool = True
     compile_nice: int = 10  # builds yield the CPU to the run phase (file reads, copies, comparisons)
     default_cflags: tuple = ("-O3",)
     # torch's precompiled header is one file per torch install that any other load_inline user
@@ -311,14 +315,14 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         return results
     n_compiles = config.max_parallel_compiles or default_parallel_compiles(device, config)
     compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
-    zygote = _CompileZygote() if config.compile_zygote else None  # starts with the first build
+    zygotes = _Zygotes()  # each starts with the first worker of its environment
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
-            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0)
+            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes)
         sessions[ref_src].users += 1
     finished = False
     try:
@@ -326,23 +330,24 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
-                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygote)
-        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start)
+                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygotes)
+        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
+                   zygotes)
         finished = True
     finally:
         if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
-            _stop_everything(zygote)
+            _stop_everything(zygotes)
         run_pool.shutdown(wait=finished, cancel_futures=not finished)
         compile_pool.shutdown(wait=finished, cancel_futures=not finished)
         if finished:
-            if zygote:
-                zygote.close()
             for session in sessions.values():
                 session.close()
+            zygotes.close()
     return results
 
 
-def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start):
+def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
+               zygotes):
     """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
 
     def job(i):
@@ -352,7 +357,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
         scratch, cand = _scratch(config, "kevalrun-"), None
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
-                cand = _spawn("cand", cand_src, device, arch, config, scratch)
+                cand = _spawn("cand", cand_src, device, arch, config, scratch, zygotes)
                 session.boot()  # while the kernel compiles; a failed compile needs no reference
             record = compiling.result()
             res = _evaluate_one(session, cand, device, config, record)
@@ -412,7 +417,9 @@ def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
 
 def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
     t0 = time.monotonic()
-    _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: it started with the compile)
+    boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
+    if isinstance(boot.get("boot_cpu_s"), (int, float)):
+        result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
     result.seconds["load"] = time.monotonic() - t0
     t_wait = time.monotonic()
@@ -716,8 +723,9 @@ class _ReferenceSession:
 
     Locks: `lock` serialises requests; callers that need the device take the device lock first."""
 
-    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int):
-        self.ref_src, self.device, self.arch, self.cfg = ref_src, device, arch, cfg
+    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
+                 zygotes: _Zygotes | None = None):
+        self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
         self.users = users
         self.lock = threading.Lock()
         self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
@@ -740,7 +748,7 @@ class _ReferenceSession:
             return
         cfg = self.cfg
         self.scratch = _scratch(cfg, "kevalref-")
-        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch)
+        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch, self.zygotes)
         try:
             _ask(self.worker, "reference", "load", cfg.load_timeout_s, {})
             _ask(self.worker, "reference", "load", cfg.load_timeout_s, {"cmd": "load"})
@@ -836,13 +844,16 @@ class _ReferenceSession:
             self._stop()
 
 
-def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str) -> Worker:
+def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str,
+           zygotes: _Zygotes | None = None) -> Worker:
+    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote."""
     path = os.path.join(scratch, mode, f"{mode}.py")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         f.write(src)
     worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
-                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu")
+                    _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu",
+                    zygotes=zygotes if cfg.run_zygote else None)
     # replies are small (tensors go through memory files); the trusted reference also sends init inputs
     worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
     return worker
@@ -916,7 +927,7 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygote: _CompileZygote | None = None) -> dict:
+             zygotes: _Zygotes | None = None) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
     import torch
     key = source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__,
@@ -932,7 +943,8 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         f.write(candidate_src)
     worker = Worker("compile", _worker_args(src_path, device, cfg, arch), os.path.join(scratch, "w"),
                     _build_env(device, arch, cfg, compiling=True), cfg, cpu=device == "cpu",
-                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice, zygote=zygote)
+                    fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice,
+                    zygotes=zygotes if cfg.compile_zygote else None)
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
@@ -1453,7 +1465,7 @@ def _worker_argv(spec: dict) -> list:
 
 class _PidWatch:
     """Waits for a process through a pidfd: a child of ours (reap: its exit status is collected),
-    or a supervisor forked by the compile zygote (not ours to reap; its exit reads as 0, and the
+    or a supervisor forked by a zygote (not ours to reap; its exit reads as 0, and the
     worker's own exit code is in the supervisor's code file either way)."""
 
     def __init__(self, pid: int, reap: bool):
@@ -1489,6 +1501,7 @@ def _fork_worker(spec: dict, out_w: int, err_w: int, limits) -> _PidWatch:
     if pid == 0:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the supervisor's handler is not ours
+            _set_process_name(f"keval-{spec['mode']}")
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
@@ -1512,7 +1525,7 @@ def _fork_worker(spec: dict, out_w: int, err_w: int, limits) -> _PidWatch:
 
 def _supervise(spec: dict, forked: bool = False) -> int:
     """Child subreaper: run the worker, then kill it and every orphan reparented to us.
-    `forked`: we are a fork of the compile zygote, and so is the worker (no exec)."""
+    `forked`: we are a fork of a zygote, and so is the worker (no exec)."""
     libc = __import__("ctypes").CDLL(None, use_errno=True)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
@@ -1606,7 +1619,7 @@ _LIVE_LOCK = threading.Lock()
 _STOPPING = threading.Event()
 
 
-def _stop_everything(zygote: "_CompileZygote | None") -> None:
+def _stop_everything(zygotes: "_Zygotes | None") -> None:
     """An evaluation was interrupted (Ctrl-C, or an exception in the parent): stop every worker,
     build and reference session now, without waiting for their phases. The supervisors kill their
     worker's process group and its orphans on SIGTERM; a sweep by tag then kills whatever is left
@@ -1617,11 +1630,13 @@ def _stop_everything(zygote: "_CompileZygote | None") -> None:
     for w in workers:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(w.proc.pid, signal.SIGTERM)
-    if zygote is not None and zygote.proc is not None:
-        with contextlib.suppress(ProcessLookupError):
-            zygote.proc.kill()
+    zygote_list = zygotes.all() if zygotes is not None else []
+    for zygote in zygote_list:
+        if zygote.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                zygote.proc.kill()
     time.sleep(0.2)  # the supervisors' own clean-up, which also reaps their orphans
-    tags = [w.tag for w in workers] + ([zygote.tag] if zygote is not None else [])
+    tags = [w.tag for w in workers] + [z.tag for z in zygote_list]
     for _ in range(2):  # a process forked during the first sweep carries the tag too
         for tag in tags:
             _kill_tree_by_tag(tag)
@@ -1631,7 +1646,7 @@ class Worker:
     """A worker process under its supervisor, with a framed channel to it."""
 
     def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, cfg: EvalConfig, cpu: bool,
-                 fsize: int | None = None, nice: int = 0, zygote: _CompileZygote | None = None):
+                 fsize: int | None = None, nice: int = 0, zygotes: _Zygotes | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
         cmd_r, cmd_w = os.pipe()
@@ -1640,7 +1655,7 @@ class Worker:
         self.fd_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.fd_sock.settimeout(30)
         env = worker_env(dict(env_extra, PYTHONDONTWRITEBYTECODE="1", MALLOC_PERTURB_=POISON_MALLOC_PERTURB))
-        env[TAG_ENV] = self.tag
+        env[TAG_ENV] = self.tag  # the zygote that forks this worker was started with env less the tag
         self.stdout, self.stderr = os.path.join(scratch, "stdout"), os.path.join(scratch, "stderr")
         self.code_file = os.path.join(scratch, "exit_code")
         self.output_bytes = cfg.max_file_bytes
@@ -1649,7 +1664,7 @@ class Worker:
                 "fsize": fsize or cfg.max_message_bytes, "output_bytes": cfg.max_file_bytes, "nice": nice,
                 "parent": os.getpid(), "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0,
                 "cpus": _cpu_split(cpu, cfg)[0]}  # off the CPUs kept for timing windows
-        self.proc = zygote.fork(spec) if zygote else None  # None: no zygote, or it is out of service
+        self.proc = zygotes.fork(spec) if zygotes else None  # None: no zygote, or it is out of service
         if self.proc is None:  # the spec (it holds the environment) through a pipe: argv is public (ps)
             self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_supervise"],
                                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -1742,7 +1757,7 @@ class Worker:
         return f"process {how} during {phase}" + (f":\n{tail}" if tail else "")
 
 
-# ----------------------------------------------------------------------------- compile zygote
+# ----------------------------------------------------------------------------- zygotes
 
 def _retag_initial_environment(tag: str) -> None:
     """Write `tag` over this process's KERNEL_EVAL_TAG value in its initial environment block, in
@@ -1770,18 +1785,34 @@ def _retag_initial_environment(tag: str) -> None:
             raise RuntimeError("the environment block did not take the new tag")
 
 
+def _set_process_name(name: str) -> None:
+    """The name ps and /proc/<pid>/comm show (15 bytes): a forked process keeps its zygote's
+    command line, so this is how a reader (bench/cpu_by_process.py) tells a forked worker's role."""
+    libc = __import__("ctypes").CDLL(None, use_errno=True)
+    libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
 def _zygote_main(sock_fd: int, harness_pid: int) -> None:
     """Import torch once, then fork a supervisor (which forks its worker) per request."""
     import gc
-    __import__("torch.utils.cpp_extension")  # the point: every forked compile worker has it already
+    import torch
+    __import__("torch.utils._python_dispatch")  # run workers' op recorder
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+    if not cuda_visible:  # its import asks CUDA for devices, after which no fork of ours could use CUDA
+        __import__("torch.utils.cpp_extension")
     sock = socket.socket(fileno=sock_fd)
     why = ""
+    probe = os.fork()  # can a fork of this process use CUDA? (torch marks a fork after a driver call)
+    if probe == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    if os.waitstatus_to_exitcode(os.waitpid(probe, 0)[1]) != 0 and cuda_visible:
+        why = "torch called the CUDA driver at import: forked workers could not use CUDA"
     try:  # the sweep by tag must work for forked workers, or the harness spawns them itself
         own = os.environ[TAG_ENV]
         _retag_initial_environment(secrets.token_hex(len(own) // 2))
         _retag_initial_environment(own)
     except (OSError, RuntimeError, KeyError, ValueError, IndexError) as e:
-        why = f"cannot retag forked processes: {e}"
+        why = why or f"cannot retag forked processes: {e}"
     gc.freeze()  # forked children touch fewer shared pages (reference counts aside)
     sock.send(json.dumps({"ok": not why, "why": why}).encode())
     zygote_pid = os.getpid()
@@ -1801,6 +1832,7 @@ def _zygote_main(sock_fd: int, harness_pid: int) -> None:
             code = 1
             try:
                 sock.close()
+                _set_process_name("keval-super")
                 spec["fds"], spec["parent"] = fds, zygote_pid
                 _retag_initial_environment(spec["env"][TAG_ENV])
                 os.setsid()
@@ -1815,18 +1847,23 @@ def _zygote_main(sock_fd: int, harness_pid: int) -> None:
     os._exit(0)
 
 
-class _CompileZygote:
-    """A process that has imported torch once and forks each compile worker (under its supervisor)
-    on request, for one batch. A spawned worker spends 3.6-3.8 s of its 17 s compile on `import
-    torch` on the H200 (PERFORMANCE.md), on a core the builds need. A forked one is the same
-    isolation: its own session, subreaper supervisor, process group, limits, environment and tag
-    (rewritten in place: _retag_initial_environment). The candidate's code still runs only in the
-    forked worker, never in the zygote (which a candidate can still ptrace, as any process of its
+class _Zygote:
+    """A process that has imported torch once, under one worker environment, and forks workers
+    (each under its supervisor) on request, for one batch. A spawned worker spends its first
+    seconds on `import torch` (3.6-3.8 s of a 17 s compile; 6 CPU s of a run worker's boot on the
+    H200: PERFORMANCE.md), on a core the builds need. A forked one is the same isolation: its own
+    session, subreaper supervisor, process group, limits, environment and tag (rewritten in place:
+    _retag_initial_environment). Its environment is the zygote's, which is the one a spawned worker
+    of its role would get, so what glibc and torch read at start (MALLOC_PERTURB_'s poison, the
+    heap thresholds, CUDA_VISIBLE_DEVICES) is the same. The zygote never creates a CUDA context:
+    each run worker creates its own after the fork. The candidate's code still runs only in a forked
+    worker, never in the zygote (which a candidate can still ptrace or kill, as any process of its
     uid: see "What this does not stop"). When the zygote cannot serve (it died, say killed by a
     candidate), `fork` returns None and the harness spawns workers itself; a supervisor the dying
     zygote had already forked sees it has been reparented and stops its worker."""
 
-    def __init__(self):
+    def __init__(self, env: dict):
+        self.env = env  # without the tag, which is each worker's own
         self.lock = threading.Lock()
         self.proc = self.sock = None
         self.tag = secrets.token_hex(8)
@@ -1835,11 +1872,10 @@ class _CompileZygote:
     def _start(self) -> None:
         self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock.settimeout(120)
-        env = worker_env({"CUDA_VISIBLE_DEVICES": "", "PYTHONDONTWRITEBYTECODE": "1", TAG_ENV: self.tag})
         self.proc = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--_zygote", str(child.fileno()), str(os.getpid())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(child.fileno(),), start_new_session=True, env=env)
+            pass_fds=(child.fileno(),), start_new_session=True, env=dict(self.env, **{TAG_ENV: self.tag}))
         child.close()
         ready = json.loads(self.sock.recv(1 << 16) or b'{"why": "it exited while starting"}')
         if not ready.get("ok"):
@@ -1857,7 +1893,7 @@ class _CompileZygote:
                 reply = json.loads(self.sock.recv(1 << 16) or b"{}")
                 return _PidWatch(int(reply["pid"]), reap=False)
             except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-                self.out_of_service = f"compile zygote out of service: {e!r}"
+                self.out_of_service = f"zygote out of service: {e!r}"
                 self._stop()
                 return None
 
@@ -1876,6 +1912,30 @@ class _CompileZygote:
         with self.lock:
             self._stop()
             self.out_of_service = self.out_of_service or "closed"
+
+
+class _Zygotes:
+    """One _Zygote per distinct worker environment, started by the first worker that needs it: on
+    cuda one for compile workers (CUDA hidden) and one for run workers; on cpu both roles have the
+    same environment and share one."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_env: dict = {}
+
+    def fork(self, spec: dict) -> _PidWatch | None:
+        env = {k: v for k, v in spec["env"].items() if k != TAG_ENV}
+        with self.lock:
+            zygote = self.by_env.setdefault(json.dumps(env, sort_keys=True), _Zygote(env))
+        return zygote.fork(spec)
+
+    def all(self) -> list:
+        with self.lock:
+            return list(self.by_env.values())
+
+    def close(self) -> None:
+        for zygote in self.all():
+            zygote.close()
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -2219,7 +2279,7 @@ def _to_cpu(outs: list) -> list:
 
 def _worker_compile(a) -> None:
     t0 = _perf_counter()
-    preloaded = "torch" in sys.modules  # forked by the compile zygote
+    preloaded = "torch" in sys.modules  # forked by a zygote
     import torch
     t_torch = _perf_counter() - t0  # timed apart from the build (diagnostics: the record's profile)
     del torch
@@ -2245,6 +2305,7 @@ def _worker_compile(a) -> None:
 
 def _worker_serve(a) -> None:
     """Reference or candidate worker: boot, then answer load / init / gen / run / time / judge."""
+    preloaded = "torch" in sys.modules  # forked by a zygote
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -2307,7 +2368,8 @@ def _worker_serve(a) -> None:
     if a.mode == "cand":  # a dispatch mode's first use loads what dispatch needs: during boot
         with OpRecorder():
             torch.ones(1, device=dev).add(1)
-    _child_send(reply, {"ready": True})
+    # the boot's CPU time (a fork's starts at zero) is reported before any candidate code is loaded
+    _child_send(reply, {"ready": True, "torch_preloaded": preloaded, "boot_cpu_s": time.process_time()})
     module, model, flush, timing, ref_outs = None, None, None, None, {}
     home_cpus = os.sched_getaffinity(0)
     while True:

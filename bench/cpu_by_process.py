@@ -25,7 +25,14 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / TICK
 
 
+# a process forked from a zygote keeps the zygote's command line; kernel_eval names its role instead
+FORKED = {"keval-super": "python: supervisor", "keval-compile": "python: compile worker",
+          "keval-ref": "python: reference worker", "keval-cand": "python: candidate worker"}
+
+
 def kind_of(pid: str, comm: str) -> str:
+    if comm in FORKED:
+        return FORKED[comm]
     if not comm.startswith("python"):
         return comm
     try:
@@ -34,9 +41,7 @@ def kind_of(pid: str, comm: str) -> str:
     except OSError:
         return "python (gone)"
     text = b" ".join(args)
-    # a process forked from the compile zygote keeps its command line: compile workers and their
-    # supervisors count as the zygote's
-    for marker, name in ((b"--_zygote", "python: compile zygote and its forks"),
+    for marker, name in ((b"--_zygote", "python: zygote"),
                          (b"--_supervise", "python: supervisor"), (b"--_worker compile", "python: compile worker"),
                          (b"--_worker ref", "python: reference worker"), (b"--_worker cand", "python: candidate worker"),
                          (b"harness.py", "python: harness (parent)")):

@@ -194,6 +194,8 @@ def main() -> None:
     p.add_argument("--no-host-pch", action="store_true", help="kernel_eval's host_pch off (host units parse their headers)")
     p.add_argument("--no-compile-zygote", action="store_true",
                    help="spawn each compile worker (it imports torch itself) instead of forking it from one zygote")
+    p.add_argument("--no-run-zygote", action="store_true",
+                   help="spawn each candidate's and reference's run worker instead of forking it from one zygote")
     p.add_argument("--gpu-warmup-ms", type=float, default=None, help="kernel_eval's gpu_warmup_ms (default: its own)")
     p.add_argument("--timing-blocks", type=int, default=None, help="kernel_eval's timing_blocks per side (default: its own)")
     p.add_argument("--timing-buffers", type=int, default=None, help="kernel_eval's timing_buffers (default: its own)")
@@ -210,7 +212,8 @@ def main() -> None:
     pool = make_candidates(builtin, language, max(a.n_candidates, a.baseline_n, 1))
     candidates = pool[: a.n_candidates]
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
-            "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote}
+            "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote,
+            "run_zygote": not a.no_run_zygote}
     if a.gpu_warmup_ms is not None:
         over["gpu_warmup_ms"] = a.gpu_warmup_ms
     if a.timing_blocks is not None:
@@ -234,9 +237,10 @@ def main() -> None:
         # latency: one candidate's compile start to its verdict (waits for the device included)
         own = [r.seconds.get("latency", 0.0) for r in results]
         to_verdict = [r.seconds.get("since_batch_start", 0.0) for r in results]
-        # compile.*: the compile worker's own split (import torch, load_inline's builds, the rest)
+        # compile.*: the compile worker's own split (import torch, load_inline's builds, the rest);
+        # boot_cpu: the candidate's run worker's CPU seconds until it was ready (CPU, not wall)
         phases = {k: percentile([r.seconds.get(k, 0.0) for r in results], 0.5)
-                  for k in ("compile", "compile.torch", "compile.build", "compile.rest", "load", "device_wait",
+                  for k in ("compile", "compile.torch", "compile.build", "compile.rest", "boot_cpu", "load", "device_wait",
                             "reference", "check", "time")}
         compile_s = [r.seconds.get("compile", 0.0) for r in results]
         # kernel_eval's figures now, before the slow baseline: a run cut short still reports them
@@ -326,8 +330,9 @@ def main() -> None:
     kb_ratio = fig["per_min"] / fig["kernelbench_per_min"] if kb_rows and n else float("nan")
     print()
     tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
-    workers = "spawned" if a.no_compile_zygote else "forked from a zygote"
-    print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}compile workers {workers}) "
+    workers = (f"compile workers {'spawned' if a.no_compile_zygote else 'forked'}, "
+               f"run workers {'spawned' if a.no_run_zygote else 'forked'}")
+    print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}{workers}) "
           "| kernel_eval | KernelBench-style (parallel builds, then serial) | naive serial |")
     print("|---|---|---|---|")
     print(f"| candidates (distinct, cold) | {n} | {fig['kernelbench_n']} | {fig['baseline_n']} |")

@@ -667,16 +667,17 @@ initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split(
 open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
 """
     cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"))
-    zygote = ke._CompileZygote()
+    zygotes = ke._Zygotes()
     try:
-        record = ke._compile(src, "cpu", "", cfg, zygote)
+        record = ke._compile(src, "cpu", "", cfg, zygotes)
         assert record["status"] == "ok" and record["torch_preloaded"], record
+        [zygote] = zygotes.all()
         pid, initial_tag, env_tag = wait_for_file(report).split()
         assert initial_tag == env_tag != zygote.tag
         assert not process_alive(int(pid))
         assert zygote.proc.poll() is None  # still serving the batch
     finally:
-        zygote.close()
+        zygotes.close()
     assert zygote.proc.poll() is not None
 
 
@@ -697,30 +698,31 @@ os.kill(os.getppid(), signal.SIGKILL)
 time.sleep(600)
 """
     cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"), compile_timeout_s=5)
-    zygote = ke._CompileZygote()
+    zygotes = ke._Zygotes()
     try:
-        record = ke._compile(src, "cpu", "", cfg, zygote)
+        record = ke._compile(src, "cpu", "", cfg, zygotes)
         assert record["status"] == "timeout", record
         pid = int(wait_for_file(report))
         time.sleep(0.2)
         assert not process_alive(pid)  # killed by its own evaluation, while the zygote still runs
-        assert zygote.proc.poll() is None
+        assert zygotes.all()[0].proc.poll() is None
     finally:
-        zygote.close()
+        zygotes.close()
 
 
 def test_compile_zygote_out_of_service_falls_back_to_spawned_workers(tmp_path):
     cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"))
-    zygote = ke._CompileZygote()
+    zygotes = ke._Zygotes()
     try:
-        assert ke._compile("x = 1\n", "cpu", "", cfg, zygote)["torch_preloaded"]
+        assert ke._compile("x = 1\n", "cpu", "", cfg, zygotes)["torch_preloaded"]
+        [zygote] = zygotes.all()
         zygote.proc.kill()  # a candidate can do this: same uid
         zygote.proc.wait()
-        record = ke._compile("x = 2\n", "cpu", "", cfg, zygote)
+        record = ke._compile("x = 2\n", "cpu", "", cfg, zygotes)
         assert record["status"] == "ok" and not record["torch_preloaded"], record
         assert "out of service" in zygote.out_of_service
     finally:
-        zygote.close()
+        zygotes.close()
 
 
 def test_forked_workers_die_with_the_harness(tmp_path):
@@ -735,10 +737,10 @@ import os, sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(ke.__file__))!r})
 import kernel_eval as ke
 cfg = ke.EvalConfig(cache_root={str(tmp_path)!r})
-zygote = ke._CompileZygote()
+zygotes = ke._Zygotes()
 ke.Worker("compile", ke._worker_args({str(src)!r}, "cpu", cfg, ""), {str(tmp_path / "w")!r},
-          ke._build_env("cpu", "", cfg, compiling=True), cfg, cpu=True, zygote=zygote)
-print(zygote.proc.pid, flush=True)
+          ke._build_env("cpu", "", cfg, compiling=True), cfg, cpu=True, zygotes=zygotes)
+print(zygotes.all()[0].proc.pid, flush=True)
 import time
 while not os.path.exists({str(report)!r}):
     time.sleep(0.05)
@@ -756,6 +758,45 @@ os._exit(0)  # no cleanup
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+def test_forked_run_workers_see_what_spawned_ones_see(tmp_path):
+    """A candidate's run worker forked from the run zygote is the process a spawned one would be:
+    the same environment (in os.environ and in /proc/self/environ, apart from its own tag) and the
+    same heap poison (MALLOC_PERTURB_, read by glibc at process start: the zygote's start), and it
+    names its role for ps. The reference's session is forked too."""
+    report = tmp_path / "report"
+    source = """
+import os, sys, torch
+mode = sys.argv[sys.argv.index("--_worker") + 1]
+if mode == "cand":
+    initial = sorted(e for e in open("/proc/self/environ").read().split("\\0") if e and not e.startswith(TAG + "="))
+    env = sorted(f"{k}={v}" for k, v in os.environ.items() if k != TAG)
+    fresh = torch.empty(1 << 16, dtype=torch.uint8)  # heap, not mmap: under the worker's mmap threshold
+    poisoned = bool((fresh == 0x7f).all())
+    comm = open("/proc/self/comm").read().strip()
+    parent = open(f"/proc/{os.getppid()}/comm").read().strip()
+    open(REPORT, "w").write(repr((initial, env, poisoned, comm, parent)))
+class ModelNew(torch.nn.Module):
+    def __init__(self, *init_inputs):
+        super().__init__()
+
+    def forward(self, x):
+        return x
+"""
+    seen = {}
+    for forked in (True, False):
+        src = f"REPORT, TAG = {str(report) + '.' + str(forked)!r}, {ke.TAG_ENV!r}" + source
+        [result] = ke.evaluate_batch([(REFERENCE, src)], device="cpu", cache_root=str(tmp_path / "cache"),
+                                     run_zygote=forked, time_candidate=False)
+        assert result.status == "incorrect", result.message  # it ran: ModelNew is not the reference
+        seen[forked] = eval((tmp_path / f"report.{forked}").read_text())
+    (initial_f, env_f, poisoned_f, comm_f, parent_f), (initial_s, env_s, poisoned_s, comm_s, _) = seen[True], seen[False]
+    assert initial_f == initial_s and env_f == env_s
+    assert initial_f == env_f  # nothing added or dropped after start
+    assert poisoned_f and poisoned_s
+    assert (comm_f, parent_f) == ("keval-cand", "keval-super")
+    assert comm_s.startswith("python")
 
 
 def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
