@@ -204,7 +204,7 @@ class EvalConfig:
     cache_root: str = os.environ.get("KERNEL_EVAL_CACHE",
                                      os.path.join(os.path.expanduser("~"), ".cache", "kernel_eval"))
     scratch_root: str | None = None  # None: the system temp dir
-    # None: default_parallel_compiles (every core on cpu; on cuda half the cores / build_jobs)
+    # None: default_parallel_compiles (every core on cpu; on cuda the CPUs not kept for timing / build_jobs)
     max_parallel_compiles: int | None = None
     # candidates whose worker may be alive at once (it boots while its kernel compiles or waits for
     # the device). None: two per parallel build on cuda, 1 on cpu (cores are shared)
@@ -895,11 +895,14 @@ def _cpu_split(cpu: bool, cfg: EvalConfig) -> tuple:
 
 def default_parallel_compiles(device: str, cfg: EvalConfig) -> int:
     """Builds at once when max_parallel_compiles is None. On cpu every core (one C++ unit per build).
-    On cuda half the cores / build_jobs (4 on a 16-core H200): a build is a .cu unit and a host unit
-    side by side, and the run workers boot beside them. 7 builds kept the CPUs busier and gave ~10%
-    more candidates per minute over five runs, at 23-26 s p50 latency instead of 17 s (PERFORMANCE.md)."""
-    cores = len(os.sched_getaffinity(0))
-    return cores if device == "cpu" else max(1, cores // (2 * max(1, cfg.build_jobs)))
+    On cuda the CPUs not kept for timing windows / build_jobs (7 on a 16-core H200): a build is a
+    .cu unit and a host unit side by side. With run workers forked from a zygote (they no longer
+    import torch on a build's core), 7 builds finished a 32-candidate batch in 86-89 s against
+    115-117 s at 4, while one candidate's p50 latency went from 15 s to 23-25 s (PERFORMANCE.md);
+    rollout waits for a turn's whole batch, so the batch's time is the one that counts."""
+    build_cpus, _ = _cpu_split(device == "cpu", cfg)
+    cores = len(build_cpus) if build_cpus else len(os.sched_getaffinity(0))
+    return cores if device == "cpu" else max(1, cores // max(1, cfg.build_jobs))
 
 
 def _timing_counts(device: str, cfg: EvalConfig) -> tuple:

@@ -799,6 +799,20 @@ class ModelNew(torch.nn.Module):
     assert comm_s.startswith("python")
 
 
+@pytest.mark.parametrize("cpus, device, timing_cpus, build_jobs, expected", [
+    (16, "cuda", 2, 2, 7),   # the H200 machine: 14 CPUs for builds, a .cu and a host unit each
+    (16, "cuda", 0, 2, 8),   # no CPUs kept for timing
+    (6, "cuda", 2, 2, 3),    # too few CPUs to keep any (< 4 x timing_cpus): all of them
+    (2, "cuda", 2, 4, 1),    # never none
+    (16, "cpu", 2, 2, 16),   # one C++ unit per build, every core
+])
+def test_default_parallel_compiles_counts_the_cpus_builds_may_use(monkeypatch, cpus, device, timing_cpus,
+                                                                  build_jobs, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(100, 100 + cpus)))
+    cfg = ke.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
+    assert ke.default_parallel_compiles(device, cfg) == expected
+
+
 def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
     import threading
     root, events, lock = str(tmp_path), [], threading.Lock()
