@@ -75,6 +75,8 @@ def main() -> None:
                    help="kernel_eval's cpu_block_ms or gpu_block_ms: each timing block's least length (default: its own)")
     p.add_argument("--timing-blocks", type=int, default=None,
                    help="kernel_eval's timing_blocks: blocks a side in one window (default: its own)")
+    p.add_argument("--no-run-zygote", action="store_true",
+                   help="spawn the run workers instead of forking them from kernel_eval's run zygote")
     p.add_argument("--json-out", default=None)
     p.add_argument("--blocks", action="store_true", help="print every run's timing blocks")
     a = p.parse_args()
@@ -88,6 +90,8 @@ def main() -> None:
         cfg["cpu_block_ms" if a.device == "cpu" else "gpu_block_ms"] = a.block_ms
     if a.timing_blocks is not None:
         cfg["timing_blocks"] = a.timing_blocks
+    if a.no_run_zygote:
+        cfg["run_zygote"] = False
     rows = []
     for i in range(a.runs):
         busy = a.busy if i % 2 else 0

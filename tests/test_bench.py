@@ -39,3 +39,18 @@ def test_cpu_by_process_counts_a_childs_cpu_time_under_its_kind():
     count, cpu_s = rows["python: other"]
     assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
     assert rows.get("bash", (1, 0.0))[1] < 0.3, out.stdout
+
+
+def test_cpu_by_process_counts_a_forked_worker_by_the_role_it_names():
+    """A worker forked from kernel_eval's zygote keeps the zygote's command line and names its role
+    in its comm (keval-cand): counted as a candidate worker, not as the zygote or 'other'."""
+    burn = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'keval-cand', 0, 0, 0)\n"
+            "t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(0.5)")
+    out = subprocess.run(
+        [sys.executable, "bench/cpu_by_process.py", "--interval", "0.05", "--", sys.executable, "-c", burn],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {m.group(1): (int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^\| (.+?) \| (\d+) \| ([\d.]+) \| [\d.]+% \|$", out.stdout, re.M)}
+    count, cpu_s = rows["python: candidate worker"]
+    assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
