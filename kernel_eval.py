@@ -1859,8 +1859,10 @@ class _Zygote:
     _retag_initial_environment). Its environment is the zygote's, which is the one a spawned worker
     of its role would get, so what glibc and torch read at start (MALLOC_PERTURB_'s poison, the
     heap thresholds, CUDA_VISIBLE_DEVICES) is the same. The zygote never creates a CUDA context:
-    each run worker creates its own after the fork. The candidate's code still runs only in a forked
-    worker, never in the zygote (which a candidate can still ptrace or kill, as any process of its
+    each run worker creates its own after the fork. A fork inherits the zygote's memory, which holds
+    nothing secret: the allowlisted environment and the requests it served (argv, environment and
+    file descriptors of each worker); the input seeds reach the reference's worker over its channel,
+    after its fork. The candidate's code still runs only in a forked worker, never in the zygote (which a candidate can still ptrace or kill, as any process of its
     uid: see "What this does not stop"). When the zygote cannot serve (it died, say killed by a
     candidate), `fork` returns None and the harness spawns workers itself; a supervisor the dying
     zygote had already forked sees it has been reparented and stops its worker."""
