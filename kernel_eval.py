@@ -1529,8 +1529,7 @@ def _fork_worker(spec: dict, out_w: int, err_w: int, limits) -> _PidWatch:
 def _supervise(spec: dict, forked: bool = False) -> int:
     """Child subreaper: run the worker, then kill it and every orphan reparented to us.
     `forked`: we are a fork of a zygote, and so is the worker (no exec)."""
-    libc = __import__("ctypes").CDLL(None, use_errno=True)
-    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
 
     def limits():
         import resource
@@ -1788,11 +1787,14 @@ def _retag_initial_environment(tag: str) -> None:
             raise RuntimeError("the environment block did not take the new tag")
 
 
+def _prctl(option: int, value) -> None:
+    __import__("ctypes").CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
 def _set_process_name(name: str) -> None:
     """The name ps and /proc/<pid>/comm show (15 bytes): a forked process keeps its zygote's
     command line, so this is how a reader (bench/cpu_by_process.py) tells a forked worker's role."""
-    libc = __import__("ctypes").CDLL(None, use_errno=True)
-    libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    _prctl(15, name.encode()[:15])  # PR_SET_NAME
 
 
 def _zygote_main(sock_fd: int, harness_pid: int) -> None:
@@ -1805,11 +1807,12 @@ def _zygote_main(sock_fd: int, harness_pid: int) -> None:
         __import__("torch.utils.cpp_extension")
     sock = socket.socket(fileno=sock_fd)
     why = ""
-    probe = os.fork()  # can a fork of this process use CUDA? (torch marks a fork after a driver call)
-    if probe == 0:
-        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
-    if os.waitstatus_to_exitcode(os.waitpid(probe, 0)[1]) != 0 and cuda_visible:
-        why = "torch called the CUDA driver at import: forked workers could not use CUDA"
+    if cuda_visible:  # can a fork of this process use CUDA? (torch marks a fork after a driver call)
+        probe = os.fork()
+        if probe == 0:
+            os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+        if os.waitstatus_to_exitcode(os.waitpid(probe, 0)[1]) != 0:
+            why = "torch called the CUDA driver at import: forked workers could not use CUDA"
     try:  # the sweep by tag must work for forked workers, or the harness spawns them itself
         own = os.environ[TAG_ENV]
         _retag_initial_environment(secrets.token_hex(len(own) // 2))
@@ -1862,8 +1865,9 @@ class _Zygote:
     each run worker creates its own after the fork. A fork inherits the zygote's memory, which holds
     nothing secret: the allowlisted environment and the requests it served (argv, environment and
     file descriptors of each worker); the input seeds reach the reference's worker over its channel,
-    after its fork. The candidate's code still runs only in a forked worker, never in the zygote (which a candidate can still ptrace or kill, as any process of its
-    uid: see "What this does not stop"). When the zygote cannot serve (it died, say killed by a
+    after its fork. The candidate's code still runs only in a forked worker, never in the zygote
+    (which a candidate can still ptrace or kill, as any process of its uid: see "What this does
+    not stop"). When the zygote cannot serve (it died, say killed by a
     candidate), `fork` returns None and the harness spawns workers itself; a supervisor the dying
     zygote had already forked sees it has been reparented and stops its worker."""
 
@@ -1930,8 +1934,11 @@ class _Zygotes:
 
     def fork(self, spec: dict) -> _PidWatch | None:
         env = {k: v for k, v in spec["env"].items() if k != TAG_ENV}
+        key = json.dumps(env, sort_keys=True)
         with self.lock:
-            zygote = self.by_env.setdefault(json.dumps(env, sort_keys=True), _Zygote(env))
+            if key not in self.by_env:
+                self.by_env[key] = _Zygote(env)
+            zygote = self.by_env[key]
         return zygote.fork(spec)
 
     def all(self) -> list:

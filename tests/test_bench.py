@@ -25,17 +25,21 @@ def test_generation_bench_prints_a_row_per_engine_with_a_decode_split_and_a_prof
         assert "aten::" in (tmp_path / f"{engine}_b2.txt").read_text()
 
 
+def cpu_by_process(command: list) -> tuple:
+    """bench/cpu_by_process.py around `command`: (the finished process, {kind: (processes, CPU s)})."""
+    out = subprocess.run([sys.executable, "bench/cpu_by_process.py", "--interval", "0.05", "--", *command],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    rows = {m.group(1): (int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"^\| (.+?) \| (\d+) \| ([\d.]+) \| [\d.]+% \|$", out.stdout, re.M)}
+    return out, rows
+
+
 def test_cpu_by_process_counts_a_childs_cpu_time_under_its_kind():
     """A child that burns ~1 CPU s and then sleeps is seen while alive and counted under its kind;
     the sleeping parent command is counted near zero; the exit status is the command's."""
     burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(0.5)"
-    out = subprocess.run(
-        [sys.executable, "bench/cpu_by_process.py", "--interval", "0.05", "--",
-         "bash", "-c", f"{sys.executable} -c '{burn}'; exit 3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out, rows = cpu_by_process(["bash", "-c", f"{sys.executable} -c '{burn}'; exit 3"])
     assert out.returncode == 3, out.stderr[-2000:]
-    rows = {m.group(1): (int(m.group(2)), float(m.group(3)))
-            for m in re.finditer(r"^\| (.+?) \| (\d+) \| ([\d.]+) \| [\d.]+% \|$", out.stdout, re.M)}
     count, cpu_s = rows["python: other"]
     assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
     assert rows.get("bash", (1, 0.0))[1] < 0.3, out.stdout
@@ -46,11 +50,7 @@ def test_cpu_by_process_counts_a_forked_worker_by_the_role_it_names():
     in its comm (keval-cand): counted as a candidate worker, not as the zygote or 'other'."""
     burn = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'keval-cand', 0, 0, 0)\n"
             "t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(0.5)")
-    out = subprocess.run(
-        [sys.executable, "bench/cpu_by_process.py", "--interval", "0.05", "--", sys.executable, "-c", burn],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out, rows = cpu_by_process([sys.executable, "-c", burn])
     assert out.returncode == 0, out.stderr[-2000:]
-    rows = {m.group(1): (int(m.group(2)), float(m.group(3)))
-            for m in re.finditer(r"^\| (.+?) \| (\d+) \| ([\d.]+) \| [\d.]+% \|$", out.stdout, re.M)}
     count, cpu_s = rows["python: candidate worker"]
     assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
