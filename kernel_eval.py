@@ -70,10 +70,11 @@ How one evaluation runs, and why
    candidate's blocks took beyond its claimed times, per call, may exceed what the reference's
    took beyond its own (the loop's overhead) by rel x claimed + the window's resolution (the spread
    of the reference's overhead), no more, each side read from its less-stalled half of blocks (a
-   descheduled process only lengthens a block); a kernel faster than that resolution, or a reference
-   slowed beside the candidate, is unconfirmable (paired_verdict). A refused timing keeps
-   "correct" but pays speedup 0.0, timing_ok False, candidate_ms the parent's estimate, and the
-   message says why. Every speedup is finite (finite_speedup).
+   descheduled process only lengthens a block); a kernel faster than that resolution is
+   unconfirmable, and on GPU a reference slower beside the candidate than in its first block (work
+   the candidate left queued) is paid at most `ref_slowdown_max` x that block (paired_verdict). A
+   refused timing keeps "correct" but pays speedup 0.0, timing_ok False, candidate_ms the parent's
+   estimate, and the message says why. Every speedup is finite (finite_speedup).
 5. isolation: every worker runs under a small supervisor (a child subreaper) in its own session,
    which also stops it when the harness dies without cleaning up (the supervisor is reparented).
    Phase timeouts (compile, load, check, time) are enforced from the parent; on timeout, exit or
@@ -106,7 +107,7 @@ whose outputs are not compared (only each timing set's last output is; the timin
 candidate's process, which can see which call that is), lower precision that stays within the tolerance, a
 clock patched to under-report by less than the cross-check's allowance, or a timing loop patched to
 skip its own flushes and refills (the overhead taken out is the reference's: a claim can be low by
-that much), work left running on the GPU into the reference's blocks that slows them by less than
+that much), work left running on the GPU into the reference's blocks that slows them, paid up to
 ref_slowdown_max, on CPU work handed to a process outside the worker's tree, and network access. Run
 the harness as an unprivileged user in a container for a hard boundary.
 
@@ -245,7 +246,7 @@ class EvalConfig:
     cross_check_noise: float = 1.0
     cross_check_abs_ms: float = 0.002
     cpu_cross_check_abs_ms: float = 0.02
-    ref_slowdown_max: float = 1.5  # the reference beside the candidate vs in the window's first block
+    ref_slowdown_max: float = 1.5  # on GPU, the reference paid is at most this x its time in the window's first block
     # on GPU, CPUs kept for timing windows (the last this process may use): builds and checks run on
     # the others, and both timed workers move onto these for their window, so a timed call's launch
     # and synchronize never share a core with a compiler (PERFORMANCE.md: pair noise); 0: none kept.
@@ -495,7 +496,8 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
     else:
         result.candidate_ms = verdict["claimed_ms"]
         result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window")
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
+                          + (f" ({verdict['note']})" if verdict["note"] else ""))
 
 
 def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
@@ -549,7 +551,7 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
     """The speedup from reference and candidate blocks timed in one window, each block (claimed
     per-call times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's
     process tree, the clock CPU workers time calls by, which load does not inflate): {"speedup",
-    "ref_ms", "claimed_ms", "parent_ms", "problem"}. Per call (the same loop runs on both sides):
+    "ref_ms" (the reference paid), "claimed_ms", "parent_ms", "problem", "note"}. Per call (the same loop runs on both sides):
 
         speedup    = median(reference times) / median(candidate times)
         overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
@@ -564,13 +566,18 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
     block's wall time is never less than the work the candidate did in it.
         paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
              and parent_ms > resolution                      (else the parent cannot confirm it)
-             and, on GPU, median(reference beside the candidate) <= ref_slowdown_max x median(its
-                 first block), timed before any candidate block (GPU work the candidate left queued
-                 slows it; on CPU the reference's CPU time is not slowed by other processes' work)"""
+
+    On GPU the reference paid is at most ref_slowdown_max x the median of its first block, timed
+    before any candidate block: GPU work the candidate left queued slows the reference beside it and
+    would inflate the speedup. Honest kernels see the same thing when a multi-op reference's host
+    launch level switches mid-window (2 of 192 honest timings on the H200, the reference 0.12 ms in
+    its first block and 0.26-0.27 ms beside a 1.56 ms candidate), so the excess is not paid rather
+    than the whole speedup refused. On CPU the reference's CPU time is not slowed by other
+    processes' work."""
     ref_times = [t for times, _ in ref_blocks for t in times]
     cand_times = [t for times, _ in cand_blocks for t in times]
     out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
-           "problem": None}
+           "problem": None, "note": None}
     if not cand_times or not all(math.isfinite(t) and t > 0 for t in cand_times):
         out["problem"] = "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
         return out
@@ -581,18 +588,20 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
     out["parent_ms"] = max(parent, 0.0)
     resolution = cfg.cross_check_noise * (overhead - min(overheads)) + (
         cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
+    first = statistics.median(ref_blocks[0][0])
     beside = [t for times, _ in ref_blocks[1:] for t in times]
-    slowdown = statistics.median(beside) / statistics.median(ref_blocks[0][0]) if beside else 1.0
+    slowdown = statistics.median(beside) / first if beside else 1.0
     if not parent <= (1 + cfg.cross_check_rel) * claimed + resolution:
         out["problem"] = (f"timing cross-check failed: claimed {claimed:.4g} ms/call but the harness's clock saw "
                           f"{parent:.4g} ms/call (the reference's loop overhead taken out)")
     elif not parent > resolution:
         out["problem"] = (f"timing cross-check failed: {claimed:.4g} ms/call is faster than the harness's clock "
                           f"resolves in this window ({resolution:.2g} ms/call): speedup unconfirmable")
-    elif not cpu and slowdown > cfg.ref_slowdown_max:
-        out["problem"] = (f"timing cross-check failed: the reference ran {slowdown:.3g}x slower beside the candidate "
-                          "than before it (work left running?)")
     else:
+        if not cpu and out["ref_ms"] > cfg.ref_slowdown_max * first:
+            out["ref_ms"] = cfg.ref_slowdown_max * first
+            out["note"] = (f"the reference ran {slowdown:.3g}x slower beside the candidate than before it: "
+                           f"paid against {cfg.ref_slowdown_max:g}x its time before it")
         out["speedup"], out["problem"] = finite_speedup(out["ref_ms"], claimed)
     return out
 

@@ -200,11 +200,17 @@ def test_paired_verdict_pays_what_the_parents_clock_confirms():
     # a kernel faster than the window resolves (0.003 ms/call here) is unconfirmable, whatever it claims
     fast = ke.paired_verdict(ref, timed(0.0025, 0.0025, [0.1] * 4), cfg)
     assert fast["speedup"] == 0.0 and "faster than the harness's clock resolves" in fast["problem"]
-    # the reference slowed beside the candidate (work it left running) pays nothing
+    # the reference slowed beside the candidate (0.2 ms in its first block, 0.4 beside: work the
+    # candidate left running) is paid at most ref_slowdown_max x its first block on GPU: 0.3 / 0.1
     slowed = [ref[0]] + timed(0.4, 0.4, [0.1] * 3)
     spill = ke.paired_verdict(slowed, timed(0.1, 0.1, [0.1] * 4), cfg)
-    assert spill["speedup"] == 0.0 and "slower beside the candidate" in spill["problem"]
-    assert ke.paired_verdict(slowed, timed(0.1, 0.1, [0.1] * 4), cfg, cpu=True)["problem"] is None
+    assert spill["problem"] is None and spill["ref_ms"] == pytest.approx(cfg.ref_slowdown_max * 0.2)
+    assert spill["speedup"] == pytest.approx(3.0) and "2x slower beside the candidate" in spill["note"]
+    on_cpu = ke.paired_verdict(slowed, timed(0.1, 0.1, [0.1] * 4), cfg, cpu=True)  # CPU time: not slowed by others
+    assert on_cpu["problem"] is None and on_cpu["note"] is None and on_cpu["speedup"] == pytest.approx(4.0)
+    # slower by less than the limit: paid as measured (the median of all the reference's times)
+    mild = ke.paired_verdict([ref[0]] + timed(0.28, 0.28, [0.1] * 3), timed(0.1, 0.1, [0.1] * 4), cfg)
+    assert mild["note"] is None and mild["speedup"] == pytest.approx(2.8)
     # the CPU allowance is looser (abs per call): what fails on GPU can pass there
     cpu_case = timed(0.1, 0.1 + allowed + 0.005, [0.1] * 4)
     assert ke.paired_verdict(ref, cpu_case, cfg)["problem"] and ke.paired_verdict(ref, cpu_case, cfg, cpu=True)["problem"] is None

@@ -1,0 +1,2 @@
+# call 6 (~240 s of device time left, a fresh start): does another process's CUDA context creation and teardown slow a short kernel's timed calls?
+python docs/gpu_logs/issue17_h200_session14/context_churn.py 2>&1 | tee $OUT/context_churn.log
