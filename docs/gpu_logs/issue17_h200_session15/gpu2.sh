@@ -11,10 +11,10 @@ run() {  # $1 name
 run cold
 run warm_quiet_1
 run warm_quiet_2
-INC=$(python -c "import torch.utils.cpp_extension as c; print(' '.join('-I'+p for p in c.include_paths()))") $(python3-config --includes)
+INC="$(python -c "import torch.utils.cpp_extension as c; print(' '.join('-I'+p for p in c.include_paths()))") $(python3-config --includes)"
 echo '#include <torch/extension.h>' > /tmp/load.cpp
 pids=()
-for c in $(seq 0 13); do taskset -c $c nice -n 10 bash -c "while :; do g++ -std=c++17 -w -fsyntax-only $INC /tmp/load.cpp >/dev/null 2>\&1; done" & pids+=($!); done
+for c in $(seq 0 13); do taskset -c $c nice -n 10 bash -c "while :; do g++ -std=c++17 -w -fsyntax-only $INC /tmp/load.cpp >/dev/null 2>&1; done" & pids+=($!); done
 sleep 3; uptime
 run warm_loaded_1
 run warm_loaded_2
