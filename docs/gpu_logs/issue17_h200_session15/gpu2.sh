@@ -11,7 +11,7 @@ run() {  # $1 name
 run cold
 run warm_quiet_1
 run warm_quiet_2
-INC="$(python -c "import torch.utils.cpp_extension as c; print(' '.join('-I'+p for p in c.include_paths()))") $(python3-config --includes)"
+INC="$(python -c "import torch.utils.cpp_extension as c; print(' '.join('-I'+p for p in c.include_paths()))") -I$(python -c "import sysconfig; print(sysconfig.get_paths()['include'])")"
 echo '#include <torch/extension.h>' > /tmp/load.cpp
 pids=()
 for c in $(seq 0 13); do taskset -c $c nice -n 10 bash -c "while :; do g++ -std=c++17 -w -fsyntax-only $INC /tmp/load.cpp >/dev/null 2>&1; done" & pids+=($!); done
