@@ -1,10 +1,10 @@
 """The pair-noise floor of plain CUDA-event timing, no harness: how far apart are one kernel's
 times in two fresh processes, against two windows of one process? For each of the 8 built-in
-tasks that bench/harness.py pairs, 5 fresh processes each time the task's reference forward
+tasks that bench/harness.py pairs, N fresh processes (argv[1], default 5; at least 3) each time the task's reference forward
 (pinned to the last CPU, as kernel_eval's timed calls; 4 rotated copies of one input set; 200 ms
 of warm-up; then two windows of 4 blocks x 25 calls, CUDA events around each call). An identical
 pair as the harness judges it is emulated: one reference process timed in two windows, each beside
-a candidate in its own fresh process: speedups R(p0,w1)/C(p1) and R(p0,w2)/C(p2), and (p3, p4)."""
+a candidate in its own fresh process: speedups R(p0,w1)/C(p1) and R(p0,w2)/C(p2), and (p3, p4) when N >= 5."""
 import json, os, statistics, subprocess, sys
 
 CHILD = r"""
@@ -38,24 +38,25 @@ print(json.dumps([w1, w2]))
 sys.path.insert(0, os.getcwd())
 import tasks  # noqa: E402
 
+n_proc = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 pairable = [t for t in tasks.load_builtin("tasks") if "cuda" in t.solutions][:8]
 within, across, pair_one, pair_all = [], [], [], []
 for t in pairable:
     runs = [json.loads(subprocess.run([sys.executable, "-c", CHILD], input=t.reference_src, text=True,
-                                      capture_output=True, check=True).stdout) for _ in range(5)]
+                                      capture_output=True, check=True).stdout) for _ in range(n_proc)]
     w1 = [r[0] for r in runs]
     within += [max(r) / min(r) for r in runs]
     across.append(max(w1) / min(w1))
     ref = runs[0]
     ratios = []
-    for a, b in ((1, 2), (3, 4)):
+    for a, b in ((1, 2), (3, 4))[:(n_proc - 1) // 2]:
         s1, s2 = ref[0] / w1[a], ref[1] / w1[b]
         ratios.append(max(s1, s2) / min(s1, s2))
     pair_one.append(ratios[0]); pair_all += ratios
     print(f"{t.task_id:40s} process medians (ms) " + " ".join(f"{x:.4f}" for x in w1)
-          + f"  | windows of p0 {ref[0]:.4f} {ref[1]:.4f}  | pairs {ratios[0]:.3f} {ratios[1]:.3f}", flush=True)
+          + f"  | windows of p0 {ref[0]:.4f} {ref[1]:.4f}  | pairs " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
 med = statistics.median
-print(f"two windows of one process, max/min: median {med(within):.3f}, max {max(within):.3f} (40 processes)")
-print(f"5 fresh processes, max/min of their medians: median {med(across):.3f}, max {max(across):.3f} (8 tasks)")
+print(f"two windows of one process, max/min: median {med(within):.3f}, max {max(within):.3f} ({len(within)} processes)")
+print(f"{n_proc} fresh processes, max/min of their medians: median {med(across):.3f}, max {max(across):.3f} (8 tasks)")
 print(f"emulated identical pairs' speedups apart: one per task median {med(pair_one):.3f} max {max(pair_one):.3f}; "
-      f"all 16 median {med(pair_all):.3f} max {max(pair_all):.3f}")
+      f"all {len(pair_all)} median {med(pair_all):.3f} max {max(pair_all):.3f}")
