@@ -39,6 +39,8 @@ sys.path.insert(0, os.getcwd())
 import tasks  # noqa: E402
 
 n_proc = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+if n_proc < 3:
+    raise SystemExit(f"process_floor.py: a pair needs a reference process and two candidate processes (got {n_proc})")
 pairable = [t for t in tasks.load_builtin("tasks") if "cuda" in t.solutions][:8]
 within, across, pair_one, pair_all = [], [], [], []
 for t in pairable:
