@@ -853,6 +853,65 @@ def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
     assert at[("in", "check3")] >= at[("out", "timing")]  # did not overtake the waiting timing
 
 
+TWO_PROCESS_CANDIDATE = """
+import os, torch
+FIRST = None  # whether no other process had run forward when this one first did: the checked one
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        global FIRST
+        if FIRST is None:
+            FIRST = not os.listdir(DIR)
+        with open(os.path.join(DIR, str(os.getpid())), "a") as f:
+            f.write("x")
+        wrong = 1.0 if LIE and not FIRST else 0.0
+        return torch.relu(x) * self.scale + x + wrong
+"""
+
+
+def _two_process_candidate(tmp_path, lie: bool) -> str:
+    calls = tmp_path / ("lie" if lie else "honest")
+    calls.mkdir()
+    return f"DIR, LIE = {str(calls)!r}, {lie!r}" + TWO_PROCESS_CANDIDATE
+
+
+def test_timing_processes_share_the_candidates_blocks(tmp_path):
+    """With timing_processes=2 the candidate's timed blocks go to both of its processes in turn:
+    each process ran at least its half of the timed calls (the second runs no check, only timing)."""
+    src = _two_process_candidate(tmp_path, lie=False)
+    result = ke.evaluate(REFERENCE, src, device="cpu", cache_root=str(tmp_path / "cache"), op_check=False,
+                         timing_processes=2, cpu_trials=4, cpu_warmup=1)
+    assert result.status == "correct", result.message
+    timed = [n for n, _, _, _ in result.blocks["candidate"]]
+    assert len(timed) == ke.EvalConfig().timing_blocks
+    calls = [len(f.read_text()) for f in (tmp_path / "honest").iterdir()]  # forward calls per process
+    assert len(calls) == 2 and min(calls) >= sum(timed) / 2, (calls, timed)
+
+
+def test_every_timing_process_outputs_are_compared(tmp_path):
+    """A candidate right in the process that is checked and wrong in the other timed one is
+    incorrect with timing_processes=2, and correct with one process (only the checked one runs)."""
+    src = _two_process_candidate(tmp_path, lie=True)
+    cfg = dict(device="cpu", cache_root=str(tmp_path / "cache"), op_check=False, cpu_trials=4, cpu_warmup=1)
+    two = ke.evaluate(REFERENCE, src, timing_processes=2, **cfg)
+    assert two.status == "incorrect" and "a timed call gave a wrong result" in two.message, two.message
+    assert two.speedup == 0.0
+    for f in (tmp_path / "lie").iterdir():
+        f.unlink()
+    one = ke.evaluate(REFERENCE, src, timing_processes=1, **cfg)
+    assert one.status == "correct", one.message
+
+
+def test_timing_processes_below_one_is_refused():
+    with pytest.raises(ValueError, match="timing_processes must be an int >= 1, got 0"):
+        ke.evaluate(REFERENCE, REFERENCE, device="cpu", timing_processes=0)
+
+
 # ----------------------------------------------------------------------------- CPU suite (slow)
 
 @pytest.fixture(scope="module")
