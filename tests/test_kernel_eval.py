@@ -880,12 +880,16 @@ def _two_process_candidate(tmp_path, lie: bool) -> str:
     return f"DIR, LIE = {str(calls)!r}, {lie!r}" + TWO_PROCESS_CANDIDATE
 
 
-def test_timing_processes_share_the_candidates_blocks(tmp_path):
+ON_BOTH_DEVICES = pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+
+
+@ON_BOTH_DEVICES
+def test_timing_processes_share_the_candidates_blocks(tmp_path, device):
     """With timing_processes=2 the candidate's timed blocks go to both of its processes in turn:
     each process ran at least its half of the timed calls (the second runs no check, only timing)."""
     src = _two_process_candidate(tmp_path, lie=False)
-    result = ke.evaluate(REFERENCE, src, device="cpu", cache_root=str(tmp_path / "cache"), op_check=False,
-                         timing_processes=2, cpu_trials=4, cpu_warmup=1)
+    result = ke.evaluate(REFERENCE, src, device=device, cache_root=str(tmp_path / "cache"), op_check=False,
+                         timing_processes=2, cpu_trials=4, cpu_warmup=1, gpu_trials=20)
     assert result.status == "correct", result.message
     timed = [n for n, _, _, _ in result.blocks["candidate"]]
     assert len(timed) == ke.EvalConfig().timing_blocks
@@ -893,11 +897,13 @@ def test_timing_processes_share_the_candidates_blocks(tmp_path):
     assert len(calls) == 2 and min(calls) >= sum(timed) / 2, (calls, timed)
 
 
-def test_every_timing_process_outputs_are_compared(tmp_path):
+@ON_BOTH_DEVICES
+def test_every_timing_process_outputs_are_compared(tmp_path, device):
     """A candidate right in the process that is checked and wrong in the other timed one is
     incorrect with timing_processes=2, and correct with one process (only the checked one runs)."""
     src = _two_process_candidate(tmp_path, lie=True)
-    cfg = dict(device="cpu", cache_root=str(tmp_path / "cache"), op_check=False, cpu_trials=4, cpu_warmup=1)
+    cfg = dict(device=device, cache_root=str(tmp_path / "cache"), op_check=False, cpu_trials=4, cpu_warmup=1,
+               gpu_trials=20)
     two = ke.evaluate(REFERENCE, src, timing_processes=2, **cfg)
     assert two.status == "incorrect" and "a timed call gave a wrong result" in two.message, two.message
     assert two.speedup == 0.0

@@ -1,0 +1,11 @@
+# NOT RUN YET (written in session 16, after its device time was spent). First call of the next
+# session (~7 min): kernel_eval's GPU tests, which include timing_processes=2 on CUDA and the
+# parent-side timing code as changed in c122b41; then one batch at timing_processes 2 and one at 1.
+set -x; mkdir -p /tmp/logs
+timeout 300 python -m pytest -q -m gpu tests/test_kernel_eval.py 2>&1 | tail -15
+for k in 2 1; do
+  date +%s.%N; timeout 120 python bench/harness.py --device cuda --n-candidates 32 --kernelbench-n 0 --baseline-n 0 \
+    --stability-runs 0 --timing-processes $k --json-out $OUT/k${k}_a.json > /tmp/logs/k${k}_a.log 2>&1
+  grep -E "candidates/min|in-batch noise" /tmp/logs/k${k}_a.log
+done
+tar czf $OUT/logs1.tgz -C /tmp/logs .
