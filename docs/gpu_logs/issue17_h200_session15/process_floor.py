@@ -1,10 +1,12 @@
 """The pair-noise floor of plain CUDA-event timing, no harness: how far apart are one kernel's
 times in two fresh processes, against two windows of one process? For each of the 8 built-in
-tasks that bench/harness.py pairs, N fresh processes (argv[1], default 5; at least 3) each time the task's reference forward
-(pinned to the last CPU, as kernel_eval's timed calls; 4 rotated copies of one input set; 200 ms
-of warm-up; then two windows of 4 blocks x 25 calls, CUDA events around each call). An identical
-pair as the harness judges it is emulated: one reference process timed in two windows, each beside
-a candidate in its own fresh process: speedups R(p0,w1)/C(p1) and R(p0,w2)/C(p2), and (p3, p4) when N >= 5."""
+tasks that bench/harness.py pairs, N fresh processes (argv[1], default 5; at least 3) each time
+the task's reference forward (pinned to the last CPU, as kernel_eval's timed calls; 4 rotated
+copies of one input set; 200 ms of warm-up; then two windows of 4 blocks x 25 calls, CUDA events
+around each call). An identical pair as the harness judges it is emulated: one reference process
+timed in two windows, each beside a candidate in its own fresh process: speedups R(p0,w1)/C(p1)
+and R(p0,w2)/C(p2), then (p3, p4), (p5, p6), ... as N allows. Pair k of every task makes one
+emulated batch of 8 pairs, as bench/harness.py's in-batch noise."""
 import json, os, statistics, subprocess, sys
 
 CHILD = r"""
@@ -42,7 +44,7 @@ n_proc = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 if n_proc < 3:
     raise SystemExit(f"process_floor.py: a pair needs a reference process and two candidate processes (got {n_proc})")
 pairable = [t for t in tasks.load_builtin("tasks") if "cuda" in t.solutions][:8]
-within, across, pair_one, pair_all = [], [], [], []
+within, across, pair_one, pair_all, per_task_pairs = [], [], [], [], []
 for t in pairable:
     runs = [json.loads(subprocess.run([sys.executable, "-c", CHILD], input=t.reference_src, text=True,
                                       capture_output=True, check=True).stdout) for _ in range(n_proc)]
@@ -51,10 +53,10 @@ for t in pairable:
     across.append(max(w1) / min(w1))
     ref = runs[0]
     ratios = []
-    for a, b in ((1, 2), (3, 4))[:(n_proc - 1) // 2]:
+    for a, b in [(k, k + 1) for k in range(1, n_proc - 1, 2)]:
         s1, s2 = ref[0] / w1[a], ref[1] / w1[b]
         ratios.append(max(s1, s2) / min(s1, s2))
-    pair_one.append(ratios[0]); pair_all += ratios
+    pair_one.append(ratios[0]); pair_all += ratios; per_task_pairs.append(ratios)
     print(f"{t.task_id:40s} process medians (ms) " + " ".join(f"{x:.4f}" for x in w1)
           + f"  | windows of p0 {ref[0]:.4f} {ref[1]:.4f}  | pairs " + " ".join(f"{r:.3f}" for r in ratios), flush=True)
 med = statistics.median
@@ -62,3 +64,5 @@ print(f"two windows of one process, max/min: median {med(within):.3f}, max {max(
 print(f"{n_proc} fresh processes, max/min of their medians: median {med(across):.3f}, max {max(across):.3f} (8 tasks)")
 print(f"emulated identical pairs' speedups apart: one per task median {med(pair_one):.3f} max {max(pair_one):.3f}; "
       f"all {len(pair_all)} median {med(pair_all):.3f} max {max(pair_all):.3f}")
+for k, batch in enumerate(zip(*per_task_pairs)):
+    print(f"emulated batch {k + 1} (pair {k + 1} of each task): median {med(batch):.3f}, max {max(batch):.3f}")
