@@ -497,12 +497,12 @@ def _run(session: _ReferenceSession, cands: list, device: str, cfg: EvalConfig, 
             for c, out_fd in zip(cands, out_fds):
                 _ask(c, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
         reason = None
-        for out_fd in out_fds:
-            _seal_output(out_fd, time_limit)
-            with _DeviceLock(cfg.cache_root, device, exclusive=False):
+        with _DeviceLock(cfg.cache_root, device, exclusive=False):
+            for out_fd in out_fds:
+                _seal_output(out_fd, time_limit)
                 reason = session.judge(out_fd, "time", time_limit)
-            if reason:
-                break
+                if reason:
+                    break
     finally:
         for out_fd in out_fds:
             os.close(out_fd)
@@ -535,7 +535,8 @@ def _paired_timing(ref_ask, cand_asks: list, pids, time_file: int, device: str, 
     fds)` and each of `cand_asks` send one request to a worker; `pids()`: the reference's supervisor,
     then each candidate process's, whose process tree's CPU time is the parent's clock on CPU."""
     warmup, trials, warmup_ms = _timing_counts(device, cfg)
-    for ask in [ref_ask] + cand_asks:  # inputs onto the device and `warmup` calls, off the clock
+    asks = [ref_ask] + cand_asks
+    for ask in asks:  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
              "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes,
              "cpus": _cpu_split(device == "cpu", cfg)[1]}, (time_file,))
@@ -543,7 +544,7 @@ def _paired_timing(ref_ask, cand_asks: list, pids, time_file: int, device: str, 
     # this process's clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
-        for ask in [ref_ask] + cand_asks:
+        for ask in asks:
             ask({"cmd": "warm", "calls": max(1, warmup)})
     # calls per block, doubled until one reference request lasts block_ms on this clock: the request's
     # own jitter is then small per call; sized on the reference alone (a candidate must not choose
@@ -557,7 +558,6 @@ def _paired_timing(ref_ask, cand_asks: list, pids, time_file: int, device: str, 
         calls *= 2
     calls = max(calls, math.ceil(trials / cfg.timing_blocks))
     blocks = {"ref": [], "cand": []}
-    asks = [ref_ask] + cand_asks
     trees = [_descendants(pid) for pid in pids()] if device == "cpu" else []
     for b in range(2 * cfg.timing_blocks):
         side = "ref" if b % 4 in (0, 3) else "cand"

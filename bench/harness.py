@@ -226,6 +226,7 @@ def main() -> None:
         over["timing_cpus"] = a.timing_cpus
     if a.timing_processes is not None:
         over["timing_processes"] = a.timing_processes
+    timing_processes = over.get("timing_processes", cfg.timing_processes)
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     if a.no_host_pch:
@@ -314,7 +315,7 @@ def main() -> None:
 
     n = len(candidates)
     fig = {
-        "device": a.device, "timing_processes": over.get("timing_processes", cfg.timing_processes),
+        "device": a.device, "timing_processes": timing_processes,
         "n_candidates": n, "n_correct": n_correct, "wall_s": wall,
         "per_min": n / wall * 60 if n else float("nan"), "p50_latency_s": percentile(own, 0.5),
         "p90_latency_s": percentile(own, 0.9), "p50_to_verdict_s": percentile(to_verdict, 0.5),
@@ -337,7 +338,7 @@ def main() -> None:
     tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
     workers = (f"compile workers {'spawned' if a.no_compile_zygote else 'forked'}, "
                f"run workers {'spawned' if a.no_run_zygote else 'forked'}, "
-               f"{over.get('timing_processes', cfg.timing_processes)} timing process(es) per candidate")
+               f"{timing_processes} timing process(es) per candidate")
     print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}{workers}) "
           "| kernel_eval | KernelBench-style (parallel builds, then serial) | naive serial |")
     print("|---|---|---|---|")
