@@ -58,9 +58,7 @@ How one evaluation runs, and why
    both warm up (`gpu_warmup` calls, then rounds until `gpu_warmup_ms` have passed on the parent's
    clock: GPU clocks ramp up), then `timing_blocks` blocks a side in the order R C C R R C C R, each
    of at least trials / blocks calls and long enough (`gpu_block_ms`, sized on the reference) for
-   the parent's clock to resolve a call; load, clock ramps and drift hit both sides. With
-   `timing_processes` > 1 the candidate's blocks go in turn to that many processes of it, pooled:
-   a process's host launch speed is its own (PERFORMANCE.md). On GPU each
+   the parent's clock to resolve a call; load, clock ramps and drift hit both sides. On GPU each
    call is preceded by an L2 flush and bracketed by CUDA events with a device-wide synchronize
    before the end event (side-stream work counts), so a short kernel's time is mostly the host's
    launch and synchronize: both timed workers move onto `timing_cpus` CPUs kept from the builds for
@@ -254,11 +252,6 @@ class EvalConfig:
     # and synchronize never share a core with a compiler (PERFORMANCE.md: pair noise); 0: none kept.
     # Not used on cpu, nor when the process may use fewer than 4x this many CPUs.
     timing_cpus: int = 2
-    # candidate processes timed per verdict, their blocks taken in turn and pooled: a short kernel's
-    # time includes its host launch, whose speed differs from one process to the next by up to ~7%
-    # on the H200 (PERFORMANCE.md, sixteenth session). Extra processes boot beside the first; the
-    # first is checked, and every process's timed outputs are compared
-    timing_processes: int = 1
     l2_flush_bytes: int = 256 << 20
     message_chars: int = 1500
     keep_scratch: bool = False
@@ -306,8 +299,6 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     _STOPPING.clear()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if not (isinstance(config.timing_processes, int) and config.timing_processes >= 1):
-        raise ValueError(f"timing_processes must be an int >= 1, got {config.timing_processes!r}")
     unknown = [t for t in config.cuda_header_tiers if t not in HEADER_TIERS]
     if unknown or isinstance(config.cuda_header_tiers, str):
         raise ValueError(f"cuda_header_tiers must be a tuple of {HEADER_TIERS}, got {config.cuda_header_tiers!r}")
@@ -364,16 +355,15 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
         t0 = time.monotonic()
         ref_src, cand_src = pairs[i]
         session, compiling = sessions[ref_src], compiles[cand_src]
-        scratch, cands = _scratch(config, "kevalrun-"), []
+        scratch, cand = _scratch(config, "kevalrun-"), None
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
-                cands = [_spawn("cand", cand_src, device, arch, config, os.path.join(scratch, str(k)), zygotes)
-                         for k in range(config.timing_processes)]  # all boot while the kernel compiles
+                cand = _spawn("cand", cand_src, device, arch, config, scratch, zygotes)
                 session.boot()  # while the kernel compiles; a failed compile needs no reference
             record = compiling.result()
-            res = _evaluate_one(session, cands, device, config, record)
+            res = _evaluate_one(session, cand, device, config, record)
         finally:
-            for cand in cands:
+            if cand is not None:
                 cand.stop()
             session.release()
             if not config.keep_scratch:
@@ -398,7 +388,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
             bar.close()
 
 
-def _evaluate_one(session, cands: list, device, cfg, compile_record) -> EvalResult:
+def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
     if not compile_record.get("cached"):
@@ -413,7 +403,7 @@ def _evaluate_one(session, cands: list, device, cfg, compile_record) -> EvalResu
     # cached records from before "builds" was kept count as built
     result.compiled = compile_record["status"] == "ok" and compile_record.get("builds", 1) > 0
     try:
-        _run(session, cands, device, cfg, result)
+        _run(session, cand, device, cfg, result)
         result.compiled = True
         result.status = "correct" if result.correct else "incorrect"
         if result.correct and not result.message:
@@ -426,10 +416,7 @@ def _evaluate_one(session, cands: list, device, cfg, compile_record) -> EvalResu
     return result
 
 
-def _run(session: _ReferenceSession, cands: list, device: str, cfg: EvalConfig, result: EvalResult) -> None:
-    """Check the candidate in the first of `cands` (its worker processes, cfg.timing_processes), then
-    time them all beside the reference, their blocks in turn, and compare each one's timed outputs."""
-    cand = cands[0]
+def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
     t0 = time.monotonic()
     boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
     if isinstance(boot.get("boot_cpu_s"), (int, float)):
@@ -474,15 +461,9 @@ def _run(session: _ReferenceSession, cands: list, device: str, cfg: EvalConfig, 
         result.correct = True
     if not cfg.time_candidate:
         return
-    for more in cands[1:]:  # booted beside the first; the same module, weights and seed
-        _ask(more, "candidate", "load", cfg.load_timeout_s, {})
-        _ask(more, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
-        with _DeviceLock(cfg.cache_root, device, exclusive=False):
-            _ask(more, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
-                 session.init_bytes)
     t_wait = time.monotonic()
     time_limit = session.output_limit("time")
-    out_fds = [_memfd("kernel_eval-candidate-timed-outputs") for _ in cands]
+    out_fd = _memfd("kernel_eval-candidate-timed-outputs")
     try:
         with _DeviceLock(cfg.cache_root, device, exclusive=True):  # timing: the device alone
             result.seconds["device_wait"] += time.monotonic() - t_wait
@@ -490,22 +471,14 @@ def _run(session: _ReferenceSession, cands: list, device: str, cfg: EvalConfig, 
             deadline = time.monotonic() + cfg.time_timeout_s
             ref_blocks, cand_blocks = _paired_timing(
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline),
-                [lambda msg, fds=(), c=c: _ask(c, "candidate", "time", cfg.time_timeout_s, msg, fds=fds,
-                                               deadline=deadline)[0] for c in cands],
-                lambda: [session.worker.proc.pid] + [c.proc.pid for c in cands], session.files["time"], device, cfg,
-                deadline)
-            for c, out_fd in zip(cands, out_fds):
-                _ask(c, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
-        reason = None
+                lambda msg, fds=(): _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0],
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline)
+            _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
+        _seal_output(out_fd, time_limit)
         with _DeviceLock(cfg.cache_root, device, exclusive=False):
-            for out_fd in out_fds:
-                _seal_output(out_fd, time_limit)
-                reason = session.judge(out_fd, "time", time_limit)
-                if reason:
-                    break
+            reason = session.judge(out_fd, "time", time_limit)
     finally:
-        for out_fd in out_fds:
-            os.close(out_fd)
+        os.close(out_fd)
     result.seconds["time"] = time.monotonic() - t3
     if reason:
         result.correct = False
@@ -527,16 +500,14 @@ def _run(session: _ReferenceSession, cands: list, device: str, cfg: EvalConfig, 
                           + (f" ({verdict['note']})" if verdict["note"] else ""))
 
 
-def _paired_timing(ref_ask, cand_asks: list, pids, time_file: int, device: str, cfg: EvalConfig,
+def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
                    deadline: float) -> tuple:
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in
     one window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, the
-    same loop and the same flushes; the candidate's blocks go to its processes in turn. `ref_ask(msg,
-    fds)` and each of `cand_asks` send one request to a worker; `pids()`: the reference's supervisor,
-    then each candidate process's, whose process tree's CPU time is the parent's clock on CPU."""
+    same loop and the same flushes. `*_ask(msg, fds)` sends one request to that side's worker;
+    `pids()`: each side's supervisor, whose process tree's CPU time is the parent's clock on CPU."""
     warmup, trials, warmup_ms = _timing_counts(device, cfg)
-    asks = [ref_ask] + cand_asks
-    for ask in asks:  # inputs onto the device and `warmup` calls, off the clock
+    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
              "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes,
              "cpus": _cpu_split(device == "cpu", cfg)[1]}, (time_file,))
@@ -544,8 +515,8 @@ def _paired_timing(ref_ask, cand_asks: list, pids, time_file: int, device: str, 
     # this process's clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
-        for ask in asks:
-            ask({"cmd": "warm", "calls": max(1, warmup)})
+        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
+        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
     # calls per block, doubled until one reference request lasts block_ms on this clock: the request's
     # own jitter is then small per call; sized on the reference alone (a candidate must not choose
     # its own resolution)
@@ -558,15 +529,14 @@ def _paired_timing(ref_ask, cand_asks: list, pids, time_file: int, device: str, 
         calls *= 2
     calls = max(calls, math.ceil(trials / cfg.timing_blocks))
     blocks = {"ref": [], "cand": []}
-    trees = [_descendants(pid) for pid in pids()] if device == "cpu" else []
+    trees = {side: _descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
     for b in range(2 * cfg.timing_blocks):
         side = "ref" if b % 4 in (0, 3) else "cand"
-        who = 0 if side == "ref" else 1 + len(blocks["cand"]) % len(cand_asks)
-        t, cpu0 = time.monotonic(), _cpu_ms(trees[who] if trees else [])
-        times = asks[who]({"cmd": "time", "trials": calls}).get("times")
+        t, cpu0 = time.monotonic(), _cpu_ms(trees.get(side, []))
+        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls}).get("times")
         wall = (time.monotonic() - t) * 1e3
         if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
-            cpu1 = _cpu_ms(trees[who])  # takes its CPU time with it: counted as none (refused)
+            cpu1 = _cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
             wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
         if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
                 or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):

@@ -200,8 +200,6 @@ def main() -> None:
     p.add_argument("--timing-blocks", type=int, default=None, help="kernel_eval's timing_blocks per side (default: its own)")
     p.add_argument("--timing-buffers", type=int, default=None, help="kernel_eval's timing_buffers (default: its own)")
     p.add_argument("--timing-cpus", type=int, default=None, help="kernel_eval's timing_cpus (default: its own)")
-    p.add_argument("--timing-processes", type=int, default=None,
-                   help="kernel_eval's timing_processes: candidate processes timed per verdict (default: its own)")
     p.add_argument("--blocks", action="store_true", help="print each stability run's timing blocks")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
@@ -224,9 +222,6 @@ def main() -> None:
         over["timing_buffers"] = a.timing_buffers
     if a.timing_cpus is not None:
         over["timing_cpus"] = a.timing_cpus
-    if a.timing_processes is not None:
-        over["timing_processes"] = a.timing_processes
-    timing_processes = over.get("timing_processes", cfg.timing_processes)
     if a.header_tiers is not None:
         over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     if a.no_host_pch:
@@ -315,8 +310,7 @@ def main() -> None:
 
     n = len(candidates)
     fig = {
-        "device": a.device, "timing_processes": timing_processes,
-        "n_candidates": n, "n_correct": n_correct, "wall_s": wall,
+        "device": a.device, "n_candidates": n, "n_correct": n_correct, "wall_s": wall,
         "per_min": n / wall * 60 if n else float("nan"), "p50_latency_s": percentile(own, 0.5),
         "p90_latency_s": percentile(own, 0.9), "p50_to_verdict_s": percentile(to_verdict, 0.5),
         "p50_compile_s": percentile(compile_s, 0.5), "p50_phase_s": phases,
@@ -337,8 +331,7 @@ def main() -> None:
     print()
     tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
     workers = (f"compile workers {'spawned' if a.no_compile_zygote else 'forked'}, "
-               f"run workers {'spawned' if a.no_run_zygote else 'forked'}, "
-               f"{timing_processes} timing process(es) per candidate")
+               f"run workers {'spawned' if a.no_run_zygote else 'forked'}")
     print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}{workers}) "
           "| kernel_eval | KernelBench-style (parallel builds, then serial) | naive serial |")
     print("|---|---|---|---|")

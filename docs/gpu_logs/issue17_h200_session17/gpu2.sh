@@ -1,5 +1,5 @@
-# NOT RUN YET. Second call (~8 min): four more batches, timing_processes 2 and 1 in turn, so that
-# each setting has three runs side by side in one session (pair noise and candidates per minute)
+# Second call of session 17 (ran): four more batches, timing_processes 2 and 1 in turn, so that
+# each setting has three runs side by side in one session (pair noise and candidates per minute).
 set -x; mkdir -p /tmp/logs
 for run in b c; do
   for k in 2 1; do
