@@ -1,5 +1,5 @@
-# First call of session 17 (ran; results in PERFORMANCE.md, "H200, seventeenth session"): kernel_eval's GPU
-# tests, which include timing_processes=2 on CUDA, then one batch at timing_processes 2 and one at 1.
+# First call of session 17, on d41c8e6 (ran; results in PERFORMANCE.md, "H200, seventeenth session";
+# --timing-processes was removed after it): kernel_eval's GPU tests, then one batch at 2 and one at 1.
 set -x; mkdir -p /tmp/logs
 timeout 300 python -m pytest -q -m gpu tests/test_kernel_eval.py 2>&1 | tail -15
 for k in 2 1; do

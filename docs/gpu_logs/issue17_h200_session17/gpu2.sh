@@ -1,4 +1,4 @@
-# Second call of session 17 (ran): four more batches, timing_processes 2 and 1 in turn, so that
+# Second call of session 17, on d41c8e6 (ran): four more batches, timing_processes 2 and 1 in turn, so that
 # each setting has three runs side by side in one session (pair noise and candidates per minute).
 set -x; mkdir -p /tmp/logs
 for run in b c; do
