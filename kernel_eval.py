@@ -148,9 +148,13 @@ from dataclasses import dataclass, field
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
 _process_time = time.process_time  # CPU timing: this process's CPU time (all threads), not wall
 
-STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error")
+STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
+            "harness_error")
 # reference_error: the task's reference failed to load, run or produce outputs. The task's fault,
 # not the candidate's: a trainer drops the task's samples (rollout.py), eval.py reports the task.
+# harness_error: no verdict: the harness could not give the candidate the memory its own judging
+# needs (the task's copies do not fit the device even with nothing else on it). Neither the
+# candidate's fault nor the task's: rollout leaves the sample out of training, eval.py counts it.
 TAG_ENV = "KERNEL_EVAL_TAG"
 POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
 
@@ -183,6 +187,9 @@ _has_compatible_shallow_copy_type unsafe_split dim size stride numel is_contiguo
 @dataclass
 class EvalConfig:
     n_correct_trials: int = 5
+    # a task too large to keep n_correct_trials input and output sets (plan_copies) keeps fewer, never
+    # fewer than this: two trials on fresh inputs still catch a forward that replays an old output
+    min_correct_trials: int = 2
     gpu_warmup: int = 10
     gpu_warmup_ms: float = 200.0  # and warm up for at least this long (clocks), outside the timed request
     gpu_trials: int = 100
@@ -194,6 +201,18 @@ class EvalConfig:
     # timing_buffer_bytes of them in all; 1: one set of buffers, as KernelBench times
     timing_buffers: int = 4
     timing_buffer_bytes: int = 2 << 30
+    # input sets at least this large are timed on one set in one buffer: rotation exists to keep a
+    # small task's inputs out of the L2 cache and to average over placements; a set this many times
+    # larger than L2 (50 MB on an H200) gains nothing from it and would only multiply the memory
+    rotation_max_bytes: int = 256 << 20
+    # memory-aware judging (plan_copies, _MemoryBudget): the share of the device's free memory (of
+    # the host's available memory on cpu, and for the input files on cuda) that the workers of a
+    # batch may hold at once, after `context_bytes` for each live CUDA worker (its context and
+    # allocator slack); None in memory_capacity_bytes: measured (device: the first worker's
+    # cudaMemGetInfo; host: MemAvailable)
+    memory_fraction: float = 0.85
+    context_bytes: int = 1 << 30
+    memory_capacity_bytes: int | None = None
     # (atol, rtol) per output dtype; KernelBench v0 and Kevin used 1e-2 in fp32.
     tolerances: dict = field(default_factory=lambda: {
         "float32": (1e-2, 1e-2), "float64": (1e-2, 1e-2), "float16": (1e-2, 1e-2),
@@ -231,10 +250,13 @@ class EvalConfig:
     time_candidate: bool = True
     cpu_threads: int | None = 1  # torch threads in CPU workers: C++ candidates are single-threaded,
     # and on a shared CI box several OpenMP threads per worker thrash; None: torch's default
+    # CPU workers' RLIMIT_AS beyond what their task's planned copies take (plan_copies)
     cpu_memory_limit_gb: float = 16.0
     max_file_bytes: int = 256 << 20  # stdout + stderr kept per worker; a worker that writes more is killed
     max_build_file_bytes: int = 4 << 30  # compile workers write objects and torch's .gch header
-    max_message_bytes: int = 16 << 30  # cap on a worker's files: RLIMIT_FSIZE, and outputs (also 2x the reference's)
+    # a candidate's files (RLIMIT_FSIZE: its output memory files, its scratch): this, plus twice what
+    # its task's reference outputs take (_ReferenceSession.output_limit)
+    max_message_bytes: int = 1 << 30
     # paired timing (paired_verdict): blocks per side, each of >= trials / blocks calls and long
     # enough on the parent's clock (block_ms, from the reference's warm-up) to resolve a call
     timing_blocks: int = 4
@@ -273,6 +295,7 @@ class EvalResult:
     # time order: [calls, median and mean claimed ms/call, parent's ms/call]; a diagnostic
     blocks: dict = field(default_factory=dict)
     ops: list = field(default_factory=list)  # aten compute ops seen in forward (when flagged)
+    alone: bool = False  # judged again with the device to itself, after running out of memory beside others
     seconds: dict = field(default_factory=dict)  # per phase
 
     def to_dict(self) -> dict:
@@ -320,10 +343,14 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}
+    # the live CUDA workers the budget leaves room for: every run job's candidate, and a reference
+    # session per distinct task, up to as many again
+    budget = _MemoryBudget(config, live_workers=n_runs + min(n_runs, len({pairs[i][0] for i in todo})))
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
-            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes)
+            sessions[ref_src] = _ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes,
+                                                  budget=budget)
         sessions[ref_src].users += 1
     finished = False
     try:
@@ -333,7 +360,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
             if src not in compiles:
                 compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygotes)
         _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
-                   zygotes)
+                   zygotes, budget)
         finished = True
     finally:
         if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
@@ -348,26 +375,54 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
 
 
 def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
-               zygotes):
+               zygotes, budget):
     """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
+
+    def judge(session, cand_src, compiling, alone: bool) -> EvalResult:
+        """One attempt: the task's plan (its reference booted while the kernel compiles), the
+        candidate's worker with limits from that plan, then the verdict inside a memory admission."""
+        scratch, cand, plan, failure = _scratch(config, "kevalrun-"), None, None, None
+        try:
+            if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
+                try:
+                    plan = session.plan()  # a failed compile needs no reference
+                    cand = _spawn("cand", cand_src, device, arch, config, scratch, zygotes, plan=plan)
+                except _Failure as f:
+                    failure = f
+            record = compiling.result()
+            return _evaluate_one(session, cand, device, config, record, plan, failure,
+                                 lambda: budget.admit(session, plan, exclusive=alone))
+        finally:
+            if cand is not None:
+                cand.stop()
+            if not config.keep_scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def job(i):
         t0 = time.monotonic()
         ref_src, cand_src = pairs[i]
         session, compiling = sessions[ref_src], compiles[cand_src]
-        scratch, cand = _scratch(config, "kevalrun-"), None
         try:
-            if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
-                cand = _spawn("cand", cand_src, device, arch, config, scratch, zygotes)
-                session.boot()  # while the kernel compiles; a failed compile needs no reference
-            record = compiling.result()
-            res = _evaluate_one(session, cand, device, config, record)
+            res = judge(session, cand_src, compiling, alone=False)
+            if res.status in ("runtime_error", "reference_error") and _capacity_failure(res.message):
+                # out of memory beside the batch's other workers is the harness's doing: judge again
+                # with the device to itself; what fails then is the candidate's (or the task's), unless
+                # the harness's own copies of the task do not fit
+                session.retry()
+                res = judge(session, cand_src, compiling, alone=True)
+                res.alone = True
+                plan = (plan_copies(session.footprint, config, budget.capacity, cuda=device != "cpu")
+                        if session.footprint is not None and budget.capacity else None)
+                if (res.status == "runtime_error" and _capacity_failure(res.message) and plan
+                        and any(plan["session"][k] + plan["candidate"][k] > budget.capacity[k] for k in plan["session"])):
+                    res.status = "harness_error"
+                    res.message = ("no verdict: judging this task needs more memory than there is "
+                                   f"({_gib(plan['session'])} GiB for the reference's session and "
+                                   f"{_gib(plan['candidate'])} GiB for the candidate, capacity "
+                                   f"{_gib(budget.capacity)} GiB): " + res.message)
         finally:
-            if cand is not None:
-                cand.stop()
             session.release()
-            if not config.keep_scratch:
-                shutil.rmtree(scratch, ignore_errors=True)
+        record = compiling.result()
         # latency: from this candidate's compile start (or its job's start, when cached) to verdict
         res.seconds["latency"] = time.monotonic() - record.get("started", t0)
         res.seconds["since_batch_start"] = time.monotonic() - batch_start
@@ -388,7 +443,9 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
             bar.close()
 
 
-def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
+def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, admission) -> EvalResult:
+    """The verdict of a compiled candidate: `failure` (its task's reference failed), or _run inside
+    `admission()` (the memory budget's)."""
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
     if not compile_record.get("cached"):
@@ -403,7 +460,10 @@ def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
     # cached records from before "builds" was kept count as built
     result.compiled = compile_record["status"] == "ok" and compile_record.get("builds", 1) > 0
     try:
-        _run(session, cand, device, cfg, result)
+        if failure:
+            raise failure
+        with admission():
+            _run(session, cand, device, cfg, result, plan)
         result.compiled = True
         result.status = "correct" if result.correct else "incorrect"
         if result.correct and not result.message:
@@ -416,7 +476,8 @@ def _evaluate_one(session, cand, device, cfg, compile_record) -> EvalResult:
     return result
 
 
-def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult) -> None:
+def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig, result: EvalResult,
+         plan: dict) -> None:
     t0 = time.monotonic()
     boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
     if isinstance(boot.get("boot_cpu_s"), (int, float)):
@@ -441,7 +502,7 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
             _seal_output(out_fd, check_limit)
             ops, changed = reply.get("ops", []), reply.get("changed")
             if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                    or not isinstance(changed, list) or len(changed) != cfg.n_correct_trials
+                    or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
                     or not all(isinstance(c, list) for c in changed)):
                 raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
             flagged = flag_ops(ops) if cfg.op_check else []
@@ -472,7 +533,8 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
             ref_blocks, cand_blocks = _paired_timing(
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline),
                 lambda msg, fds=(): _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0],
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline)
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline,
+                plan["buffers"])
             _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
         _seal_output(out_fd, time_limit)
         with _DeviceLock(cfg.cache_root, device, exclusive=False):
@@ -501,7 +563,7 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
 
 
 def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
-                   deadline: float) -> tuple:
+                   deadline: float, buffers: int) -> tuple:
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in
     one window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, the
     same loop and the same flushes. `*_ask(msg, fds)` sends one request to that side's worker;
@@ -509,7 +571,7 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
     warmup, trials, warmup_ms = _timing_counts(device, cfg)
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
-             "buffers": cfg.timing_buffers, "buffer_bytes": cfg.timing_buffer_bytes,
+             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes,
              "cpus": _cpu_split(device == "cpu", cfg)[1]}, (time_file,))
     # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
     # this process's clock (a worker's own clock is the candidate's to patch)
@@ -719,6 +781,177 @@ def _reference_failure(f: _Failure) -> _Failure:
 # ----------------------------------------------------------------------------- parent side
 # reference sessions, spawning and asking workers, paired timing's clock, device locks, compiles
 
+@dataclass
+class Footprint:
+    """What judging one task takes, learned from its reference's first run (the probe, alone on
+    the device): one input set, one output set, and the forward's peak allocation (its outputs and
+    temporaries), in bytes."""
+    set_bytes: int
+    out_bytes: int
+    peak_bytes: int
+
+
+def plan_copies(fp: Footprint, cfg: EvalConfig, capacity: dict, cuda: bool) -> dict:
+    """How many copies judging this task keeps, and the bytes its workers then hold.
+
+    Copies exist for reasons that fade with size: several correctness trials catch a forward that
+    replays an old output (two do that; more only sample more values, and a large output is many
+    values already); several timing sets and buffers keep a small task's inputs out of L2 and
+    average over placements (useless for a set far larger than L2). So a task keeps
+    n_correct_trials trials while they take at most a quarter of the memory there is (never fewer
+    than min_correct_trials), and rotates timing sets and buffers only below rotation_max_bytes.
+
+    Bytes, per pool ("device": the GPU on cuda; "host": input and output memory files, and
+    everything on cpu):
+        timing state = (n_time + buffers) x set + peak + n_time x out + L2 flush    (either side)
+        session      = (n_check + n_time) x out + timing state    on the device (reference outputs)
+                       (n_check + n_time) x set                   on the host (input files)
+        candidate    = max(2 x set + 2 x out + peak, timing state) on the device (a check call:
+                       pristine and cloned inputs, poisoned output blocks, the forward)
+                       max(n_check, n_time) x out                 on the host (its output file)"""
+    s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
+    rotate = s < cfg.rotation_max_bytes
+    n_time = cfg.timing_input_sets if rotate else 1
+    buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers)) if rotate else 1
+    keep = min(capacity.values()) // 4
+    n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
+    timing = (n_time + buffers) * s + p + n_time * o + (cfg.l2_flush_bytes if cuda else 0)
+    session = {"device": (n_check + n_time) * o + timing, "host": (n_check + n_time) * s}
+    candidate = {"device": max(2 * s + 2 * o + p, timing), "host": max(n_check, n_time) * o}
+    if not cuda:  # one pool: the workers' tensors live beside the memory files
+        session = {"host": session["device"] + session["host"]}
+        candidate = {"host": candidate["device"] + candidate["host"]}
+    return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "session": session, "candidate": candidate}
+
+
+class _MemoryBudget:
+    """The memory the workers of one batch may hold at once, per pool (see plan_copies): a job is
+    admitted when its candidate's bytes, and its reference session's if that is not resident yet,
+    fit beside what the admitted jobs and resident sessions hold. A session stays resident between
+    its candidates (its outputs are the comparison); when a job does not fit, sessions with no
+    admitted job are evicted (their worker stopped; the next job regenerates on the same seeds). A
+    job that fits nowhere runs once nothing else is admitted (alone), and an exclusive job (a
+    probe, a retry after running out of memory) waits for that and evicts every other session.
+    Capacity is set once per batch from the first measurement (set_capacity)."""
+
+    def __init__(self, cfg: EvalConfig, live_workers: int):
+        self.cfg, self.live_workers = cfg, live_workers
+        self.capacity: dict | None = None
+        self.cond = threading.Condition()
+        self.held = {"device": 0, "host": 0}
+        self.resident: dict = {}  # session -> its reserved bytes
+        self.jobs: dict = {}  # session -> its admitted jobs
+        self.exclusive_waiting = 0
+        self.exclusive_running = False
+
+    def set_capacity(self, device_free: int | None) -> None:
+        """From the first worker's report (cuda: cudaMemGetInfo's free bytes) and MemAvailable."""
+        with self.cond:
+            if self.capacity is not None:
+                return
+            cfg = self.cfg
+            host = _mem_available()
+            if cfg.memory_capacity_bytes is not None:
+                self.capacity = {"device": cfg.memory_capacity_bytes, "host": cfg.memory_capacity_bytes}
+                return
+            self.capacity = {"host": int(host * cfg.memory_fraction)}
+            if device_free is not None:
+                self.capacity["device"] = max(
+                    0, int(device_free * cfg.memory_fraction) - self.live_workers * cfg.context_bytes)
+            else:
+                self.capacity["device"] = self.capacity["host"]
+
+    def _fits(self, need: dict) -> bool:
+        return all(self.held[k] + need.get(k, 0) <= self.capacity[k] for k in self.capacity)
+
+    def _idle(self, keep) -> list:
+        return [s for s in self.resident if s is not keep and not self.jobs.get(s)]
+
+    @contextlib.contextmanager
+    def admit(self, session, plan: dict | None, exclusive: bool = False):
+        """Hold the job's bytes (plan["candidate"], and plan["session"] unless resident) while inside;
+        `exclusive`: with no other job admitted and no other session resident."""
+        need = dict(plan["candidate"]) if plan else {}
+        admitted = False
+        with self.cond:
+            self.exclusive_waiting += exclusive
+        try:
+            while True:
+                with self.cond:
+                    mine = dict(need)
+                    reserve = plan is not None and session not in self.resident
+                    if reserve:
+                        for k, v in plan["session"].items():
+                            mine[k] = mine.get(k, 0) + v
+                    alone = not any(self.jobs.values()) and not self.exclusive_running
+                    victims = self._idle(session)
+                    if exclusive:
+                        ok = alone and not victims
+                    else:
+                        ok = (not self.exclusive_waiting and not self.exclusive_running
+                              and (self._fits(mine) or alone and not victims))
+                    if ok:
+                        if reserve:
+                            self.resident[session] = dict(plan["session"])
+                        for k, v in mine.items():
+                            self.held[k] = self.held.get(k, 0) + v
+                        self.jobs[session] = self.jobs.get(session, 0) + 1
+                        if exclusive:
+                            self.exclusive_waiting -= 1
+                            self.exclusive_running = True
+                        admitted = True
+                        break
+                    if exclusive and not alone or not exclusive and (self.exclusive_waiting or self.exclusive_running):
+                        victims = []  # wait for the jobs to end first (an exclusive job goes first)
+                    if not victims:
+                        self.cond.wait(timeout=1.0)
+                        continue
+                for victim in victims:  # outside the condition: a session's stop takes its own lock
+                    victim.evict()
+            yield
+        finally:
+            with self.cond:
+                if admitted:
+                    self.jobs[session] -= 1
+                    for k, v in need.items():
+                        self.held[k] -= v
+                    if exclusive:
+                        self.exclusive_running = False
+                elif exclusive:
+                    self.exclusive_waiting -= 1
+                self.cond.notify_all()
+
+    def forget(self, session) -> None:
+        """The session's worker stopped: its bytes are free."""
+        with self.cond:
+            for k, v in self.resident.pop(session, {}).items():
+                self.held[k] -= v
+            self.cond.notify_all()
+
+
+def _gib(pools: dict) -> str:
+    return "/".join(f"{v / (1 << 30):.1f}" for v in pools.values())
+
+
+def _mem_available() -> int:
+    """The host's MemAvailable, in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+CAPACITY_FAILURE = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
+                              r"Cannot allocate memory|MemoryError|std::bad_alloc|cudaErrorDevicesUnavailable|"
+                              r"busy or unavailable|killed by SIGKILL", re.IGNORECASE)
+
+
+def _capacity_failure(message: str) -> bool:
+    """A failure that running out of memory (or of CUDA contexts) explains: retried alone."""
+    return bool(CAPACITY_FAILURE.search(message or ""))
+
+
 class _ReferenceSession:
     """The trusted side of every evaluation of one reference within a batch: one worker that holds
     the reference model, draws the batch's inputs from seeds only the parent knows (shared by all
@@ -731,8 +964,9 @@ class _ReferenceSession:
     Locks: `lock` serialises requests; callers that need the device take the device lock first."""
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
-                 zygotes: _Zygotes | None = None):
+                 zygotes: _Zygotes | None = None, budget: _MemoryBudget | None = None):
         self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
+        self.budget = budget or _MemoryBudget(cfg, live_workers=2)
         self.users = users
         self.lock = threading.Lock()
         self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
@@ -744,6 +978,12 @@ class _ReferenceSession:
         self.failure: _Failure | None = None
         self.init_bytes = b""
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
+        import torch
+        self.footprint_path = os.path.join(cfg.cache_root, "footprints", source_hash(
+            "footprint", ref_src, device == "cpu", arch, torch.__version__)[:32] + ".json")
+        known = _read_json(self.footprint_path)
+        self.footprint = Footprint(**known) if isinstance(known, dict) and set(known) == {
+            "set_bytes", "out_bytes", "peak_bytes"} and all(isinstance(v, int) for v in known.values()) else None
 
     def boot(self) -> None:
         """Start the worker, load and build the reference model (no device lock needed)."""
@@ -757,7 +997,9 @@ class _ReferenceSession:
         self.scratch = _scratch(cfg, "kevalref-")
         self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch, self.zygotes)
         try:
-            _ask(self.worker, "reference", "load", cfg.load_timeout_s, {})
+            ready, _ = _ask(self.worker, "reference", "load", cfg.load_timeout_s, {})
+            free = ready.get("device_free")
+            self.budget.set_capacity(free if isinstance(free, int) else None)
             _ask(self.worker, "reference", "load", cfg.load_timeout_s, {"cmd": "load"})
             _, self.init_bytes = _ask(self.worker, "reference", "init", cfg.load_timeout_s,
                                       {"cmd": "init", "seed": self.init_seed})
@@ -765,8 +1007,37 @@ class _ReferenceSession:
             self.failure = _reference_failure(f)
             self._stop()
 
+    def plan(self) -> dict:
+        """plan_copies for this task; the first time the task is seen, its reference runs once
+        alone on the device to measure it (the probe), and the footprint is cached on disk."""
+        with self.lock:
+            self._boot()
+            if self.failure:
+                raise self.failure
+        if self.footprint is None:
+            with self.budget.admit(self, None, exclusive=True), self.lock:
+                self._probe()
+        return plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
+
+    def _probe(self) -> None:
+        if self.footprint is not None:
+            return
+        self._boot()
+        if self.failure:
+            raise self.failure
+        try:
+            reply, _ = _ask(self.worker, "reference", "check", self.cfg.check_timeout_s,
+                            {"cmd": "probe", "seed": secrets.randbits(62)})
+        except _Failure as f:
+            self.failure = _reference_failure(f)
+            self._stop()
+            raise self.failure from None
+        self.footprint = Footprint(*(int(reply[k]) for k in ("set_bytes", "out_bytes", "peak_bytes")))
+        _atomic_write_json(self.footprint_path, dataclasses.asdict(self.footprint))
+
     def ready(self) -> None:
-        """Inputs written and sealed, reference outputs held. Hold the device lock (shared)."""
+        """Inputs written and sealed, reference outputs held. Hold the device lock (shared) and an
+        admission of the memory budget."""
         with self.lock:
             self._ready()
 
@@ -776,10 +1047,13 @@ class _ReferenceSession:
             raise self.failure
         if not self.generated:
             cfg = self.cfg
+            self._probe()
+            plan = plan_copies(self.footprint, cfg, self.budget.capacity, cuda=self.device != "cpu")
             try:
                 self.files = {part: _memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+                seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
                 reply, _ = _ask(self.worker, "reference", "check", cfg.check_timeout_s,
-                                {"cmd": "gen", "seeds": self.seeds}, fds=(self.files["check"], self.files["time"]))
+                                {"cmd": "gen", "seeds": seeds}, fds=(self.files["check"], self.files["time"]))
                 for fd in self.files.values():
                     _seal(fd)
                 self.out_bytes = reply["out_bytes"]
@@ -788,6 +1062,19 @@ class _ReferenceSession:
                 self.failure = _reference_failure(f)
                 self._stop()
                 raise self.failure from None
+
+    def evict(self) -> None:
+        """Stop the worker to free its memory (no job of this task is admitted); the next job
+        starts it again and regenerates on the same seeds."""
+        with self.lock:
+            self._stop()
+
+    def retry(self) -> None:
+        """Forget a failure that running out of memory beside other workers explains."""
+        with self.lock:
+            if self.failure and _capacity_failure(self.failure.message):
+                self.failure = None
+                self._stop()
 
     def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
         """One timing request (time_prepare, warm, time) to the reference worker; a failure fails
@@ -805,7 +1092,7 @@ class _ReferenceSession:
         """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
         room for the file's own overhead."""
         total = sum(sum(sizes) for sizes in self.out_bytes[part])
-        return min(self.cfg.max_message_bytes, 2 * total + (16 << 20))
+        return 2 * total + (16 << 20)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
         """The first difference between the candidate's output file and the reference outputs, or
@@ -831,6 +1118,8 @@ class _ReferenceSession:
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
+        self.generated = False
+        self.budget.forget(self)
         for fd in self.files.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -852,15 +1141,25 @@ class _ReferenceSession:
 
 
 def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str,
-           zygotes: _Zygotes | None = None) -> Worker:
-    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote."""
+           zygotes: _Zygotes | None = None, plan: dict | None = None) -> Worker:
+    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote. Limits
+    follow the task: a candidate's files may hold twice its task's outputs beyond
+    max_message_bytes, its address space (cpu) twice its plan's bytes beyond cpu_memory_limit_gb;
+    the reference (the task's own code, trusted) writes the input files and is not limited."""
+    import resource
     path = os.path.join(scratch, mode, f"{mode}.py")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         f.write(src)
+    if mode == "ref":
+        fsize, as_bytes = resource.RLIM_INFINITY, 0
+    else:
+        task_bytes = sum(plan["candidate"].values()) + sum(plan["session"].values()) if plan else 0
+        fsize = cfg.max_message_bytes + 2 * (plan["candidate"]["host"] if plan else 0)
+        as_bytes = int(cfg.cpu_memory_limit_gb * (1 << 30)) + 2 * task_bytes
     worker = Worker(mode, _worker_args(path, device, cfg, arch), os.path.dirname(path),
                     _build_env(device, arch, cfg, compiling=False), cfg, cpu=device == "cpu",
-                    zygotes=zygotes if cfg.run_zygote else None)
+                    zygotes=zygotes if cfg.run_zygote else None, fsize=fsize, as_bytes=as_bytes)
     # replies are small (tensors go through memory files); the trusted reference also sends init inputs
     worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
     return worker
@@ -1200,6 +1499,9 @@ def _bytes_to_tensors(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+HEADER_MAX_BYTES = 16 << 20
+
+
 class Channel:
     """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits."""
 
@@ -1226,7 +1528,8 @@ class Channel:
 
     def recv(self, deadline: float) -> tuple:
         while b"\n" not in self.buf:
-            if len(self.buf) > 1 << 16:
+            # a timing reply's header holds one float per call: tens of thousands for a microsecond kernel
+            if len(self.buf) > HEADER_MAX_BYTES:
                 raise ChannelError("malformed header")
             self._fill(deadline)
         line, _, rest = bytes(self.buf).partition(b"\n")
@@ -1655,7 +1958,8 @@ class Worker:
     """A worker process under its supervisor, with a framed channel to it."""
 
     def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, cfg: EvalConfig, cpu: bool,
-                 fsize: int | None = None, nice: int = 0, zygotes: _Zygotes | None = None):
+                 fsize: int | None = None, nice: int = 0, zygotes: _Zygotes | None = None,
+                 as_bytes: int | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
         cmd_r, cmd_w = os.pipe()
@@ -1671,7 +1975,8 @@ class Worker:
         spec = {"mode": mode, "args": args, "env": env, "fds": [cmd_r, rep_w, child_sock.fileno()],
                 "stdout": self.stdout, "stderr": self.stderr, "code_file": self.code_file,
                 "fsize": fsize or cfg.max_message_bytes, "output_bytes": cfg.max_file_bytes, "nice": nice,
-                "parent": os.getpid(), "as_bytes": int(cfg.cpu_memory_limit_gb * (1 << 30)) if cpu else 0,
+                "parent": os.getpid(),
+                "as_bytes": (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0,
                 "cpus": _cpu_split(cpu, cfg)[0]}  # off the CPUs kept for timing windows
         self.proc = zygotes.fork(spec) if zygotes else None  # None: no zygote, or it is out of service
         if self.proc is None:  # the spec (it holds the environment) through a pipe: argv is public (ps)
@@ -2291,6 +2596,11 @@ def _as_list(out) -> list:
     return [out]
 
 
+def _tensor_bytes(values: list) -> int:
+    import torch
+    return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
+
+
 def _to_cpu(outs: list) -> list:
     import torch
     return [o.detach().to("cpu") if isinstance(o, torch.Tensor) else o for o in outs]
@@ -2387,8 +2697,10 @@ def _worker_serve(a) -> None:
     if a.mode == "cand":  # a dispatch mode's first use loads what dispatch needs: during boot
         with OpRecorder():
             torch.ones(1, device=dev).add(1)
-    # the boot's CPU time (a fork's starts at zero) is reported before any candidate code is loaded
-    _child_send(reply, {"ready": True, "torch_preloaded": preloaded, "boot_cpu_s": time.process_time()})
+    # the boot's CPU time (a fork's starts at zero) and the device's free memory (the budget's
+    # capacity) are reported before any candidate code is loaded
+    _child_send(reply, {"ready": True, "torch_preloaded": preloaded, "boot_cpu_s": time.process_time(),
+                        "device_free": torch.cuda.mem_get_info(dev)[0] if cuda else None})
     module, model, flush, timing, ref_outs = None, None, None, None, {}
     home_cpus = os.sched_getaffinity(0)
     while True:
@@ -2418,17 +2730,34 @@ def _worker_serve(a) -> None:
                 torch.manual_seed(msg["seed"])
                 model = cls(*init).to(dev)
                 _child_send(reply, {"nonce": nonce}, _tensors_to_bytes(_to_cpu(list(init))) if a.mode == "ref" else b"")
+            elif cmd == "probe" and a.mode == "ref":
+                # the task's footprint (plan_copies), alone on the device: one input set, its outputs,
+                # the forward's peak allocation; everything freed after
+                xs = to_dev(draw_inputs(msg["seed"]))
+                base = torch.cuda.memory_allocated(dev) if cuda else 0
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(dev)
+                with torch.no_grad():
+                    outs = _as_list(model(*xs))
+                peak = torch.cuda.max_memory_allocated(dev) - base if cuda else 0
+                sizes = {"set_bytes": _tensor_bytes(xs), "out_bytes": _tensor_bytes(outs)}
+                del xs, outs
+                if cuda:
+                    torch.cuda.empty_cache()
+                _child_send(reply, {"nonce": nonce, "peak_bytes": max(peak, sizes["out_bytes"]), **sizes})
             elif cmd == "gen" and a.mode == "ref":
-                # inputs from the parent's secret seeds go to the two input files; outputs stay here
+                # inputs from the parent's secret seeds go to the two input files, one set at a time (a
+                # large task's sets are never all on the device at once); outputs stay here
                 for fd, part in zip(fds, ("check", "time")):
-                    sets, ref_outs[part] = [], []
+                    writer, ref_outs[part] = TensorFileWriter(fd), []
                     for seed in msg["seeds"][part]:
                         xs = draw_inputs(seed)
                         with torch.no_grad():
                             ref_outs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o
                                                    for o in _as_list(model(*to_dev(xs)))])
-                        sets.append(xs)
-                    write_tensor_sets(fd, sets)
+                        writer.add(xs)
+                        del xs
+                    writer.close()
                 out_bytes = {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
                              for part, sets in ref_outs.items()}
                 _child_send(reply, {"nonce": nonce, "out_bytes": out_bytes})

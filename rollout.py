@@ -24,6 +24,12 @@ and none of its samples is returned (a group of zeros would teach the policy tha
 that task is bad). Each turn's stats list such tasks under "reference_error_tasks"; `on_turn`
 still sees their samples, with that status, so eval.py can report the task.
 
+A candidate the harness could not judge (status "harness_error": the task's copies did not fit
+in memory even alone) has no verdict, which is not a verdict of 0: its sample is left out of the
+returned samples (so of its group's advantage statistics), its unknown score adds nothing to the
+returns of the turns before it, and the trajectory goes on. Turn stats count such samples under
+status_counts["harness_error"].
+
 Token ids are kept end to end: the prompt is rendered with the tokenizer's chat template and
 tokenised once; the completion is the ids exactly as sampled, decoded only to read the text,
 never re-tokenised. `loss_mask` is 1 on sampled tokens only (the EOS that ended a completion
@@ -135,6 +141,7 @@ class _Trajectory:
 
 
 REFERENCE_ERROR = "reference_error"  # kernel_eval's status for a task whose own reference failed
+HARNESS_ERROR = "harness_error"  # kernel_eval's status for a candidate it could not judge: no verdict
 
 
 def _field(result, name: str, default=None):
@@ -264,7 +271,7 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                                message=rejections[row]))
             continue
         result = results[row]
-        score = 0.0 if _field(result, "status") == REFERENCE_ERROR else rewards.kernel_score(
+        score = 0.0 if _field(result, "status") in (REFERENCE_ERROR, HARNESS_ERROR) else rewards.kernel_score(
             result, correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap)
         turns.append(_Turn(prompt_ids[row], completion, _field(result, "status"), score,
                            float(_field(result, "speedup", 0.0) or 0.0), parsed[row].code,
@@ -315,6 +322,8 @@ def _samples(tasks, trajectories, config, start_turn: int = 0) -> list[Sample]:
         returns = rewards.discounted_returns([t.score for t in tr.turns], gamma=config.gamma,
                                              mode=config.return_mode)
         for turn_index, (t, ret) in enumerate(zip(tr.turns, returns)):
+            if t.status == HARNESS_ERROR:  # no verdict: nothing to learn from this sample
+                continue
             samples.append(_sample(tasks[tr.task_index].task_id, tr.index, start_turn + turn_index,
                                    t, float(ret), config))
     return samples

@@ -145,6 +145,8 @@ def feedback(result_or_error: Any, budget: int = FEEDBACK_CHARS) -> str:
         return f"Your code produced incorrect output{detail}"
     if status == "reference_error":  # the task's fault; rollout does not train on these turns
         return f"The task's reference failed, so your code was not judged{detail}"
+    if status == "harness_error":  # no verdict; rollout does not train on these turns
+        return f"The harness could not judge your code (its own capacity), so it has no verdict{detail}"
     if status == "correct":
         speedup = float(_get(result_or_error, "speedup", 0.0) or 0.0)
         note = f" {message}" if message else ""
@@ -158,7 +160,7 @@ def feedback(result_or_error: Any, budget: int = FEEDBACK_CHARS) -> str:
         return (f"Your code is correct and ran at {speedup:.2f}x the speed of the "
                 f"reference{times}.{note}")
     raise ValueError(f"unknown result status {status!r}; expected one of format_error, "
-                     "compile_error, runtime_error, timeout, incorrect, correct, reference_error")
+                     "compile_error, runtime_error, timeout, incorrect, correct, reference_error, harness_error")
 
 
 # --------------------------------------------------------------------------- prompts

@@ -180,6 +180,29 @@ def test_rollout_drops_a_task_whose_reference_failed_and_reports_it(tokenizer):
     assert "reference failed" in b_seen[0].feedback
 
 
+def test_rollout_leaves_out_a_sample_the_harness_could_not_judge(tokenizer):
+    # kernel_eval's "harness_error" is no verdict, not a verdict of 0: that sample is not trained on
+    # (nor counted in its group's statistics), the trajectory goes on, the turn before it gets a
+    # return from the judged turns only, and the stats count it.
+    script = {}
+    for g in range(2):
+        for t in range(2):
+            script[("A", g, t)] = response("Okay.", kernel(f"A{g}{t}"), f"summary A{g}{t}")
+    verdicts = {"A00": ("correct", 1.0), "A01": ("harness_error", 0.0),
+                "A10": ("incorrect", 0.0), "A11": ("correct", 2.0)}
+    engine = ScriptedEngine(tokenizer, script)
+    evaluate_batch, batches = fake_evaluator(verdicts)
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    samples, stats = rollout.rollout([TASK_A], engine, evaluate_batch, config)
+    by_key = {(s.trajectory, s.turn): s for s in samples}
+    assert sorted(by_key) == [(0, 0), (1, 0), (1, 1)]
+    assert by_key[(0, 0)].discounted_return == pytest.approx(1.3)  # nothing from the unjudged turn
+    assert by_key[(1, 0)].discounted_return == pytest.approx(0.4 * 2.3)
+    assert [len(b) for b in batches] == [2, 2]  # the trajectory went on to turn 1
+    assert stats[1]["status_counts"] == {"harness_error": 1, "correct": 1}
+
+
 def test_rollout_keeps_truncated_completions_and_collates_without_masking_by_pad(tokenizer):
     script = {(t, k, turn): response("Okay, " + "long " * 40, kernel(f"{t}{k}{turn}"), "s")
               for t in "AB" for k in range(2) for turn in range(2)}
