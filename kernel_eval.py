@@ -205,7 +205,7 @@ class EvalConfig:
     # small task's inputs out of the L2 cache and to average over placements; a set this many times
     # larger than L2 (50 MB on an H200) gains nothing from it and would only multiply the memory
     rotation_max_bytes: int = 256 << 20
-    # memory-aware judging (plan_copies, _MemoryBudget): the share of the device's free memory (of
+    # memory-aware judging (plan_copies, MemoryBudget): the share of the device's free memory (of
     # the host's available memory on cpu, and for the input files on cuda) that the workers of a
     # batch may hold at once, after `context_bytes` for each live CUDA worker (its context and
     # allocator slack); None in memory_capacity_bytes: measured (device: the first worker's
@@ -296,6 +296,7 @@ class EvalResult:
     blocks: dict = field(default_factory=dict)
     ops: list = field(default_factory=list)  # aten compute ops seen in forward (when flagged)
     alone: bool = False  # judged again with the device to itself, after running out of memory beside others
+    trials: int = 0  # correctness trials run (plan_copies: fewer than n_correct_trials for a large task)
     seconds: dict = field(default_factory=dict)  # per phase
 
     def to_dict(self) -> dict:
@@ -345,7 +346,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     sessions: dict = {}
     # the live CUDA workers the budget leaves room for: every run job's candidate, and a reference
     # session per distinct task, up to as many again
-    budget = _MemoryBudget(config, live_workers=n_runs + min(n_runs, len({pairs[i][0] for i in todo})))
+    budget = MemoryBudget(config, live_workers=n_runs + min(n_runs, len({pairs[i][0] for i in todo})))
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
@@ -510,6 +511,7 @@ def _run(session: _ReferenceSession, cand: Worker, device: str, cfg: EvalConfig,
                 result.ops = flagged
                 raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
                                + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+            result.trials = len(changed)
             reason = session.judge(out_fd, "check", check_limit)
         finally:
             os.close(out_fd)
@@ -824,7 +826,7 @@ def plan_copies(fp: Footprint, cfg: EvalConfig, capacity: dict, cuda: bool) -> d
     return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "session": session, "candidate": candidate}
 
 
-class _MemoryBudget:
+class MemoryBudget:
     """The memory the workers of one batch may hold at once, per pool (see plan_copies): a job is
     admitted when its candidate's bytes, and its reference session's if that is not resident yet,
     fit beside what the admitted jobs and resident sessions hold. A session stays resident between
@@ -964,9 +966,9 @@ class _ReferenceSession:
     Locks: `lock` serialises requests; callers that need the device take the device lock first."""
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
-                 zygotes: _Zygotes | None = None, budget: _MemoryBudget | None = None):
+                 zygotes: _Zygotes | None = None, budget: MemoryBudget | None = None):
         self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
-        self.budget = budget or _MemoryBudget(cfg, live_workers=2)
+        self.budget = budget or MemoryBudget(cfg, live_workers=2)
         self.users = users
         self.lock = threading.Lock()
         self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
