@@ -535,7 +535,8 @@ def reference_findings(task: Task, device: str, tolerances: dict, seed: int = 0,
             torch.manual_seed(seed)  # after get_init_inputs, as the harness seeds both models
             model = namespace["Model"](*init)
             if solution_src is not None:
-                findings.append(parameter_mismatch_reason(model, solution_src, init, seed, where))
+                findings.append(parameter_mismatch_reason(model, solution_src, init, seed,
+                                                          f"{task.task_id} (solution)"))
             model = model.to(device)
             inputs = _make_inputs(namespace, seed, device)
             outputs = _outputs(model(*_clone(inputs)))

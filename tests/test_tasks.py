@@ -475,7 +475,7 @@ def test_check_runs_a_kernelbench_checkouts_references_alone(tmp_path):
     assert proc.stdout.splitlines()[-1].startswith(f"{len(results)}/{len(results)} problems ok on cpu")
 
 
-def test_check_loads_tasks_without_the_harness(tmp_path):
+def test_check_loads_tasks_without_the_harness():
     """tasks.py imports kernel_eval inside the checker only: the loaders work without it."""
     code = ("import sys; sys.modules['kernel_eval'] = None; sys.path.insert(0, %r); import tasks;"
             "print(len(tasks.load_builtin()) == len(tasks.load_source('builtin')) > 0)") % ROOT
@@ -497,9 +497,8 @@ def test_check_says_when_the_harness_could_not_judge(tmp_path, monkeypatch, caps
     assert (result["status"], result["ok"], result["findings"]) == ("harness_error", False, [])
     lines = capsys.readouterr().out.splitlines()
     assert "no verdict" in lines[1] and "harness_error: out of memory on the device" in lines[1]
-    assert lines[-1].endswith("problems ok on cpu " + lines[-1].split(" on cpu ")[1].split(";")[0]
-                              + "; not judged (the harness could not judge): builtin/level1/01_relu")
-    assert lines[-1].startswith("0/1 problems ok")
+    assert lines[-1].startswith("0/1 problems ok on cpu")
+    assert lines[-1].endswith("; not judged (the harness could not judge): builtin/level1/01_relu")
 
 
 # One C++ extension, two solutions: the good one adds 0, the broken one 0.05 to relu(x). Their
