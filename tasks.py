@@ -17,32 +17,28 @@ imported, and a loader never skips a file silently: a malformed file raises `Tas
 `split_tasks` gives the deterministic train / held-out split; Kevin-32B trains on 180 of the
 200 KernelBench level-1 and level-2 problems and holds out 20 (`n_heldout=20`).
 
-The checker proves each built-in problem is a fair benchmark: the reference runs and is timed,
-its output is not degenerate (finite, spread well above the tolerance, not
-zeros, and visibly changed when the tail of an input is zeroed, so a kernel that skips its
-last block fails), and the stored solution matches it on fresh random inputs:
+The checker (`python tasks.py check`) tells whether each task is a fair test with a good answer.
+Its solution is judged by kernel_eval, the reward's own harness (evaluate_batch: the same
+compile, isolation, comparison and timing); its reference is checked here: it runs, its outputs
+are finite and spread well beyond the tolerance (else a constant or a kernel that writes zeros
+would pass), they change when the last 1/16 of any input is zeroed (else a kernel that
+skips its last block would pass), and ModelNew creates Model's parameters under the same seed:
 
-    python tasks.py check --device cpu                  # C++ solutions, the CI main job
-    python tasks.py check --device cuda --write-times tasks/reference_times.json
+    python tasks.py check --device cpu                  # the C++ solutions
+    python tasks.py check --device cuda --json out.json # the CUDA solutions, on a GPU
+    python tasks.py check --kernelbench KernelBench     # a checkout's references (no solutions)
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
-import hashlib
-import inspect
 import json
 import math
 import os
 import random
 import re
-import statistics
 import sys
 import tempfile
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 LANGUAGES = ("cuda", "cpp")
@@ -347,492 +343,6 @@ def draw_tasks(pool: list[Task], count: int, *, seed: int, step: int, sampler: s
     return chosen
 
 
-# ---------------------------------------------------------------- the checker
-
-def cache_root() -> str:
-    return os.environ.get("KERNEL_RL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "kernel-rl")
-
-
-BUILT_MARKER = ".kernel_rl_built"
-
-
-def _load_built(name: str, build_directory: str):
-    """Import a finished build straight from its directory, or None if there is none.
-
-    The directory name already hashes every build input, so a finished build is valid as it
-    is; going through load_inline again would re-check torch's shared precompiled header,
-    which any other process building with different flags may have just rewritten.
-    """
-    import importlib.util
-    library = os.path.join(build_directory, f"{name}.so")  # torch's name for the build output
-    if not (os.path.isfile(os.path.join(build_directory, BUILT_MARKER)) and os.path.isfile(library)):
-        return None
-    spec = importlib.util.spec_from_file_location(name, library)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _private_pch(root: str, cflags: list[str], include_paths) -> str:
-    """A precompiled torch/extension.h for these flags, in our cache; returns the header to -include.
-
-    Same idea as load_inline(use_pch=True), but torch keeps one .gch inside its install and
-    rebuilds it (about a minute) whenever any process on the machine asks for other flags;
-    a header per flag set never thrashes. A .gch whose flags do not match is ignored by
-    gcc, so a mismatch costs time, never correctness.
-    """
-    import subprocess
-    import sysconfig
-
-    import torch
-    torch_include = os.path.join(os.path.dirname(torch.__file__), "include")
-    compiler = os.environ.get("CXX", "c++")
-    flags = (["-I", torch_include, "-I", sysconfig.get_path("include"),
-              "-I", os.path.join(torch_include, "torch", "csrc", "api", "include")]
-             + [f"-I{p}" for p in include_paths or []]
-             + list(cflags) + ["-DTORCH_API_INCLUDE_EXTENSION_H", "-std=c++20", "-fPIC"])
-    key = hashlib.sha256(json.dumps([compiler, torch.__version__, flags]).encode()).hexdigest()[:16]
-    directory = os.path.join(root, "pch", key)
-    header = os.path.join(directory, "torch_extension.h")
-    if not os.path.isfile(header + ".gch"):
-        os.makedirs(directory, exist_ok=True)
-        with open(header, "w") as f:
-            f.write("#include <torch/extension.h>\n")
-        tmp = f"{header}.gch.{os.getpid()}.tmp"
-        subprocess.run([compiler, "-x", "c++-header", header, "-o", tmp] + flags, check=True,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        os.replace(tmp, header + ".gch")  # concurrent builders each write whole files
-    return header
-
-
-_patch_lock = threading.Lock()
-_patch = {"depth": 0, "original": None}
-
-
-@contextlib.contextmanager
-def fast_load_inline(device: str, root: str | None = None):
-    """Patch `torch.utils.cpp_extension.load_inline` while a solution is exec'd.
-
-    Each distinct source gets its own build directory keyed by a hash of everything that
-    changes the binary, so a rerun loads in milliseconds and two sources never share one;
-    C++ gets -O3 when the source names no -O level (load_inline's default is -O0, which makes
-    CPU speedups meaningless); C++-only builds on CPU include a precompiled torch header
-    (`_private_pch`) unless the source asks for torch's own `use_pch`.
-    Re-entrant across threads: the outermost entry installs the patch (with its device and
-    root), the last exit restores the original.
-    """
-    from torch.utils import cpp_extension
-
-    with _patch_lock:
-        if _patch["depth"] == 0:
-            _patch["original"] = cpp_extension.load_inline
-            cpp_extension.load_inline = _fast_wrapper(_patch["original"], device, root)
-        _patch["depth"] += 1
-    try:
-        yield
-    finally:
-        with _patch_lock:
-            _patch["depth"] -= 1
-            if _patch["depth"] == 0:
-                cpp_extension.load_inline = _patch["original"]
-
-
-def _fast_wrapper(original, device: str, root: str | None):
-    import torch
-
-    signature = inspect.signature(original)
-    builds = os.path.join(root or cache_root(), "builds")
-
-    def load_inline(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        a = bound.arguments
-        cflags = list(a.get("extra_cflags") or [])
-        if not any(flag.startswith("-O") for flag in cflags):
-            cflags.append("-O3")
-        a["extra_cflags"] = cflags
-        if device == "cpu" and not a.get("cuda_sources") and not a.get("use_pch"):
-            header = _private_pch(root or cache_root(), cflags, a.get("extra_include_paths"))
-            cflags += ["-include", header]
-        if a.get("build_directory") is None:
-            key_fields = {k: v for k, v in a.items() if k not in ("verbose", "build_directory")}
-            key_fields["torch"] = torch.__version__
-            if a.get("cuda_sources"):  # the binary depends on the GPU architecture too
-                key_fields["arch"] = os.environ.get("TORCH_CUDA_ARCH_LIST") or (
-                    torch.cuda.get_device_capability() if torch.cuda.is_available() else None)
-            digest = hashlib.sha256(json.dumps(key_fields, sort_keys=True, default=str).encode()).hexdigest()
-            a["build_directory"] = os.path.join(builds, f"{a['name']}_{digest[:16]}")
-            os.makedirs(a["build_directory"], exist_ok=True)
-            built = _load_built(a["name"], a["build_directory"]) if a["is_python_module"] else None
-            if built is not None:
-                return built
-        module = original(**a)
-        if a["is_python_module"]:
-            open(os.path.join(a["build_directory"], BUILT_MARKER), "w").close()
-        return module
-
-    return load_inline
-
-
-@dataclass
-class CheckResult:
-    task_id: str
-    level: int
-    ok: bool
-    verdict: str              # "ok" or the first reason it failed
-    ref_ms: float | None = None
-    solution_ms: float | None = None
-    max_abs_err: float | None = None
-    build_s: float | None = None
-    output_std: float | None = None
-
-
-def _exec(src: str, where: str) -> dict:
-    namespace = {"__name__": "__task__", "__file__": where}
-    exec(compile(src, where, "exec"), namespace)
-    return namespace
-
-
-def _outputs(out) -> list:
-    return list(out) if isinstance(out, (tuple, list)) else [out]
-
-
-def _make_inputs(namespace: dict, seed: int, device: str) -> list:
-    import torch
-    torch.manual_seed(seed)
-    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
-
-
-def _clone(inputs: list) -> list:
-    import torch
-    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-
-class _Timer:
-    """Wall time of one call: CUDA events around a device-wide sync on cuda (so work on any
-    stream is counted), perf_counter on cpu. On cuda the L2 cache is flushed first."""
-
-    def __init__(self, device: str):
-        import torch
-        self.device = device
-        self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device=device) if device == "cuda" else None
-
-    def __call__(self, fn, *args):
-        import torch
-        if self.device != "cuda":
-            start = time.perf_counter()
-            out = fn(*args)
-            return out, (time.perf_counter() - start) * 1e3
-        self.flush.zero_()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn(*args)
-        torch.cuda.synchronize()
-        end.record()
-        end.synchronize()
-        return out, start.elapsed_time(end)
-
-
-def degeneracy_reason(out, atol: float, rtol: float, min_std_ratio: float) -> str | None:
-    """Why a reference output would let a wrong kernel pass, or None if it is fine."""
-    import torch
-    for i, y in enumerate(_outputs(out)):
-        name = f"output {i}"
-        if not isinstance(y, torch.Tensor) or not y.is_floating_point():
-            return f"{name} is not a floating-point tensor"
-        if y.numel() < 2:
-            return f"{name} has {y.numel()} element(s)"
-        if not torch.isfinite(y).all():
-            return f"{name} has non-finite values"
-        std = y.float().std().item()
-        if std < min_std_ratio * atol:
-            return f"{name} std {std:.3g} < {min_std_ratio:g} x atol; a constant would pass"
-        if torch.allclose(y, torch.zeros_like(y), atol=atol, rtol=rtol):
-            return f"{name} is close to zeros"
-    return None
-
-
-def _outputs_close(a, b, atol: float, rtol: float) -> bool:
-    return all(x.shape == y.shape and torch_allclose(x, y, atol, rtol)
-               for x, y in zip(_outputs(a), _outputs(b)))
-
-
-def torch_allclose(x, y, atol: float, rtol: float) -> bool:
-    import torch
-    return bool(torch.allclose(x.float(), y.float(), atol=atol, rtol=rtol))
-
-
-def partial_computation_reason(model, inputs: list, out, atol: float, rtol: float,
-                               tail_fraction: float) -> str | None:
-    """Zero the last `tail_fraction` of each floating input: the output must change clearly,
-    else a kernel that skips its last block (or ignores that input) would pass."""
-    import torch
-    for i, x in enumerate(inputs):
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() < 2:
-            continue
-        perturbed = _clone(inputs)
-        flat = perturbed[i].view(-1)
-        flat[-max(1, int(flat.numel() * tail_fraction)):] = 0
-        if _outputs_close(model(*perturbed), out, atol, rtol):
-            return f"zeroing the last {tail_fraction:.0%} of input {i} leaves the output unchanged"
-    return None
-
-
-def _parameter_mismatch(reference, candidate) -> str | None:
-    import torch
-    ref = list(reference.parameters()) + list(reference.buffers())
-    new = list(candidate.parameters()) + list(candidate.buffers())
-    if len(ref) != len(new):
-        return f"ModelNew has {len(new)} parameters/buffers, Model has {len(ref)}"
-    for i, (a, b) in enumerate(zip(ref, new)):
-        if a.shape != b.shape or not torch.equal(a, b):
-            return (f"parameter {i} differs from Model's under the same seed "
-                    f"({tuple(a.shape)} vs {tuple(b.shape)}); create them in the same order with the same init")
-    return None
-
-
-def _solution_path(task: Task, language: str) -> str:
-    return os.path.join(os.path.dirname(task.source_path or task.task_id), f"solution_{language}.py")
-
-
-def build_solution(task: Task, device: str, cache_dir: str | None = None) -> tuple[dict, float]:
-    """Exec the solution for `device` with fast builds: (its namespace, seconds taken)."""
-    language = LANGUAGE_FOR_DEVICE[device]
-    if language not in task.solutions:
-        raise TaskError(f"{task.task_id}: no {language} solution")
-    start = time.perf_counter()
-    with fast_load_inline(device, cache_dir):
-        namespace = _exec(task.solutions[language], _solution_path(task, language))
-    return namespace, time.perf_counter() - start
-
-
-def check_task(task: Task, device: str = "cpu", trials: int = 3, atol: float = 1e-2,
-               rtol: float = 1e-2, seed: int = 0, min_std_ratio: float = 10.0,
-               tail_fraction: float = 1 / 16, cache_dir: str | None = None,
-               built: tuple[dict, float] | None = None) -> CheckResult:
-    """Check one task's reference and its solution for `device` (see the module docstring).
-
-    `built` is build_solution's result when the caller compiled the solution ahead of time.
-    """
-    import torch
-
-    result = CheckResult(task_id=task.task_id, level=task.level, ok=False, verdict="")
-    language = LANGUAGE_FOR_DEVICE[device]
-    if language not in task.solutions:
-        result.verdict = f"no {language} solution"
-        return result
-    where = task.source_path or task.task_id
-    with torch.no_grad():
-        ref_ns = _exec(task.reference_src, where)
-        torch.manual_seed(seed)
-        init = ref_ns["get_init_inputs"]()
-        model = ref_ns["Model"](*init).to(device)
-
-        inputs = _make_inputs(ref_ns, seed, device)
-        out = model(*_clone(inputs))
-        reason = degeneracy_reason(out, atol, rtol, min_std_ratio)
-        reason = reason or partial_computation_reason(model, inputs, out, atol, rtol, tail_fraction)
-        if reason:
-            result.verdict = f"degenerate reference: {reason}"
-            return result
-
-        sol_ns, result.build_s = built or build_solution(task, device, cache_dir)
-        with fast_load_inline(device, cache_dir):  # a solution may build in __init__
-            torch.manual_seed(seed)
-            candidate = sol_ns["ModelNew"](*init).to(device)
-        result.output_std = _outputs(out)[0].float().std().item()
-        reason = _parameter_mismatch(model, candidate)
-        if reason:
-            result.verdict = reason
-            return result
-
-        candidate(*_clone(inputs))  # warm-up (the reference was warmed up above)
-        timer = _Timer(device)
-        ref_times, sol_times, max_err = [], [], 0.0
-        for trial in range(trials):
-            if trial > 0:  # trial 0 reuses the inputs already drawn for the reference checks
-                inputs = _make_inputs(ref_ns, seed + trial, device)
-            expected, ref_ms = timer(model, *_clone(inputs))
-            given = _clone(inputs)
-            got, sol_ms = timer(candidate, *given)
-            ref_times.append(ref_ms)
-            sol_times.append(sol_ms)
-            if len(_outputs(expected)) != len(_outputs(got)):
-                result.verdict = f"trial {trial}: {len(_outputs(got))} outputs, expected {len(_outputs(expected))}"
-                return result
-            for x, y in zip(_outputs(expected), _outputs(got)):
-                if not torch.is_tensor(y) or x.shape != y.shape:
-                    result.verdict = f"trial {trial}: output shape {getattr(y, 'shape', type(y))} != {tuple(x.shape)}"
-                    return result
-                err = (x.float() - y.float()).abs().max().item()
-                max_err = max(max_err, err) if math.isfinite(err) else math.inf
-                if not torch_allclose(x, y, atol, rtol):
-                    result.max_abs_err = max_err
-                    result.verdict = f"trial {trial}: mismatch, max abs err {err:.3g} (atol=rtol={atol:g})"
-                    return result
-            if any(torch.is_tensor(a) and not torch.equal(a, b) for a, b in zip(inputs, given)):
-                result.verdict = f"trial {trial}: the solution modified its inputs"
-                return result
-    result.ref_ms = statistics.median(ref_times)
-    result.solution_ms = statistics.median(sol_times)
-    result.max_abs_err = max_err
-    result.ok, result.verdict = True, "ok"
-    return result
-
-
-def _row(cells, widths) -> str:
-    return "  ".join(str(c).ljust(w) if i == 0 or i == len(cells) - 1 else str(c).rjust(w)
-                     for i, (c, w) in enumerate(zip(cells, widths)))
-
-
-def _fmt(x, spec) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def check_all(tasks: list[Task], device: str = "cpu", build_workers: int = 1, done: list | None = None,
-              **kwargs) -> list[CheckResult]:
-    """check_task over `tasks` with a progress bar and a live table; errors become verdicts.
-
-    `build_workers` solutions compile at once, ahead of the runs (a CUDA build is ~50 s of
-    mostly single-threaded nvcc, so a GPU host wants several; a 2-core CPU machine wants 1).
-    `done` (optional) receives each result as soon as it is known: what was checked before a
-    Ctrl-C. On any interruption the queued builds are cancelled and the running ones killed.
-    """
-    from tqdm import tqdm
-
-    width = max([len(t.task_id) for t in tasks] + [7])
-    widths = [width, 5, 9, 9, 9, 7, 0]
-    tqdm.write(_row(["problem", "level", "ref ms", "sol ms", "max err", "build s", "verdict"], widths))
-    # Solutions build on background threads, ahead of the task being run: the compiler
-    # then overlaps the reference runs instead of adding to them. Only module-level code
-    # runs there (load_inline); seeds, models and timing stay on this thread.
-    cache_dir = kwargs.get("cache_dir")
-    builder = ThreadPoolExecutor(max_workers=build_workers)
-    finished = False
-    try:
-        builds = [builder.submit(build_solution, t, device, cache_dir) for t in tasks]
-        results = _check_in_order(tasks, builds, device, widths, kwargs, [] if done is None else done)
-        finished = True
-        return results
-    finally:
-        # `with ThreadPoolExecutor` would wait for every queued build after a Ctrl-C
-        builder.shutdown(wait=finished, cancel_futures=not finished)
-        if not finished:
-            kill_builds()
-
-
-def kill_builds() -> None:
-    """SIGKILL every process this one started (ninja, the compilers), deepest first: the build
-    threads' load_inline then fail at once instead of compiling on after a Ctrl-C."""
-    import signal
-
-    from kernel_eval import _descendants  # the checker may use the harness's helpers (DESIGN.md)
-    for pid in reversed(_descendants(os.getpid())):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _check_in_order(tasks, builds, device, widths, kwargs, results: list) -> list[CheckResult]:
-    from tqdm import tqdm
-
-    for task, build in tqdm(list(zip(tasks, builds)), desc=f"checking on {device}", unit="task", leave=False):
-        try:
-            r = check_task(task, device=device, built=build.result(), **kwargs)
-        except Exception as e:  # reported in the table and the exit code, never hidden
-            first_line = (str(e).strip().splitlines() or [""])[0][:200]
-            r = CheckResult(task.task_id, task.level, False, f"error: {type(e).__name__}: {first_line}")
-        results.append(r)
-        tqdm.write(_row([r.task_id, r.level, _fmt(r.ref_ms, ".3f"), _fmt(r.solution_ms, ".3f"),
-                         _fmt(r.max_abs_err, ".2e"), _fmt(r.build_s, ".1f"),
-                         r.verdict if r.ok else f"FAIL {r.verdict}"], widths))
-    return results
-
-
-def _device_name(device: str) -> str:
-    import platform
-    import torch
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    return f"cpu {platform.processor() or platform.machine()} x{os.cpu_count()}"
-
-
-def write_times(results: list[CheckResult], path: str, device: str) -> None:
-    """`{"device", "torch", "ref_ms": {task_id: ms}}`; entries from the same device are kept."""
-    import torch
-    record = {"device": _device_name(device), "torch": torch.__version__, "ref_ms": {}}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-        if old.get("device") == record["device"]:
-            record["ref_ms"].update(old.get("ref_ms", {}))
-    record["ref_ms"].update({r.task_id: round(r.ref_ms, 4) for r in results if r.ok})
-    record["ref_ms"] = dict(sorted(record["ref_ms"].items()))
-    _atomic_write(path, json.dumps(record, indent=1) + "\n")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    check = sub.add_parser("check", help="run every built-in reference and its solution")
-    check.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                       help="cpu (C++ solutions) or cuda (CUDA solutions); default: cuda when torch sees one, else cpu")
-    check.add_argument("--root", default="tasks", help="built-in task directory")
-    check.add_argument("--only", default=None, help="check only task ids containing this")
-    check.add_argument("--trials", type=int, default=3, help="random input sets compared and timed")
-    check.add_argument("--atol", type=float, default=1e-2)
-    check.add_argument("--rtol", type=float, default=1e-2)
-    check.add_argument("--seed", type=int, default=0)
-    check.add_argument("--build-workers", type=int, default=None,
-                       help="solutions compiled at once (default: 1 on cpu, 8 on cuda)")
-    check.add_argument("--json", default=None, help="write the results here")
-    check.add_argument("--write-times", default=None, help="write {task_id: ref_ms} here")
-    export = sub.add_parser("export", help="write a task set as JSONL")
-    export.add_argument("--kernelbench", default=None, help="a KernelBench checkout (else built-in)")
-    export.add_argument("--levels", default="1,2", help="comma-separated level numbers, e.g. 1,2")
-    export.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-
-    if args.command == "export":
-        levels = parse_levels(args.levels, "tasks.py export")
-        tasks = load_kernelbench(args.kernelbench, levels) if args.kernelbench else load_builtin(levels=levels)
-        export_jsonl(tasks, args.out)
-        print(f"wrote {len(tasks)} tasks to {args.out}")
-        return 0
-
-    for name in ("trials", "build_workers"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise SystemExit(f"tasks.py check: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
-    tasks = [t for t in load_builtin(args.root) if args.only is None or args.only in t.task_id]
-    if not tasks:
-        print(f"tasks.py check: no task id contains {args.only!r}", file=sys.stderr)
-        return 2
-    import kernel_eval
-    device = kernel_eval.resolve_device(args.device, "tasks.py check")
-    device = "cuda" if device.startswith("cuda") else device  # the checker runs on the current device
-    workers = args.build_workers or (8 if device == "cuda" else 1)
-    results: list[CheckResult] = []
-    try:
-        check_all(tasks, device=device, build_workers=workers, trials=args.trials,
-                  atol=args.atol, rtol=args.rtol, seed=args.seed, done=results)
-    except KeyboardInterrupt:
-        if args.json:  # what was checked before the interruption stays readable
-            _atomic_write(args.json, json.dumps([asdict(r) for r in results], indent=1) + "\n")
-        print(f"tasks.py check: interrupted after {len(results)}/{len(tasks)} problems; builds stopped"
-              + (f", partial results in {args.json}" if args.json else ""), file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)  # skip joining the build threads: their compilers are dead, their work unwanted
-    failed = [r for r in results if not r.ok]
-    print(f"{len(results) - len(failed)}/{len(results)} problems ok on {_device_name(device)}")
-    if args.json:
-        _atomic_write(args.json, json.dumps([asdict(r) for r in results], indent=1) + "\n")
-    if args.write_times:
-        write_times(results, args.write_times, device)
-    return 1 if failed else 0
-
-
 def select_tasks(source: str, levels: str | None, prog: str, *, split: str = "all", n_heldout: int = 0,
                  split_seed: int = 0, task_ids: str = "", limit: int = 0) -> list[Task]:
     """The tasks a command line asked for, or one line that says why there are none: `source`
@@ -870,13 +380,337 @@ def parse_levels(text: str, prog: str) -> list[int]:
     return levels
 
 
+# ---------------------------------------------------------------- the checker
+# A task's solution is judged by kernel_eval exactly as the reward judges a policy's answer: the same
+# compile, isolated workers, comparison and paired timing, through its public evaluate_batch. What
+# the harness cannot see is whether the task itself is a fair test; that is checked here, in this
+# process, on the task's own code (trusted: it is the reference the harness runs too).
+
+MIN_STD_RATIO = 10.0    # each output's std must exceed this x atol: else a constant is within tolerance
+TAIL_FRACTION = 1 / 16  # zeroed at the end of each input in turn: the reference's output must change
+PASSING = ("correct", "no solution")  # "no solution": none in the device's language, reference checked only
+NOT_A_VERDICT = ("harness_error",)    # the harness could not judge: neither pass nor fail
+
+
+@dataclass
+class CheckResult:
+    """One task: the harness's verdict on its solution and what makes its reference unfair."""
+    task_id: str
+    level: int
+    status: str                   # kernel_eval's status, or "no solution"
+    findings: list = field(default_factory=list)  # reference-quality problems; [] when the test is fair
+    speedup: float = 0.0
+    ref_ms: float = 0.0           # 0.0 when not timed
+    solution_ms: float = 0.0
+    timing_ok: bool = True
+    message: str = ""             # kernel_eval's message
+
+    @property
+    def ok(self) -> bool:
+        return self.status in PASSING and not self.findings
+
+
+def _exec(src: str, where: str) -> dict:
+    namespace = {"__name__": "__task__", "__file__": where}
+    exec(compile(src, where, "exec"), namespace)
+    return namespace
+
+
+def _outputs(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _make_inputs(namespace: dict, seed: int, device: str) -> list:
+    import torch
+    torch.manual_seed(seed)
+    return [x.to(device) if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
+
+
+def _clone(inputs: list) -> list:
+    import torch
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _on_cpu(outputs: list) -> list:
+    import torch
+    return [y.cpu() if isinstance(y, torch.Tensor) else y for y in outputs]
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+def degeneracy_reason(outputs: list, tolerances: dict, min_std_ratio: float = MIN_STD_RATIO) -> str | None:
+    """Why the reference's `outputs` would let a wrong kernel pass, or None: an output that is not
+    a floating-point tensor of 2+ elements, has non-finite values, or spreads less than
+    min_std_ratio x atol (its tolerance in `tolerances`, as the harness compares): then a constant
+    is within tolerance. A spread above 10 x atol also keeps an output from being within tolerance
+    of zeros (that needs every |y| <= atol / (1 - rtol)), so a kernel that writes only zeros fails."""
+    import torch
+    from kernel_eval import tolerance_for
+    for i, y in enumerate(outputs):
+        name = f"output {i}"
+        if not isinstance(y, torch.Tensor) or not y.is_floating_point():
+            return f"{name} is not a floating-point tensor"
+        if y.numel() < 2:
+            return f"{name} has {y.numel()} element(s)"
+        if not torch.isfinite(y).all():
+            return f"{name} has non-finite values"
+        atol, _ = tolerance_for(str(y.dtype).replace("torch.", ""), tolerances)
+        std = y.float().std().item()
+        if std < min_std_ratio * atol:
+            return f"{name} std {std:.3g} < {min_std_ratio:g} x atol; a constant would pass"
+    return None
+
+
+def partial_computation_reason(model, inputs: list, outputs: list, tolerances: dict,
+                               tail_fraction: float = TAIL_FRACTION) -> str | None:
+    """Zero the last `tail_fraction` of each floating-point input in turn: the outputs must then
+    differ from `outputs` beyond tolerance, else a kernel that skips its last block (or ignores
+    that input) would pass. None when every input matters."""
+    import torch
+    from kernel_eval import compare_outputs
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() < 2:
+            continue
+        perturbed = _clone(inputs)
+        perturbed[i] = x.clone(memory_format=torch.contiguous_format)  # its last elements in memory
+        perturbed[i].view(-1)[-max(1, int(x.numel() * tail_fraction)):] = 0
+        if compare_outputs(outputs, _on_cpu(_outputs(model(*perturbed))), tolerances) is None:
+            return f"zeroing the last {tail_fraction:.0%} of input {i} leaves the output unchanged"
+    return None
+
+
+class _Unbuilt:
+    """Stands in for a solution's extension while only its parameters are compared."""
+
+    def __getattr__(self, name: str):
+        def unbuilt(*args, **kwargs):
+            raise RuntimeError(f"{name}: the checker builds no extension in its own process")
+        return unbuilt
+
+
+def parameter_mismatch_reason(reference, solution_src: str, init: list, seed: int, where: str) -> str | None:
+    """Why the solution's ModelNew, built from `init` under `seed`, does not hold the parameters and
+    buffers of `reference` (built under the same seed), or None. The harness seeds both models
+    alike, so a solution that creates them in another order or with another init is judged on
+    other weights; this says so by name instead of as an output mismatch. ModelNew is constructed
+    with load_inline stubbed out: parameters need no kernel, and a build here would be a second
+    compile outside the harness."""
+    import torch
+    from unittest import mock
+
+    from torch.utils import cpp_extension
+    try:
+        with mock.patch.object(cpp_extension, "load_inline", lambda *args, **kwargs: _Unbuilt()):
+            namespace = _exec(solution_src, where)
+            torch.manual_seed(seed)
+            candidate = namespace["ModelNew"](*init)
+    except Exception as e:  # the solution's own code: its failure is a finding, not a crash of the checker
+        return f"ModelNew could not be constructed to compare its parameters: {_first_line(e)}"
+    ref = [t.detach().cpu() for t in list(reference.parameters()) + list(reference.buffers())]
+    new = [t.detach().cpu() for t in list(candidate.parameters()) + list(candidate.buffers())]
+    if len(ref) != len(new):
+        return f"ModelNew has {len(new)} parameters/buffers, Model has {len(ref)}"
+    for i, (a, b) in enumerate(zip(ref, new)):
+        if a.shape != b.shape or not torch.equal(a, b):
+            return (f"parameter {i} differs from Model's under the same seed ({tuple(a.shape)} vs "
+                    f"{tuple(b.shape)}); create them in the same order with the same init")
+    return None
+
+
+def reference_findings(task: Task, device: str, tolerances: dict, seed: int = 0,
+                       solution_src: str | None = None) -> list[str]:
+    """What makes `task` an unfair test ([] when nothing does), its reference run once on `device`
+    under `seed`: the reference fails, its outputs are degenerate (degeneracy_reason) or ignore the
+    tail of an input (partial_computation_reason); and, given `solution_src`, its ModelNew does
+    not create Model's parameters (parameter_mismatch_reason)."""
+    import torch
+    where = task.source_path or task.task_id
+    findings = []
+    try:
+        with torch.no_grad():
+            namespace = _exec(task.reference_src, where)
+            init = namespace["get_init_inputs"]()
+            torch.manual_seed(seed)  # after get_init_inputs, as the harness seeds both models
+            model = namespace["Model"](*init)
+            if solution_src is not None:
+                findings.append(parameter_mismatch_reason(model, solution_src, init, seed,
+                                                          f"{task.task_id} (solution)"))
+            model = model.to(device)
+            inputs = _make_inputs(namespace, seed, device)
+            outputs = _outputs(model(*_clone(inputs)))
+            findings.append(degeneracy_reason(outputs, tolerances)
+                            or partial_computation_reason(model, inputs, outputs, tolerances))
+    except Exception as e:  # the task's own code: its failure is the finding
+        findings.append(f"the reference failed: {_first_line(e)}")
+    return [f for f in findings if f]
+
+
+def check_tasks(tasks: list[Task], device: str = "cpu", config=None, seed: int = 0, progress: bool = True):
+    """Yield one CheckResult per task, in order. kernel_eval judges every solution in the device's
+    language (`cpp` on cpu, else `cuda`) in one batch (evaluate_batch with `config`, an EvalConfig;
+    None: the reward's defaults); then each reference is checked here (reference_findings) with
+    the config's tolerances, after the batch so that nothing here runs beside a timed window."""
+    import kernel_eval
+    from tqdm import tqdm
+
+    config = config or kernel_eval.EvalConfig()
+    language = "cpp" if device == "cpu" else "cuda"
+    judged = [i for i, t in enumerate(tasks) if language in t.solutions]
+    pairs = [(tasks[i].reference_src, tasks[i].solutions[language]) for i in judged]
+    verdicts = kernel_eval.evaluate_batch(pairs, device=device, config=config, progress=progress) if pairs else []
+    verdict_of = dict(zip(judged, verdicts))
+    for i, task in enumerate(tqdm(tasks, desc="reference checks", unit="task", leave=False, disable=not progress)):
+        solution = task.solutions.get(language)
+        findings = reference_findings(task, device, config.tolerances, seed, solution)
+        if device != "cpu":
+            import torch
+            torch.cuda.empty_cache()  # this task's tensors: not held while the next one runs
+        verdict = verdict_of.get(i)
+        if verdict is None:
+            yield CheckResult(task.task_id, task.level, "no solution", findings)
+            continue
+        yield CheckResult(task.task_id, task.level, verdict.status, findings, speedup=verdict.speedup,
+                          ref_ms=verdict.ref_ms, solution_ms=verdict.candidate_ms, timing_ok=verdict.timing_ok,
+                          message=verdict.message)
+
+
+# ---------------------------------------------------------------- command line
+
+COLUMNS = ("problem", "level", "status", "speedup", "ref ms", "sol ms", "reference", "notes")
+
+
+def _row(cells, widths) -> str:
+    """Text columns left-aligned, numbers right-aligned."""
+    numeric = {1, 3, 4, 5}
+    return "  ".join(str(c).rjust(w) if i in numeric else str(c).ljust(w)
+                     for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+
+def _cells(r: CheckResult) -> list:
+    timed = r.status == "correct" and r.ref_ms > 0
+    notes = list(r.findings)
+    if r.status in NOT_A_VERDICT:
+        notes.append(f"{r.status}: " + " ".join(r.message.split()))
+    elif r.status not in PASSING or not r.timing_ok:
+        notes.append(" ".join(r.message.split()))
+    status = "no verdict" if r.status in NOT_A_VERDICT else r.status
+    return [r.task_id, r.level, status, f"{r.speedup:.2f}x" if timed else "-",
+            f"{r.ref_ms:.3f}" if timed else "-", f"{r.solution_ms:.3f}" if timed else "-",
+            "FAIL" if r.findings else "ok", "; ".join(notes)[:400]]
+
+
+def _device_name(device: str) -> str:
+    import platform
+
+    import torch
+    if device != "cpu":
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu {platform.processor() or platform.machine()} x{os.cpu_count()}"
+
+
+def _write_json(path: str, results: list[CheckResult]) -> None:
+    _atomic_write(path, json.dumps([{**asdict(r), "ok": r.ok} for r in results], indent=1) + "\n")
+
+
+def _summary(results: list[CheckResult], device: str) -> str:
+    unjudged = [r for r in results if r.status in NOT_A_VERDICT]
+    failed = [r for r in results if not r.ok and r.status not in NOT_A_VERDICT]
+    line = f"{len(results) - len(failed) - len(unjudged)}/{len(results)} problems ok on {_device_name(device)}"
+    if failed:
+        line += f"; failed: {', '.join(r.task_id for r in failed)}"
+    if unjudged:
+        line += f"; not judged (the harness could not judge): {', '.join(r.task_id for r in unjudged)}"
+    return line
+
+
+def _check(args) -> int:
+    from tqdm import tqdm
+
+    if args.trials is not None and args.trials < 1:
+        raise SystemExit(f"tasks.py check: --trials {args.trials}: must be at least 1")
+    levels = parse_levels(args.levels, "tasks.py check") if args.levels else None
+    if args.kernelbench:
+        tasks = load_kernelbench(args.kernelbench, levels or (1, 2))
+    else:
+        tasks = load_builtin(args.root, levels)
+    tasks = [t for t in tasks if args.only is None or args.only in t.task_id]
+    if not tasks:
+        print(f"tasks.py check: no task id contains {args.only!r}", file=sys.stderr)
+        return 2
+    import kernel_eval
+    device = kernel_eval.resolve_device(args.device, "tasks.py check")
+    settings = {"time_candidate": not args.no_time}
+    if args.trials:
+        settings["cpu_trials" if device == "cpu" else "gpu_trials"] = args.trials
+    config = kernel_eval.EvalConfig(**settings)
+
+    widths = [max([len(t.task_id) for t in tasks] + [len(COLUMNS[0])]), 5, 13, 8, 9, 9, 9, 0]
+    tqdm.write(_row(COLUMNS, widths))
+    results: list[CheckResult] = []
+    try:
+        for r in check_tasks(tasks, device, config, seed=args.seed):
+            results.append(r)
+            tqdm.write(_row(_cells(r), widths))
+    except KeyboardInterrupt:  # kernel_eval has stopped every worker and build of its batch
+        if args.json:  # what was checked before the interruption stays readable
+            _write_json(args.json, results)
+        print(f"tasks.py check: interrupted after {len(results)}/{len(tasks)} problems; every worker and build "
+              "was stopped" + (f", partial results in {args.json}" if args.json else ""), file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # skip joining the batch's threads, which would wait for phases nobody needs now
+    print(_summary(results, device))
+    if args.json:
+        _write_json(args.json, results)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser(
+        "check", help="judge each task's solution through kernel_eval and check that its reference is a fair test",
+        description="Judge each task's solution through kernel_eval (the reward's compile, isolation, comparison "
+                    "and timing) and check that its reference is a fair test: it runs, its outputs are finite and "
+                    "spread well beyond the tolerance, they change when the tail of any input is zeroed, and the solution's ModelNew creates Model's parameters. Exit 0 when every task "
+                    "passes, 1 when one fails or could not be judged, 2 on bad input.")
+    source = check.add_mutually_exclusive_group()
+    source.add_argument("--root", default="tasks", help="a built-in-format task directory (default: tasks)")
+    source.add_argument("--kernelbench", default=None,
+                        help="a KernelBench checkout: its references are checked (they have no solutions)")
+    check.add_argument("--levels", default=None, help="comma-separated levels (default: all; 1,2 for --kernelbench)")
+    check.add_argument("--only", default=None, help="check only task ids containing this")
+    check.add_argument("--device", default=None,
+                       help="cpu (C++ solutions), cuda or cuda:N (CUDA solutions); default: cuda when torch sees one, else cpu")
+    check.add_argument("--trials", type=int, default=None, help="timed calls per side (default: kernel_eval's)")
+    check.add_argument("--no-time", action="store_true", help="check correctness only")
+    check.add_argument("--seed", type=int, default=0, help="seed of the reference checks' inputs and parameters")
+    check.add_argument("--json", default=None, help="write the results here")
+    export = sub.add_parser("export", help="write a task set as JSONL")
+    export.add_argument("--kernelbench", default=None, help="a KernelBench checkout (else built-in)")
+    export.add_argument("--levels", default="1,2", help="comma-separated level numbers, e.g. 1,2")
+    export.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "check":
+            return _check(args)
+        levels = parse_levels(args.levels, "tasks.py export")
+        tasks = load_kernelbench(args.kernelbench, levels) if args.kernelbench else load_builtin(levels=levels)
+        export_jsonl(tasks, args.out)
+        print(f"wrote {len(tasks)} tasks to {args.out}")
+        return 0
+    except TaskError as e:  # a missing or malformed task: one line that names the file
+        print(f"tasks.py {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except TaskError as e:
-        print(f"tasks.py: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:  # outside the checker's loop (while loading tasks or torch)
-        kill_builds()
+    except KeyboardInterrupt:  # outside the checker's loop (loading tasks or torch): nothing was started
         print("tasks.py: interrupted", file=sys.stderr)
         os._exit(130)
