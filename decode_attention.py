@@ -36,7 +36,7 @@ try:
 except ImportError:   # no Triton here (not on PyPI for macOS; CPU builds of torch do not bring it)
     triton = None
 
-# A key whose bias is at or below this is hidden (engines.MASKED_SCORE, float16's minimum):
+# A key whose bias is at or below this is hidden (fast_decoder.MASKED_SCORE, float16's minimum):
 # its softmax weight, exp(score + bias - max), is exactly 0 in float32 for any real score.
 HIDDEN_BIAS = torch.finfo(torch.float16).min
 # Triton's interpreter runs kernels on the CPU (numpy), for the tests
