@@ -1,13 +1,16 @@
 """Tests for engines.py: the HF engine on a tiny random model (plain generate and the fast
-decoder, each checked against a fresh forward pass written out here), FSDP2 generation on CPU,
-the vLLM weight sync against a fake LLM, the OpenAI engine over a local HTTP server, the oracle
-and its corruption of solutions. GPU versions run in bf16 and skip cleanly without CUDA. The
-fast decoder's own tests are in tests/test_fast_decoder.py."""
+decoder, each checked against a fresh forward pass written out here), engines.py copied alone,
+FSDP2 generation on CPU, the vLLM weight sync against a fake LLM, the OpenAI engine over a
+local HTTP server, the oracle and its corruption of solutions. GPU versions run in bf16 and
+skip cleanly without CUDA. The fast decoder's own tests are in tests/test_fast_decoder.py."""
 import http.server
 import json
 import math
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -149,6 +152,62 @@ def test_render_prompt_falls_back_without_chat_template(tokenizer):
     ids = engines.render_prompt(tokenizer, "hé")
     assert tokenizer.decode(ids) == engines.PLAIN_CHAT_TEMPLATE.format(prompt="hé")
     assert EOS not in ids  # no special tokens added behind the template's back
+
+
+# ------------------------------------------------------------------------- engines.py alone
+
+ALONE = """
+import sys, types, warnings
+import torch
+import engines
+from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+
+task = types.SimpleNamespace(task_id="t", reference_src="REF", solutions={"cpp": "out[i] = 1;"})
+oracle = engines.OracleEngine([task])
+(answer,), = oracle.generate([oracle.encode_prompt("... REF ...")], n=1, max_new_tokens=10_000)
+assert "out[i] = 1;" in answer.text and answer.finish_reason == "stop", answer
+
+tokenizer = ByT5Tokenizer()
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=384, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, eos_token_id=1,
+                                     pad_token_id=0, bos_token_id=None)).eval()
+engine = engines.HFEngine(model, tokenizer)
+(plain,), = engine.generate([engine.encode_prompt("hi")], n=1, max_new_tokens=5, temperature=0.0)
+assert len(plain.token_ids) == len(plain.logprobs) > 0
+
+try:
+    engines.HFEngine(model, tokenizer, fast=True)
+except ModuleNotFoundError as error:
+    assert "fast_decoder.py" in str(error) and "fast=False" in str(error), error
+else:
+    raise AssertionError("fast=True without fast_decoder.py was not refused")
+
+# On CUDA the fast decoder is the default: without its file, a warning and generate instead.
+cuda_weight = types.SimpleNamespace(weight=types.SimpleNamespace(device=torch.device("cuda")))
+model.get_input_embeddings = lambda: cuda_weight
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    engine = engines.HFEngine(model, tokenizer)
+assert any("fast_decoder.py" in str(w.message) and "generate" in str(w.message) for w in caught), caught
+del model.get_input_embeddings
+(fallback,), = engine.generate([engine.encode_prompt("hi")], n=1, max_new_tokens=5, temperature=0.0)
+assert fallback.token_ids == plain.token_ids
+assert "fast_decoder" not in sys.modules and "decode_attention" not in sys.modules
+print("alone:", engines.__file__)
+"""
+
+
+def test_engines_py_copied_alone_imports_and_its_engines_work(tmp_path):
+    """engines.py alone in an empty folder (no fast_decoder.py, no decode_attention.py): it
+    imports; the oracle answers; HFEngine decodes through generate, refuses fast=True with the
+    reason, and on a CUDA model falls back to generate with a warning."""
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines.py"), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", ALONE], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"alone: {tmp_path / 'engines.py'}" in proc.stdout
 
 
 # ------------------------------------------------------------------------- FSDP2 on CPU
