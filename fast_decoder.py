@@ -554,8 +554,8 @@ def compiled_rotary_embedding(model, compiled: dict[str, Callable]):
     """While inside, the rotary embedding of `model`'s attention runs through torch.compile
     (dynamic shapes; run_compiled): in the Llama family it is `apply_rotary_pos_emb`, a
     function of the modeling module that the attention looks up by name, so it is swapped
-    there and put back on exit. `compiled` keeps one compile per
-    modeling module across calls. A model without that function is left as it is."""
+    there and put back on exit. `compiled` keeps one compile per modeling module across
+    calls. A model without that function is left as it is."""
     layers = getattr(model.get_decoder(), "layers", ())
     attention = getattr(layers[0], "self_attn", None) if len(layers) else None
     modeling = sys.modules.get(type(attention).__module__) if attention is not None else None
