@@ -6,12 +6,11 @@ attends to the keys and values it has cached:
     out_h = softmax(q_h . K^T * scale + bias) V          over the row's cache positions
 
 with grouped-query heads (GQA): query head h reads KV head h // group. The additive `bias` is
-0 where a key is attended and MASKED_SCORE (or lower) where it is hidden: the left padding of
-a short prompt, and the cache positions not written yet. At batch 256 this read of the cache
-is the largest part of a decoding step, and a memory-bound one: torch's best SDPA backend
-reads it at about half the H200's bandwidth (bench/attention.py). This kernel is
-FlashAttention's decoding loop (Dao et al., 2022; "Flash-Decoding", 2023) written for this
-case:
+0 where a key is attended and HIDDEN_BIAS (or lower) where it is hidden: the left padding of
+a short prompt, and the cache positions not written yet. At large batches this read of the
+cache is the largest part of a decoding step, and a memory-bound one, so the kernel's measure
+is the bandwidth it reaches (bench/attention.py; docs/PERFORMANCE.md). It is FlashAttention's
+decoding loop (Dao et al., 2022; "Flash-Decoding", 2023) written for this case:
 
   - one program per (row, KV head) holds the `group` query heads of that KV head as the rows of
     one tile (padded to the 16 rows a tensor-core dot needs), so each key and value is read
@@ -36,7 +35,7 @@ try:
 except ImportError:   # no Triton here (not on PyPI for macOS; CPU builds of torch do not bring it)
     triton = None
 
-# A key whose bias is at or below this is hidden (engines.MASKED_SCORE, float16's minimum):
+# A key whose bias is at or below this is hidden (fast_decoder.MASKED_SCORE, float16's minimum):
 # its softmax weight, exp(score + bias - max), is exactly 0 in float32 for any real score.
 HIDDEN_BIAS = torch.finfo(torch.float16).min
 # Triton's interpreter runs kernels on the CPU (numpy), for the tests

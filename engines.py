@@ -23,28 +23,15 @@ cannot report them (HTTP, oracle) give None; train.py computes its own old log-p
 A completion is cut right after the token that sampled an EOS or completed a stop string
 ("stop"), or at max_new_tokens ("length").
 
-HFEngine has two decoders on the policy itself:
-- the fast one (default on CUDA): each distinct prompt is prefilled once into a preallocated
-  (static) KV cache and its rows copied to its n samples (the cache holds
-  `initial_cache_tokens` new positions and doubles when full); each decoding step (one forward
-  of the whole batch, then sampling, EOS detection and the per-row finish step, all on static
-  buffers) is captured once in a CUDA graph and replayed, so a step costs the host one replay
-  call; one host check every `check_every` steps decodes stop strings and asks whether every
-  row has finished; the loop ends when every row has finished, and rows are
-  batched by prompt length so short prompts do not carry long ones' padding. Attention
-  keeps grouped-query heads grouped (`grouped_query_attention`: K and V read once, not
-  copied per query head); a decoding step's attention is decode_attention's Triton kernel,
-  which reads only the cache positions each row attends. With `compile_decode` the step is compiled by torch.compile first
-  (dynamic shapes: one compile per process serves every batch size and cache length), which
-  fuses each layer's ~20 small elementwise kernels (RMSNorm, rotary, SiLU x up, residual adds,
-  casts), most of a decode step at batch 256 on the H200 (docs/PERFORMANCE.md); so are the
-  sampling's passes over the logits (`pick_token`) and, in the prefill, the norms, MLPs and
-  rotary embedding (`compiled_token_forwards`, `compiled_rotary_embedding`: the prefill's
-  elementwise work, swapped in only while it runs); the first generate calls pay the compiles
-  (a handful per process, whatever the shapes). On the CPU the same code runs without the graph (the tests use it).
-- plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches, our
-  own temperature/top-p as the last logits processor, a stopping criterion that records
-  each row's cut.
+The distribution is one function, `sampling_scores` (pi = softmax(sampling_scores(logits,
+temperature, top_p))), and both of HFEngine's decoders sample from it:
+- the fast decoder (fast_decoder.py, default on CUDA): a shared prefill per distinct prompt,
+  a static KV cache, a decoding step captured in a CUDA graph; its module docstring says how.
+  It is imported only when used: engines.py copied alone imports, and HFEngine then decodes
+  through generate (with a warning; `fast=True` raises instead);
+- plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches,
+  sampling_scores as the last logits processor, a stopping criterion that records each
+  row's cut.
 Under FSDP2 either one runs inside `unsharded_for_generation`: the model is all-gathered once
 per generate call, not once per step.
 """
@@ -52,12 +39,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import functools
-import inspect
 import json
 import random
 import re
-import sys
 import urllib.error
 import urllib.request
 import warnings
@@ -65,8 +49,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
-
-import decode_attention
 
 # Used when a tokenizer has no chat template (e.g. ByT5Tokenizer in the tests).
 PLAIN_CHAT_TEMPLATE = "User: {prompt}\nAssistant: "
@@ -150,10 +132,21 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def sampling_scores(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The scores whose softmax is pi, the distribution of the log-prob contract (module
+    docstring), in float32 as generate computes them: top_p_filter(logits / temperature,
+    top_p), or the logits themselves when temperature is 0 (greedy). Both decoders sample
+    from this one function."""
+    scores = logits.float()
+    if temperature > 0:
+        scores = top_p_filter(scores / temperature, top_p)
+    return scores
+
+
 class _SamplingDistribution:
-    """The last logits processor: temperature and top-p, applied by us rather than by
-    transformers, so the distribution sampled from is exactly the one whose log-probs we
-    keep (custom processors run before transformers' own warpers, which we switch off)."""
+    """The last logits processor: sampling_scores, applied by us rather than by transformers,
+    so the distribution sampled from is exactly the one whose log-probs we keep (custom
+    processors run before transformers' own warpers, which we switch off)."""
 
     def __init__(self, temperature: float, top_p: float):
         self.temperature = temperature
@@ -161,9 +154,8 @@ class _SamplingDistribution:
         self.log_probs: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.temperature > 0:
-            scores = top_p_filter(scores / self.temperature, self.top_p)
-        self.log_probs = scores.float().log_softmax(dim=-1)
+        scores = sampling_scores(scores, self.temperature, self.top_p)
+        self.log_probs = scores.log_softmax(dim=-1)
         return scores
 
 
@@ -230,13 +222,13 @@ def unsharded_for_generation(model: torch.nn.Module, reshard_after_forward: bool
 
 
 class HFEngine:
-    """The policy itself, through the fast decoder (`fast`, default on CUDA) or transformers
-    `generate` (left padding, our own temperature/top-p as the last logits processor). Either
-    way the returned log-probs are those of the distribution actually sampled from
-    (temperature-scaled and top-p-filtered; greedy when temperature is 0). `max_batch_rows`
-    rows are decoded together; `cuda_graph` False keeps the fast decoder eager on CUDA;
-    `grouped_attention` False keeps the model's own attention in the fast decoder, and
-    `decode_kernel` False keeps its decoding steps off decode_attention's Triton kernel."""
+    """The policy itself, through fast_decoder.py's FastDecoder (`fast`, default on CUDA when
+    that file is importable) or transformers `generate` (left padding, our own
+    sampling_scores as the last logits processor). Either way the returned log-probs are
+    those of the distribution actually sampled from. `max_batch_rows` rows are decoded
+    together. The fast decoder's own settings (`cuda_graph`, `grouped_attention`,
+    `decode_kernel`, `check_every`, `initial_cache_tokens`, `compile_decode`,
+    `prefill_chunk_tokens`) are passed to it as they are: see fast_decoder.FastDecoder."""
 
     def __init__(self, model, tokenizer, *, max_batch_rows: int = 64,
                  reshard_after_forward: bool = True, fast: bool | None = None,
@@ -244,26 +236,6 @@ class HFEngine:
                  initial_cache_tokens: int = 1024, compile_decode: bool = False,
                  prefill_chunk_tokens: int = 1 << 16, decode_kernel: bool = True):
         self.model = model
-        # The fast decoder by default on CUDA; plain generate on the CPU or when asked.
-        self.fast = (model.get_input_embeddings().weight.device.type == "cuda") if fast is None else fast
-        self.cuda_graph = cuda_graph
-        # fast decoder: the decode step through torch.compile, made on first use and shared by
-        # every decoder of this engine (dynamo keys its cache on the code; shapes are dynamic)
-        self.compiled_step = torch.compile(_FastDecoder._step, dynamic=True) if compile_decode else None
-        # ... its sampling's passes over the logits, fused (what sample_from_logits calls)
-        self.pick = (functools.partial(run_compiled, torch.compile(pick_token, dynamic=True))
-                     if compile_decode else pick_token)
-        # ... and the prefill's norms and MLPs (compiled_token_forwards; one compile per class)
-        # and rotary embedding (compiled_rotary_embedding; one per modeling module, made on use)
-        self.compiled_module = torch.compile(module_forward, dynamic=True) if compile_decode else None
-        self.compiled_rotaries: dict[str, Callable] = {}
-        # fast decoder: prompt tokens per prefill forward (bounds its activations, and keeps the
-        # compiled kernels' element counts under 2^31, where they index in 32 bits)
-        self.prefill_chunk_tokens = prefill_chunk_tokens
-        self.grouped_attention = grouped_attention   # fast decoder: grouped_query_attention
-        self.decode_kernel = decode_kernel   # ... with decode_attention's kernel for decoding steps
-        self.check_every = check_every     # decoding steps between host checks (fast decoder)
-        self.initial_cache_tokens = initial_cache_tokens   # new positions first allocated (fast decoder)
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self.reshard_after_forward = reshard_after_forward
@@ -273,6 +245,16 @@ class HFEngine:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.eos_ids)
         self.prompt_opens_thinking = template_opens_thinking(tokenizer)
+        # The fast decoder by default on CUDA; plain generate on the CPU, when asked, or when
+        # fast_decoder.py is not there (engines.py copied alone).
+        on_cuda = model.get_input_embeddings().weight.device.type == "cuda"
+        fast_decoder = _import_fast_decoder(required=bool(fast)) if (on_cuda if fast is None else fast) else None
+        self.decoder = None if fast_decoder is None else fast_decoder.FastDecoder(
+            model, tokenizer, eos_ids=self.eos_ids, pad_id=self.pad_id, distribution=sampling_scores,
+            cuda_graph=cuda_graph, grouped_attention=grouped_attention, decode_kernel=decode_kernel,
+            check_every=check_every, initial_cache_tokens=initial_cache_tokens,
+            compile_decode=compile_decode, prefill_chunk_tokens=prefill_chunk_tokens)
+        self.fast = self.decoder is not None
 
     def encode_prompt(self, text: str) -> list[int]:
         return render_prompt(self.tokenizer, text)
@@ -292,7 +274,7 @@ class HFEngine:
         completions: list[Completion] = []
         try:
             with unsharded_for_generation(self.model, self.reshard_after_forward):
-                if self.fast:
+                if self.decoder is not None:
                     return self._generate_fast(prompt_token_ids, n, max_new_tokens, temperature, top_p, stop)
                 for start in range(0, len(rows), self.max_batch_rows):
                     completions += self._generate_rows(rows[start:start + self.max_batch_rows],
@@ -339,459 +321,30 @@ class HFEngine:
         return out
 
     def _generate_fast(self, prompts, n, max_new_tokens, temperature, top_p, stop) -> list[list[Completion]]:
-        """Rows ordered by prompt length and decoded max_batch_rows at a time, so a batch
-        carries little padding; a prompt's n samples share its prefill."""
-        by_length = sorted(range(len(prompts)), key=lambda p: len(prompts[p]))
-        rows = [p for p in by_length for _ in range(n)]
-        out: list[list[Completion]] = [[] for _ in prompts]
-        for start in range(0, len(rows), self.max_batch_rows):
-            batch = rows[start:start + self.max_batch_rows]
-            decoder = _FastDecoder(self, prompts, batch, max_new_tokens, temperature, top_p, stop)
-            attention = (grouped_attention_for(self.model, kernel=self.decode_kernel) if self.grouped_attention
-                         else contextlib.nullcontext())
-            with attention:
-                token_rows, logprob_rows, finish = decoder.decode()
-            for p, ids, logprobs, finished in zip(batch, token_rows, logprob_rows, finish):
-                out[p].append(Completion(
-                    token_ids=ids, logprobs=logprobs,
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                    finish_reason="stop" if finished >= 0 else "length"))
-        return out
+        groups = self.decoder.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                                       top_p=top_p, stop=stop, max_batch_rows=self.max_batch_rows)
+        return [[Completion(token_ids=row.token_ids, logprobs=row.logprobs,
+                            text=self.tokenizer.decode(row.token_ids, skip_special_tokens=True),
+                            finish_reason="stop" if row.stopped else "length") for row in group]
+                for group in groups]
 
 
-# ---------------------------------------------------------------------------------------
-# HF engine, fast decoder: static KV cache, shared prefill, CUDA-graph decode step
-
-
-class _StaticKVCache:
-    """A preallocated KV cache: per layer keys and values of shape (rows, kv_heads, length,
-    head_dim), written in place at `write_positions` (a device tensor the decoder sets before
-    each forward). The attention layers call `update` (the transformers Cache method) and
-    get the whole buffer back; the 4-D attention mask the decoder passes hides what is not
-    written yet. Written here rather than taken from transformers' StaticCache because that
-    one finds its write position from a `cache_position` argument that transformers 5.2x
-    removed, and cannot have its rows filled from another cache (the shared prefill)."""
-
-    def __init__(self, rows: int, length: int):
-        self.rows = rows
-        self.length = length
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.write_positions: torch.Tensor | None = None
-        self.write_positions_host = 0     # the first write position, on the host (decoding)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer_idx == len(self.keys):  # first write of this layer: allocate it
-            rows, heads, _, dim = key_states.shape
-            self.keys.append(key_states.new_zeros(rows, heads, self.length, dim))
-            self.values.append(value_states.new_zeros(rows, heads, self.length, dim))
-        self.keys[layer_idx].index_copy_(2, self.write_positions, key_states)
-        self.values[layer_idx].index_copy_(2, self.write_positions, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions are always passed explicitly; nothing reads this
-
-    def allocate_like(self, other: "_StaticKVCache") -> None:
-        """Allocate every layer with `other`'s head count, head size and dtype."""
-        for keys in other.keys:
-            shape = (self.rows, keys.shape[1], self.length, keys.shape[3])
-            self.keys.append(keys.new_zeros(shape))
-            self.values.append(keys.new_zeros(shape))
-
-    def grow(self, length: int) -> None:
-        """Reallocate every layer at `length` positions, the written ones copied over."""
-        for layer in range(len(self.keys)):
-            for buffers in (self.keys, self.values):
-                old = buffers[layer]
-                buffers[layer] = old.new_zeros(old.shape[0], old.shape[1], length, old.shape[3])
-                buffers[layer][:, :, :self.length] = old
-        self.length = length
-
-    def copy_prefix_rows(self, source: "_StaticKVCache", source_rows: torch.Tensor,
-                         target_rows: torch.Tensor) -> None:
-        """Copy source rows (their first source.length positions) into target rows: one
-        prefilled prompt shared by its n samples."""
-        width = source.length
-        for layer in range(len(self.keys)):
-            self.keys[layer][target_rows, :, :width] = source.keys[layer][source_rows]
-            self.values[layer][target_rows, :, :width] = source.values[layer][source_rows]
-
-
-def _forward_kwargs(model) -> dict:
-    """The cache keyword of this transformers version (`cache` from 5.2x, `past_key_values`
-    before); older versions also want `cache_position`, which our cache ignores."""
-    parameters = inspect.signature(model.forward).parameters
-    return {"cache_name": "cache" if "cache" in parameters else "past_key_values",
-            "wants_cache_position": "cache_position" in parameters}
-
-
-def sample_from_logits(logits: torch.Tensor, temperature: float, top_p: float,
-                       pick: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token, log-prob of that token) per row, sampled on the device with no host sync,
-    from _SamplingDistribution's distribution (computed in fp32, as generate does).
-    Sampling is argmax(p / E) with E ~ Exp(1) per entry, which draws from p exactly. The
-    noise is drawn here, eagerly (torch's generator, which a CUDA graph replays afresh), and
-    `pick` (pick_token, or the engine's compiled pick_token) does the rest."""
-    noise = (torch.empty(logits.shape, dtype=torch.float32, device=logits.device).exponential_(1.0)
-             if temperature > 0 else None)
-    return (pick or pick_token)(logits, noise, temperature, top_p)
-
-
-def pick_token(logits: torch.Tensor, noise: torch.Tensor | None, temperature: float,
-               top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """sample_from_logits given its Exp(1) noise (None when greedy): a pure function of its
-    inputs, so torch.compile can fuse its passes over the (rows, vocab) logits into a few."""
-    scores = logits.float()
-    if temperature > 0:
-        scores = top_p_filter(scores / temperature, top_p)
-    log_probs = scores.log_softmax(dim=-1)
-    if temperature > 0:
-        # Clamped above 0: a draw of exactly 0 would make 0 / 0 = NaN on a token outside the
-        # nucleus, and argmax picks NaN.
-        token = (log_probs.exp() / noise.clamp(min=torch.finfo(torch.float32).tiny)).argmax(dim=-1)
-    else:
-        token = scores.argmax(dim=-1)
-    return token, log_probs.gather(1, token[:, None]).squeeze(1)
-
-
-def run_compiled(compiled: Callable, *args, **kwargs):
-    """Call a torch.compile'd function whatever the caller's compiler stance: train.py rolls
-    out under "force_eager" to keep its per-layer training compile off the decoding shapes,
-    which would otherwise turn the engine's own compiles off too."""
-    with torch.compiler.set_stance("default"):
-        return compiled(*args, **kwargs)
-
-
-def norms_and_mlps(model) -> list[torch.nn.Module]:
-    """Each decoder layer's two norms and MLP, and the final norm (the Llama family's names):
-    a prefill's elementwise work (float32 RMSNorm passes, SiLU x up) lives in these, and each
-    maps every token's hidden state on its own, so a compile of each class serves every layer
-    and prompt shape (compiled_token_forwards; torch adds one for a size of 1 and the like)."""
-    decoder = model.get_decoder()
-    names = ("input_layernorm", "post_attention_layernorm", "mlp")
-    found = [getattr(layer, name) for layer in getattr(decoder, "layers", ()) for name in names
-             if isinstance(getattr(layer, name, None), torch.nn.Module)]
-    return found + ([decoder.norm] if isinstance(getattr(decoder, "norm", None), torch.nn.Module) else [])
-
-
-def module_forward(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
-    """The forward of `module`'s class (what compiled_token_forwards compiles, once per class)."""
-    return type(module).forward(module, hidden_states)
-
-
-@contextlib.contextmanager
-def compiled_token_forwards(modules: Sequence[torch.nn.Module], compiled: Callable):
-    """While inside, each module runs through `compiled`, a torch.compile (dynamic shapes) of
-    module_forward (run_compiled); hooks still run eagerly around it. The instance attribute
-    that does this shadows the class's forward and is removed (or a previous one put back) on
-    exit."""
-    previous = [module.__dict__.get("forward") for module in modules]
-    for module in modules:
-        module.forward = functools.partial(run_compiled, compiled, module)
+def _import_fast_decoder(required: bool):
+    """fast_decoder, or None with a warning when the file is not beside this one (and not
+    `required`: then a clear error). Any other failure inside it is raised as it is."""
     try:
-        yield
-    finally:
-        for module, before in zip(modules, previous):
-            if before is None:
-                del module.forward
-            else:
-                module.forward = before
-
-
-@contextlib.contextmanager
-def compiled_rotary_embedding(model, compiled: dict[str, Callable]):
-    """While inside, the rotary embedding of `model`'s attention runs through torch.compile
-    (dynamic shapes; run_compiled): in the Llama family it is `apply_rotary_pos_emb`, a
-    function of the modeling module that the attention looks up by name, so it is swapped
-    there and put back on exit. `compiled` keeps one compile per
-    modeling module across calls. A model without that function is left as it is."""
-    layers = getattr(model.get_decoder(), "layers", ())
-    attention = getattr(layers[0], "self_attn", None) if len(layers) else None
-    modeling = sys.modules.get(type(attention).__module__) if attention is not None else None
-    original = getattr(modeling, "apply_rotary_pos_emb", None)
-    if not callable(original):
-        yield
-        return
-    if modeling.__name__ not in compiled:
-        compiled[modeling.__name__] = torch.compile(original, dynamic=True)
-    modeling.apply_rotary_pos_emb = functools.partial(run_compiled, compiled[modeling.__name__])
-    try:
-        yield
-    finally:
-        modeling.apply_rotary_pos_emb = original
-
-
-GROUPED_ATTENTION = "kernel_rl_grouped_sdpa"
-
-
-def grouped_query_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                            kernel: bool = True, **kwargs) -> tuple[torch.Tensor, None]:
-    """Attention with grouped-query heads kept grouped: K and V are read once per KV head, never
-    copied once per query head (what transformers' sdpa does whenever a mask is given on CUDA;
-    at batch 256 that copy is most of a decoding step's memory traffic). A transformers
-    attention function (AttentionInterface): query (batch, q_heads, q_len, dim), key and value
-    (batch, kv_heads, kv_len, dim), an additive 4-D mask; returns (batch, q_len, q_heads, dim).
-    A decoding step (q_len 1) runs decode_attention's kernel (`kernel`, where Triton runs), or
-    SDPA with the query heads that share a KV head as extra query rows of that head; a prefill
-    runs SDPA with enable_gqa (measured faster than either copy: docs/PERFORMANCE.md)."""
-    batch, q_heads, q_len, dim = query.shape
-    kv_heads = key.shape[1]
-    mask = attention_mask[:, :, :, :key.shape[-2]].to(query.dtype)
-    scale = dim ** -0.5 if scaling is None else scaling
-    if q_len == 1 and kernel and decode_attention.available(query):
-        return decode_attention.decode_attention(query, key, value, mask, scale), None
-    if q_len == 1:
-        # Query head h uses KV head h // group (transformers' repeat_kv), so splitting the head
-        # axis into (kv_heads, group) makes the group the query rows of its KV head.
-        grouped = query.reshape(batch, kv_heads, q_heads // kv_heads, dim)
-        out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=scale)
-    else:
-        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale,
-                                                               enable_gqa=True)
-    return out.reshape(batch, q_heads, q_len, dim).transpose(1, 2).contiguous(), None
-
-
-@contextlib.contextmanager
-def grouped_attention_for(model, kernel: bool = True):
-    """Run `model` with grouped_query_attention (its decoding kernel if `kernel`) while inside,
-    when that is a like-for-like swap: its attention is sdpa or eager and no layer has a
-    sliding window (which the function ignores). Anything else keeps its own attention."""
-    config = model.config
-    swappable = (config._attn_implementation in ("sdpa", "eager")
-                 and not any(getattr(m, "sliding_window", None) for m in model.modules()))
-    if not swappable:
-        yield
-        return
-    from transformers import AttentionInterface
-    AttentionInterface.register(GROUPED_ATTENTION, functools.partial(grouped_query_attention, kernel=kernel))
-    previous = config._attn_implementation
-    config._attn_implementation = GROUPED_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
-
-
-# Added to the attention scores of hidden positions: finite in fp16, bf16 and fp32 alike (an
-# FSDP2 model may cast the mask to its compute dtype; fp32's minimum would become -inf in
-# bf16), and far enough below any real score that exp() of it is exactly 0.
-MASKED_SCORE = torch.finfo(torch.float16).min
-
-
-def _attention_bias(allowed: torch.Tensor, dtype) -> torch.Tensor:
-    """An additive 4-D mask (0 where attended, MASKED_SCORE elsewhere): finite, so a query
-    that may attend nothing (a left-pad position) gives no NaN."""
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return bias.masked_fill(~allowed, MASKED_SCORE)
-
-
-class _FastDecoder:
-    """One batch of rows (each row a prompt index) decoded with the static cache. See the
-    module docstring; `decode` returns (tokens, log-probs, finish lengths) on the host."""
-
-    def __init__(self, engine: "HFEngine", prompts: list[list[int]], row_prompts: list[int],
-                 max_new_tokens: int, temperature: float, top_p: float, stop: Sequence[str]):
-        self.engine = engine
-        self.model = engine.model
-        self.device = self.model.get_input_embeddings().weight.device
-        self.dtype = self.model.get_input_embeddings().weight.dtype
-        self.prompts = prompts
-        self.row_prompt_list = list(row_prompts)
-        self.rows = len(row_prompts)
-        self.width = max(len(prompts[p]) for p in set(row_prompts))
-        self.max_new_tokens = max_new_tokens
-        self.temperature, self.top_p = temperature, top_p
-        self.stop = [s for s in stop if s]
-        # A character is at most 4 tokens (byte-level vocabularies split UTF-8), so a stop
-        # string completed by the last token lies within this many trailing tokens.
-        self.tail_tokens = 4 * max((len(s) for s in self.stop), default=0) + 4
-        self.eos_ids = torch.tensor(sorted(engine.eos_ids), device=self.device)
-        self.call = _forward_kwargs(self.model)
-        # The cache starts at `initial_cache_tokens` new positions and doubles when full, so
-        # a max_new_tokens far above what rows actually sample costs neither memory nor the
-        # attention reads over never-written positions.
-        self.cache = _StaticKVCache(self.rows, self.width + min(max_new_tokens, engine.initial_cache_tokens))
-
-    def _forward(self, cache: _StaticKVCache, input_ids, bias, position_ids) -> torch.Tensor:
-        kwargs = {self.call["cache_name"]: cache}
-        if self.call["wants_cache_position"]:
-            kwargs["cache_position"] = cache.write_positions
-        out = self.model(input_ids=input_ids, attention_mask=bias, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[:, -1]
-
-    def _prefill(self) -> torch.Tensor:
-        """Prefill every distinct prompt once (left-padded to the batch width) and copy its
-        cache rows to each of its samples; return the last prompt position's logits per row."""
-        distinct = sorted(set(self.row_prompt_list))
-        # Prefill in sub-batches of at most prefill_chunk_tokens tokens, whose (rows x width x
-        # width) mask stays near 2^27 entries.
-        per_chunk = max(1, min((1 << 27) // (self.width * self.width),
-                               self.engine.prefill_chunk_tokens // self.width))
-        logits_per_row = None
-        for start in range(0, len(distinct), per_chunk):
-            chunk = distinct[start:start + per_chunk]
-            ids = torch.full((len(chunk), self.width), self.engine.pad_id, dtype=torch.long)
-            real = torch.zeros((len(chunk), self.width), dtype=torch.bool)
-            for i, p in enumerate(chunk):
-                ids[i, self.width - len(self.prompts[p]):] = torch.tensor(self.prompts[p])
-                real[i, self.width - len(self.prompts[p]):] = True
-            ids, real = ids.to(self.device), real.to(self.device)
-            causal = torch.ones(self.width, self.width, dtype=torch.bool, device=self.device).tril()
-            allowed = (causal[None] & real[:, None, :])[:, None]           # (chunk, 1, q, k)
-            positions = (real.long().cumsum(1) - 1).clamp(min=0)
-            prefill = _StaticKVCache(len(chunk), self.width)
-            prefill.write_positions = torch.arange(self.width, device=self.device)
-            logits = self._forward(prefill, ids, _attention_bias(allowed, self.dtype), positions)
-            if not self.cache.keys:
-                self.cache.allocate_like(prefill)
-                logits_per_row = logits.new_empty(self.rows, logits.shape[-1])
-            local = {p: i for i, p in enumerate(chunk)}
-            targets = [r for r, p in enumerate(self.row_prompt_list) if p in local]
-            sources = torch.tensor([local[self.row_prompt_list[r]] for r in targets], device=self.device)
-            targets = torch.tensor(targets, device=self.device)
-            self.cache.copy_prefix_rows(prefill, sources, targets)
-            logits_per_row[targets] = logits[sources]
-        return logits_per_row
-
-    def _compiled_prefill(self) -> contextlib.ExitStack:
-        """With the engine's compile: the prefill's norms, MLPs and rotary embedding fused (its
-        elementwise work, ~0.4 s of a 0.95 s prefill of 256 x 512 tokens on the H200)."""
-        stack = contextlib.ExitStack()
-        if self.engine.compiled_module is not None:
-            stack.enter_context(compiled_token_forwards(norms_and_mlps(self.model), self.engine.compiled_module))
-            stack.enter_context(compiled_rotary_embedding(self.model, self.engine.compiled_rotaries))
-        return stack
-
-    def decode(self) -> tuple[list[list[int]], list[list[float]], list[int]]:
-        lengths = [len(self.prompts[p]) for p in self.row_prompt_list]
-        steps = self.max_new_tokens
-        if steps == 0:
-            return [[] for _ in lengths], [[] for _ in lengths], [-1] * self.rows
-        with self._compiled_prefill():   # swapped in once for all the prefill's chunks
-            logits = self._prefill()
-        # The step's state, on the device and updated in place, so a captured graph sees it:
-        # what was sampled, each row's finish step (-1: not yet), the step being sampled.
-        self.tokens = torch.zeros(self.rows, steps, dtype=torch.long, device=self.device)
-        self.logprobs = torch.zeros(self.rows, steps, dtype=torch.float32, device=self.device)
-        self.finish = torch.full((self.rows,), -1, dtype=torch.long, device=self.device)
-        self.step_index = torch.zeros(1, dtype=torch.long, device=self.device)
-        prompt_real = torch.zeros(self.rows, self.cache.length, dtype=torch.bool)
-        for r, n in enumerate(lengths):
-            prompt_real[r, self.width - n:self.width] = True
-        self.bias = _attention_bias(prompt_real.to(self.device)[:, None, None, :], self.dtype)
-        self.next_ids = torch.zeros(self.rows, 1, dtype=torch.long, device=self.device)
-        self.positions = torch.tensor(lengths, device=self.device)[:, None]
-        self.cache.write_positions = torch.full((1,), self.width, dtype=torch.long, device=self.device)
-        self.cache.write_positions_host = self.width     # the same, known without a sync
-        self._sample(logits)                             # step 0, from the prefill's last position
-        step_fn = None
-        checked, done = 0, 1
-        while True:
-            if done % self.engine.check_every == 0 or done == steps:
-                self._check_stops(checked, done)
-                checked = done
-                if bool((self.finish >= 0).all()):
-                    break
-            if done == steps:
-                break
-            if self.cache.write_positions_host >= self.cache.length:
-                self._grow(min(self.width + steps, self.width + 2 * (self.cache.length - self.width)))
-                step_fn = None                           # a graph reads the buffers it was captured on
-            if step_fn is None:
-                step_fn = self._captured_step()
-            step_fn()
-            self.cache.write_positions_host += 1
-            done += 1
-        finish_host = self.finish.tolist()
-        cut = [f if f >= 0 else done for f in finish_host]
-        token_rows, logprob_rows = self.tokens[:, :done].tolist(), self.logprobs[:, :done].tolist()
-        return ([row[:n] for row, n in zip(token_rows, cut)],
-                [row[:n] for row, n in zip(logprob_rows, cut)], finish_host)
-
-    def _grow(self, length: int) -> None:
-        """A longer cache and mask; the new positions hidden until written."""
-        old_length = self.cache.length
-        self.cache.grow(length)
-        hidden = torch.full((self.rows, 1, 1, length - old_length), MASKED_SCORE, dtype=self.bias.dtype,
-                            device=self.device)
-        self.bias = torch.cat([self.bias, hidden], dim=3)
-
-    def _sample(self, logits: torch.Tensor) -> None:
-        """Sample step `step_index` from `logits` and record it: token, log-prob, the finish
-        step of rows that sampled an EOS, the next step's input ids. On the device, no sync."""
-        token, logprob = sample_from_logits(logits, self.temperature, self.top_p, self.engine.pick)
-        self.tokens.index_copy_(1, self.step_index, token[:, None])
-        self.logprobs.index_copy_(1, self.step_index, logprob[:, None])
-        ended = (token[:, None] == self.eos_ids).any(dim=1) & (self.finish < 0)
-        self.finish.copy_(torch.where(ended, self.step_index + 1, self.finish))
-        self.next_ids.copy_(token[:, None])
-        self.step_index += 1
-
-    def _step(self) -> torch.Tensor:
-        """The model's part of a decoding step: unmask the position being written, run the
-        model on the last sampled tokens, return the next logits."""
-        self.bias.index_fill_(3, self.cache.write_positions, 0.0)
-        return self._forward(self.cache, self.next_ids, self.bias, self.positions)
-
-    def _decode_step(self) -> None:
-        """One decoding step on the static buffers: the forward (through torch.compile when the
-        engine asks for it, `compile_decode`; run_compiled), then the next sample."""
-        compiled = self.engine.compiled_step
-        logits = self._step() if compiled is None else run_compiled(compiled, self)
-        self.cache.write_positions += 1
-        self.positions += 1
-        self._sample(logits)
-
-    def _captured_step(self) -> Callable[[], None]:
-        """The decode step, sampling included, as a CUDA graph replay (on CUDA with
-        `cuda_graph`), else eager. Each replay draws fresh random numbers: torch's CUDA
-        generator advances its offset by the graph's draws on every replay."""
-        if self.device.type != "cuda" or not self.engine.cuda_graph:
-            return self._decode_step
-        # Warm up on a side stream (as torch.cuda.graphs asks; with compile_decode this call
-        # compiles), then put back the state that step advanced: the first replay writes the
-        # same cache slot, mask column and sample slot again, from the same inputs.
-        advanced = (self.cache.write_positions, self.positions, self.next_ids, self.finish, self.step_index)
-        saved = [t.clone() for t in advanced]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._decode_step()
-        torch.cuda.current_stream().wait_stream(side)
-        for t, before in zip(advanced, saved):
-            t.copy_(before)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self._decode_step()
-        except RuntimeError as error:  # a model whose forward cannot be captured: run eager
-            warnings.warn(f"HFEngine: CUDA graph capture failed, decoding eagerly: {error}")
-            torch.cuda.synchronize()
-            return self._decode_step
-        return graph.replay
-
-    def _check_stops(self, checked: int, done: int) -> None:
-        """The host check: stop strings completed in steps (checked, done], each row cut at the
-        first step where an EOS was sampled or a stop string completed (as _FinishRecorder).
-        A row already cut at or before `checked` has nothing left to scan."""
-        if not self.stop:
-            return
-        finish_host = self.finish.tolist()
-        offset = max(0, checked + 1 - self.tail_tokens)
-        recent = self.tokens[:, offset:done].tolist()
-        tokenizer = self.engine.tokenizer
-        for r in range(self.rows):
-            last = finish_host[r] if finish_host[r] >= 0 else done
-            for s in range(checked + 1, last + 1):
-                tail = tokenizer.decode(recent[r][max(0, s - self.tail_tokens) - offset:s - offset],
-                                        skip_special_tokens=False)
-                if any(stop in tail for stop in self.stop):
-                    finish_host[r] = s
-                    break
-        self.finish.copy_(torch.tensor(finish_host))
+        import fast_decoder
+    except ModuleNotFoundError as error:
+        if error.name != "fast_decoder":
+            raise
+        message = ("fast_decoder.py is not importable: copy it (and decode_attention.py) beside "
+                   "engines.py for HFEngine's fast decoder")
+        if required:
+            raise ModuleNotFoundError(f"HFEngine(fast=True): {message}, or pass fast=False",
+                                      name="fast_decoder") from error
+        warnings.warn(f"HFEngine: {message}; decoding through transformers generate instead")
+        return None
+    return fast_decoder
 
 
 # ---------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def check_engine_uses_kernel_with_sdpa_results(device):
     """HFEngine's fast decoder with the kernel (left-padded prompts of three lengths, n=2)
     gives the greedy tokens and the log-probs of the same decoder with SDPA, and the kernel ran
     at every decoding step of every layer (counted in Python: no CUDA graph, whose replays
-    would not pass through it; tests/test_engines.py runs the graphs with the kernel)."""
+    would not pass through it; tests/test_fast_decoder.py runs the graphs with the kernel)."""
     sys.path.insert(0, HERE)
     import engines
     from test_engines import tiny_model

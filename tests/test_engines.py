@@ -1,12 +1,16 @@
 """Tests for engines.py: the HF engine on a tiny random model (plain generate and the fast
-decoder, each checked against a fresh forward pass written out here), FSDP2 generation on CPU,
-the vLLM weight sync against a fake LLM, the OpenAI engine over a local HTTP server, the oracle
-and its corruption of solutions. GPU versions run in bf16 and skip cleanly without CUDA."""
+decoder, each checked against a fresh forward pass written out here), engines.py copied alone,
+FSDP2 generation on CPU, the vLLM weight sync against a fake LLM, the OpenAI engine over a
+local HTTP server, the oracle and its corruption of solutions. GPU versions run in bf16 and
+skip cleanly without CUDA. The fast decoder's own tests are in tests/test_fast_decoder.py."""
 import http.server
 import json
 import math
 import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -127,122 +131,6 @@ def test_hf_stop_string_ends_completion_at_first_occurrence(tokenizer, fast):
         assert len(c.logprobs) == len(c.token_ids)
 
 
-def test_fast_decoder_greedy_equals_plain_generate(tokenizer):
-    """Greedy: the fast decoder (shared prefill, static cache grown while decoding, rows
-    bucketed by prompt length, a prompt's copies split across batches) gives generate's
-    tokens, cuts and log-probs."""
-    model = tiny_model(seed=5, eos_logit=0.15)   # greedy rows end at different steps, or not at all
-    plain = engines.HFEngine(model, tokenizer, fast=False)
-    fast = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5,
-                            initial_cache_tokens=3)   # the cache grows 3 -> 6 -> 12 -> 20
-    prompts = [plain.encode_prompt(t) for t in ("a longer prompt than x", "x", "mid size", "x")]
-    want = plain.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
-    got = fast.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
-    for want_group, got_group in zip(want, got):
-        for w, g in zip(want_group, got_group):
-            assert (g.token_ids, g.finish_reason, g.text) == (w.token_ids, w.finish_reason, w.text)
-            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4)
-    assert {c.finish_reason for g in want for c in g} == {"stop", "length"}, "pick eos_logit so both occur"
-
-
-@pytest.mark.slow
-def test_compiled_decode_step_gives_plain_generates_tokens_across_batch_shapes(tokenizer):
-    """compile_decode: the decode step, its sampling and the prefill's norms and MLPs through
-    torch.compile (dynamic shapes) give generate's greedy tokens, cuts and log-probs, over
-    batches of 3 and 2 rows, prefills of one and of two distinct prompts, and a cache that
-    grows 3 -> 6 -> 12 -> 20 (shapes one compile of each must serve)."""
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()   # so the compiles below are counted even if another test compiled first
-    model = tiny_model(seed=5, eos_logit=0.15)
-    plain = engines.HFEngine(model, tokenizer, fast=False)
-    compiled = engines.HFEngine(model, tokenizer, fast=True, max_batch_rows=3, check_every=5,
-                                initial_cache_tokens=3, compile_decode=True)
-    prompts = [plain.encode_prompt(t) for t in ("a longer prompt than x", "x", "mid size", "x")]
-    want = plain.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
-    # inside the stance train.py rolls out in (it keeps its per-layer training compile off the
-    # decoding shapes): an engine asked to compile its step still does
-    with torch.compiler.set_stance("force_eager"):
-        got = compiled.generate(prompts, n=2, max_new_tokens=20, temperature=0.0)
-    for want_group, got_group in zip(want, got):
-        for w, g in zip(want_group, got_group):
-            assert (g.token_ids, g.finish_reason) == (w.token_ids, w.finish_reason)
-            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4)
-    assert {c.finish_reason for g in want for c in g} == {"stop", "length"}
-    # then more shapes: other widths, 3-row batches, sampling at T=1 with a nucleus
-    other = [plain.encode_prompt(t) for t in ("another prompt, longer than the first of them", "yz")]
-    with torch.compiler.set_stance("force_eager"):
-        compiled.generate(other, n=3, max_new_tokens=12, temperature=0.0)
-        compiled.generate(other + prompts, n=1, max_new_tokens=7, temperature=1.0, top_p=0.9)
-    # a handful of compiles over three calls of different shapes, not one per call (that would
-    # be a compile per generate call in training, and past torch's recompile limit a silent
-    # fall back to eager): the step, the sampling (greedy; T=1 and top-p), the norm and MLP
-    # classes and the rotary embedding, with the prefill's few specializations (torch
-    # specializes a size of 1, and sizes equal to another when first seen)
-    assert 6 <= counters["frames"]["ok"] <= 12, dict(counters["frames"])
-    # and the modules' own forwards and the modeling module's rotary function are back
-    assert not any("forward" in m.__dict__ for m in engines.norms_and_mlps(model))
-    import transformers.models.llama.modeling_llama as modeling
-    assert modeling.apply_rotary_pos_emb.__module__ == modeling.__name__
-
-
-@pytest.mark.slow
-def test_compiled_pick_token_equals_pick_token():
-    """The fused sampling the compiled decoder uses picks the same tokens from the same noise,
-    with the same log-probs, as pick_token eager (nucleus, full distribution, greedy)."""
-    torch.manual_seed(0)
-    logits = torch.randn(6, 50) * 3
-    noise = torch.empty(6, 50).exponential_(1.0)
-    compiled = torch.compile(engines.pick_token, dynamic=True)
-    for temperature, top_p in ((0.7, 0.8), (1.0, 1.0), (0.0, 1.0)):
-        draws = noise if temperature > 0 else None
-        want_token, want_logprob = engines.pick_token(logits, draws, temperature, top_p)
-        got_token, got_logprob = compiled(logits, draws, temperature, top_p)
-        assert torch.equal(got_token, want_token), (temperature, top_p)
-        assert torch.allclose(got_logprob, want_logprob, atol=1e-6), (temperature, top_p)
-
-
-@pytest.mark.parametrize("q_len", [1, 5])
-def test_grouped_query_attention_equals_attention_with_repeated_heads(q_len):
-    torch.manual_seed(0)
-    batch, q_heads, kv_heads, kv_len, dim = 3, 6, 2, 9, 4
-    query = torch.randn(batch, q_heads, q_len, dim, dtype=torch.float64)
-    key, value = (torch.randn(batch, kv_heads, kv_len, dim, dtype=torch.float64) for _ in range(2))
-    allowed = torch.rand(batch, 1, q_len, kv_len) > 0.3
-    allowed[..., 0] = True
-    bias = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, torch.finfo(torch.float64).min)
-    got, _ = engines.grouped_query_attention(None, query, key, value, bias, scaling=0.5)
-    # Naive: every query head h against KV head h // (q_heads // kv_heads), softmax written out.
-    heads = torch.arange(q_heads) // (q_heads // kv_heads)
-    scores = query @ key[:, heads].transpose(-1, -2) * 0.5 + bias
-    want = (scores.softmax(-1) @ value[:, heads]).transpose(1, 2)
-    assert got.shape == (batch, q_len, q_heads, dim)
-    assert torch.allclose(got, want, atol=1e-10)
-
-
-def test_sample_from_logits_draws_from_the_nucleus_distribution_it_reports():
-    """The fast decoder's sampler against the distribution written out: 40,000 rows of the same
-    logits; frequencies within 0.01 of softmax(top_p(logits / T)), nothing outside the nucleus,
-    and each reported log-prob that distribution's."""
-    torch.manual_seed(0)
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -1.0, -3.0])
-    temperature, top_p = 0.7, 0.8
-    want = naive_top_p((logits / temperature)[None], top_p).softmax(-1)[0]
-    token, logprob = engines.sample_from_logits(logits.expand(40_000, -1), temperature, top_p)
-    frequencies = torch.bincount(token, minlength=len(logits)).double() / len(token)
-    assert torch.allclose(frequencies, want.double(), atol=0.01)
-    assert bool((want[token] > 0).all())
-    assert torch.allclose(logprob, want.log()[token], atol=1e-5)
-    greedy, greedy_logprob = engines.sample_from_logits(logits[None], 0.0, 1.0)
-    assert int(greedy) == 0 and torch.allclose(greedy_logprob, logits.log_softmax(-1)[:1])
-
-
-def test_fast_decoder_samples_of_one_prompt_differ(tokenizer):
-    engine = engines.HFEngine(tiny_model(seed=4), tokenizer, fast=True)
-    torch.manual_seed(0)
-    group = engine.generate([engine.encode_prompt("same prompt")], n=6, max_new_tokens=12, temperature=1.0)[0]
-    assert len({tuple(c.token_ids) for c in group}) == 6
-
-
 @pytest.mark.parametrize("fast", [False, True])
 def test_multi_token_stop_string_cuts_right_after_it_completes(tokenizer, fast):
     model = tiny_model(seed=6, favoured={byte_id("Z"): 4.5})
@@ -264,6 +152,62 @@ def test_render_prompt_falls_back_without_chat_template(tokenizer):
     ids = engines.render_prompt(tokenizer, "hé")
     assert tokenizer.decode(ids) == engines.PLAIN_CHAT_TEMPLATE.format(prompt="hé")
     assert EOS not in ids  # no special tokens added behind the template's back
+
+
+# ------------------------------------------------------------------------- engines.py alone
+
+ALONE = """
+import sys, types, warnings
+import torch
+import engines
+from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+
+task = types.SimpleNamespace(task_id="t", reference_src="REF", solutions={"cpp": "out[i] = 1;"})
+oracle = engines.OracleEngine([task])
+(answer,), = oracle.generate([oracle.encode_prompt("... REF ...")], n=1, max_new_tokens=10_000)
+assert "out[i] = 1;" in answer.text and answer.finish_reason == "stop", answer
+
+tokenizer = ByT5Tokenizer()
+torch.manual_seed(0)
+model = LlamaForCausalLM(LlamaConfig(vocab_size=384, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, eos_token_id=1,
+                                     pad_token_id=0, bos_token_id=None)).eval()
+engine = engines.HFEngine(model, tokenizer)
+(plain,), = engine.generate([engine.encode_prompt("hi")], n=1, max_new_tokens=5, temperature=0.0)
+assert len(plain.token_ids) == len(plain.logprobs) > 0
+
+try:
+    engines.HFEngine(model, tokenizer, fast=True)
+except ModuleNotFoundError as error:
+    assert "fast_decoder.py" in str(error) and "fast=False" in str(error), error
+else:
+    raise AssertionError("fast=True without fast_decoder.py was not refused")
+
+# On CUDA the fast decoder is the default: without its file, a warning and generate instead.
+cuda_weight = types.SimpleNamespace(weight=types.SimpleNamespace(device=torch.device("cuda")))
+model.get_input_embeddings = lambda: cuda_weight
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    engine = engines.HFEngine(model, tokenizer)
+assert any("fast_decoder.py" in str(w.message) and "generate" in str(w.message) for w in caught), caught
+del model.get_input_embeddings
+(fallback,), = engine.generate([engine.encode_prompt("hi")], n=1, max_new_tokens=5, temperature=0.0)
+assert fallback.token_ids == plain.token_ids
+assert "fast_decoder" not in sys.modules and "decode_attention" not in sys.modules
+print("alone:", engines.__file__)
+"""
+
+
+def test_engines_py_copied_alone_imports_and_its_engines_work(tmp_path):
+    """engines.py alone in an empty folder (no fast_decoder.py, no decode_attention.py): it
+    imports; the oracle answers; HFEngine decodes through generate, refuses fast=True with the
+    reason, and on a CUDA model falls back to generate with a warning."""
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "engines.py"), tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", ALONE], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"alone: {tmp_path / 'engines.py'}" in proc.stdout
 
 
 # ------------------------------------------------------------------------- FSDP2 on CPU
@@ -364,53 +308,6 @@ def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer, fast, dtype, top_
             if c.finish_reason == "stop":
                 assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
 
-
-
-@pytest.mark.gpu
-def test_sampling_captured_in_a_cuda_graph_draws_afresh_on_every_replay():
-    """The fast decoder samples inside its captured step: every replay must draw new noise from
-    the same distribution (torch's CUDA generator advances by the graph's draws on each replay),
-    not repeat the draws of the capture."""
-    logits = torch.tensor([2.0, 1.5, 1.0, 0.2, -1.0, -3.0], device="cuda").expand(4_000, -1).contiguous()
-    temperature, top_p = 0.7, 0.8
-    want = naive_top_p((logits[:1].cpu() / temperature), top_p).softmax(-1)[0]
-    engines.sample_from_logits(logits, temperature, top_p)   # warm-up, off the graph
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        token, logprob = engines.sample_from_logits(logits, temperature, top_p)
-    draws = []
-    for _ in range(10):
-        graph.replay()
-        draws.append(token.clone())
-    draws = torch.stack(draws).cpu()
-    assert len({tuple(d.tolist()) for d in draws}) == 10
-    frequencies = torch.bincount(draws.flatten(), minlength=6).double() / draws.numel()
-    assert torch.allclose(frequencies, want.double(), atol=0.01)
-    assert torch.allclose(logprob.cpu(), want.log()[draws[-1]], atol=1e-5)
-
-
-@pytest.mark.gpu
-def test_cuda_graph_decode_equals_eager_decode_and_plain_generate(tokenizer):
-    """fp32 greedy on CUDA: the graph-replayed step, compiled or not, gives the eager step's
-    tokens and log-probs, and the same tokens as with the model's own attention and as generate."""
-    model = tiny_model(seed=5, eos_logit=0.15).cuda()
-    prompts = [engines.render_prompt(tokenizer, t) for t in ("a longer prompt than x", "x", "mid size")]
-    results = {}
-    # (the graph is captured again each time the cache grows: 8 -> 16 -> 32 -> 40 new positions)
-    for name, kwargs in {"graph": dict(fast=True, initial_cache_tokens=8),
-                         "compiled_graph": dict(fast=True, initial_cache_tokens=8, compile_decode=True),
-                         "eager": dict(fast=True, cuda_graph=False, initial_cache_tokens=8),
-                         "own_attention": dict(fast=True, grouped_attention=False),
-                         "plain": dict(fast=False)}.items():
-        engine = engines.HFEngine(model, tokenizer, max_batch_rows=4, **kwargs)
-        results[name] = [c for g in engine.generate(prompts, n=2, max_new_tokens=40, temperature=0.0) for c in g]
-    for g, c, e, o, p in zip(results["graph"], results["compiled_graph"], results["eager"],
-                             results["own_attention"], results["plain"]):
-        assert g.token_ids == c.token_ids == e.token_ids == o.token_ids == p.token_ids
-        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(e.logprobs), atol=1e-5)
-        # inductor's fused kernels sum in another order: fp32 rounding apart, no more
-        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(e.logprobs), atol=1e-4)
 
 # ------------------------------------------------------------------------- vLLM pieces
 
