@@ -1,4 +1,5 @@
-"""Rewards: the kernel score and discounted multi-turn returns, then the static gate.
+"""Rewards: the kernel score and discounted multi-turn returns, then the rule of what a kernel
+may call and the static gate that applies it.
 
 Kevin-32B (Cognition, 2025) scores each turn t of a refinement trajectory by
 
@@ -18,28 +19,28 @@ at all. The gate also refuses what only an attacker needs (other imports, exec/e
 tricks, patching torch, CUDA streams and graphs). It is a cheap first filter and the reward
 rule, not the security boundary: kernel_eval.py is.
 
-What counts as "torch compute" in the forward pass (and every helper it reaches):
-  - any torch.* function outside TORCH_ALLOWED (allocation, dtype, device, shape
-    records), and any torch.nn.functional / torch.nn layer;
-  - any tensor method outside TENSOR_METHODS_ALLOWED (sizes, views, contiguous,
-    allocation like new_empty, zero_/fill_ for output buffers, .to(device));
-  - Python operators with a tensor operand (x + y, x @ w, -x, x > 0, out[i] = v,
-    x[mask]): they run torch kernels. Arithmetic on sizes (n * 2, (n + 255) // 256)
-    stays allowed: a small flow-insensitive type inference tells tensors (forward's
-    arguments, parameters, buffers, kernel outputs, anything derived from them)
-    from sizes (x.size(0), x.shape[1], x.numel(), constants). A value it cannot
-    place is let through: a determined attacker can launder a tensor past this
-    inference, and the harness then judges the result.
-  - torch/ATen compute called from the kernel's own C++ (torch::matmul, x.sum()):
-    namespace calls are allowlisted (CPP_TORCH_CALLS_ALLOWED: allocation, options,
-    the current stream, at::parallel_for), tensor methods denylisted.
-.to(device), .cuda() and .cpu() are allowed; .to(dtype), .half() and friends are casts
-and are not. __init__ (and helpers reached only from it) may use torch freely to
-build parameters, as KernelBench references do.
+What a candidate may call is one table, CALLS: the compute happens in the kernel; allocation,
+views, transposes, copies, casts and sizes are glue around it and are allowed, in forward and
+in the C++ host code alike; torch compute and data-building operators are the task's work and
+are not. Each row says why. The prompt states the table (describe_calls; summarize.CALL_RULES
+is that text), the gate lets through exactly its allowed spellings, and the harness's op check
+accepts exactly the aten operators of its allowed rows (kernel_eval.ALLOWED_ATEN_OPS, a copy
+that tests/test_rewards.py holds equal to ALLOWED_ATEN_OPS here).
 
-The gate is a list of small rules (RULES), each returning the reason for the first place
-that breaks it; the facts they share (aliases, the forward scope, tensor types) are
-derived once per candidate.
+How the gate finds torch compute in the forward pass (and every helper it reaches):
+  - a torch.* function or tensor method outside the allowed rows, any torch.nn.functional
+    name or torch.nn layer;
+  - Python operators with a tensor operand (x + y, x @ w, -x, x > 0, out[i] = v, x[mask]):
+    they run torch kernels. Arithmetic on sizes (n * 2, (n + 255) // 256) stays allowed: a
+    small flow-insensitive type inference tells tensors (forward's arguments, parameters,
+    buffers, kernel outputs, anything derived from them) from sizes (x.size(0), x.shape[1],
+    constants). A value it cannot place is let through: a determined attacker can launder a
+    tensor past this inference, and the harness then judges the result;
+  - in the kernel's C++: torch::/at:: namespace calls outside the allowed rows, and the tensor
+    methods of the refused rows (C++ strings and vectors have methods too, so there the
+    methods are a denylist).
+__init__ (and helpers reached only from it) may use torch freely to build parameters, as
+KernelBench references do.
 
 Standard library only, so the file can be copied alone.
 """
@@ -48,6 +49,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable
 
@@ -140,56 +142,214 @@ def _field(result: Any, name: str) -> Any:
     return getattr(result, name)
 
 
-# =========================================================================== allowlists
+# =========================================================================== what a kernel may call
+@dataclass(frozen=True)
+class Call:
+    """One row of what a candidate may call around its kernel, and why.
+
+    Spellings: in Python `torch.f` (a function) and `x.m()` / `x.a` (a tensor method or
+    attribute); in C++ `torch::f` / `at::f` (a namespace call) and `x.m()`. Allowed rows list
+    every spelling the gate lets through. Refused rows give Python examples (the forward pass
+    is allowlisted: what no allowed row names is refused there) and, in C++, every tensor
+    method the gate refuses (a denylist; the harness's op check catches the rest).
+    """
+    what: str
+    python: tuple[str, ...]
+    cpp: tuple[str, ...]
+    aten: tuple[str, ...]  # the aten operators these calls run: what the harness's op check accepts
+    forward: bool          # allowed in forward and every helper it reaches
+    host: bool             # allowed in the C++ host code around the kernel
+    why: str
+
+
+def _torch(names: str) -> tuple[str, ...]:
+    return tuple(f"torch.{n}" for n in names.split())
+
+
+def _cpp(names: str, namespace: str = "torch") -> tuple[str, ...]:
+    return tuple(f"{namespace}::{n}" for n in names.split())
+
+
+def _methods(names: str) -> tuple[str, ...]:
+    return tuple(f"x.{n}()" for n in names.split())
+
+
+CALLS = (
+    Call("allocation",
+         python=(*_torch("empty empty_like empty_strided zeros zeros_like"),
+                 *_methods("new_empty new_empty_strided new_zeros zero_")),
+         cpp=(*_cpp("empty empty_like empty_strided zeros zeros_like from_blob"),
+              *_methods("zero_ resize_")),
+         aten=tuple("empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros "
+                    "zeros_like zero_ resize_".split()),
+         forward=True, host=True,
+         why="Output and scratch buffers are memory, not arithmetic: the kernel fills them."),
+    Call("constant fills",
+         python=(*_torch("ones ones_like full full_like"), *_methods("new_ones new_full fill_")),
+         cpp=(*_cpp("ones ones_like full full_like"), *_methods("new_ones new_full fill_")),
+         aten=tuple("ones ones_like full full_like new_ones new_full fill_".split()),
+         forward=True, host=True,
+         why="A buffer of one constant reads no input: allocation, like torch.zeros (an "
+             "accumulator that starts at 1 or -inf)."),
+    Call("views",
+         python=(*_torch("reshape flatten squeeze unsqueeze narrow select split chunk unbind"),
+                 *_methods("view view_as reshape reshape_as flatten unflatten squeeze unsqueeze "
+                           "expand expand_as narrow select split chunk unbind detach "
+                           "requires_grad_"), "x.data"),
+         cpp=(*_cpp("reshape flatten squeeze unsqueeze narrow select split chunk unbind"),
+              *_methods("view view_as reshape flatten squeeze unsqueeze expand expand_as narrow "
+                        "select slice split chunk unbind detach as_strided set_")),
+         aten=tuple("view _unsafe_view reshape _reshape_alias view_as as_strided expand expand_as "
+                    "unsqueeze squeeze select slice narrow detach alias split split_with_sizes "
+                    "unsafe_split chunk unbind flatten set_".split()),
+         forward=True, host=True,
+         why="The same memory under other sizes and strides, as indexing with ints and slices "
+             "(x[0], x[:, 1:]) gives: no value is read or computed. A reshape that cannot be a "
+             "view copies, as .contiguous() does."),
+    Call("transposes",
+         python=(*_torch("t transpose permute"), *_methods("t transpose permute"), "x.T", "x.mT"),
+         cpp=(*_cpp("t transpose permute"), *_methods("t transpose permute")),
+         aten=("t", "transpose", "permute"),
+         forward=True, host=True,
+         why="Layout glue: a view with its strides swapped, no value changes. References use "
+             "them to lay out operands (A.T @ B); the kernel, or .contiguous(), moves the data."),
+    Call("copies",
+         python=("torch.clone", *_methods("contiguous clone copy_")),
+         cpp=("torch::clone", *_methods("contiguous clone copy_")),
+         aten=("contiguous", "clone", "copy_"),
+         forward=True, host=True,
+         why="A copy moves values unchanged into a layout the kernel can index: .contiguous() "
+             "of a transposed view is such a copy, and clone and copy_ are the same thing."),
+    Call("casts and device moves",
+         python=_methods("to type_as half float double bfloat16 int long cuda cpu"),
+         cpp=_methods("to toType cuda cpu"),
+         aten=("_to_copy", "to"),
+         forward=True, host=True,
+         why="A cast converts each value on its own and does none of the task's arithmetic; "
+             "its time counts against the candidate, and the tolerance judges the precision it "
+             "loses. The harness sees a cast and a device move as one operator (_to_copy)."),
+    Call("sizes and metadata",
+         python=(*_methods("size dim numel stride item data_ptr element_size is_contiguous "
+                           "get_device storage_offset nelement ndimension"),
+                 *(f"x.{a}" for a in "shape dtype device ndim is_cuda layout requires_grad "
+                                     "is_leaf".split())),
+         cpp=_methods("size sizes dim numel stride strides item data_ptr element_size "
+                      "is_contiguous scalar_type options device is_cuda is_nonzero"),
+         aten=tuple("_local_scalar_dense item is_nonzero is_same_size sym_size sym_stride "
+                    "sym_numel sym_storage_offset dim size stride numel is_contiguous "
+                    "_has_compatible_shallow_copy_type".split()),
+         forward=True, host=True,
+         why="Numbers about a tensor, not its values; .item() copies one value to the host "
+             "(a sync, no arithmetic)."),
+    Call("options, dtypes and devices",
+         python=_torch("Size device get_default_dtype is_tensor"),
+         cpp=_cpp("TensorOptions Device Scalar IntArrayRef dtype device Tensor ScalarType Half "
+                  "BFloat16 optional check requires_grad layout MemoryFormat"),
+         aten=(),
+         forward=True, host=True,
+         why="They describe tensors (shape, dtype, device, options) and touch no values."),
+    Call("the device, its current stream and the CPU threads",
+         python=_torch("no_grad inference_mode cuda.is_available cuda.current_device "
+                       "cuda.device_count cuda.current_stream cuda.get_device_properties "
+                       "cuda.get_device_capability utils.cpp_extension.load_inline"),
+         cpp=(*_cpp("getCurrentCUDAStream getCurrentDeviceProperties getDeviceProperties "
+                    "current_device CUDAGuard OptionalCUDAGuard", "at::cuda"),
+              *_cpp("DeviceGuard OptionalDeviceGuard parallel_for get_num_threads ceil_div", "at"),
+              "x.record_stream()"),
+         aten=("record_stream",),
+         forward=True, host=True,
+         why="Where and how the kernel runs: the device, the current stream (which the timing "
+             "sees; other streams are refused), the CPU thread pool, the compiler."),
+    Call("torch compute operators and Python operators on tensors such as x + y, x > 0 or x[mask]",
+         python=("torch.relu", "torch.nn.functional.relu", "x.sum()", "x.matmul()", "torch.matmul",
+                 "torch.nn.functional.conv2d", *_methods("relu exp clamp add_ mul_")),
+         cpp=("torch::matmul", "at::relu", *_methods(
+             "add add_ sub sub_ mul mul_ div div_ matmul mm bmm addmm baddbmm mv dot einsum sum "
+             "mean prod amax amin argmax argmin relu relu_ gelu silu sigmoid tanh exp log softmax "
+             "log_softmax clamp clamp_ clamp_min clamp_max pow sqrt rsqrt abs neg cumsum norm var "
+             "std topk sort conv1d conv2d conv3d linear layer_norm batch_norm group_norm "
+             "max_pool2d avg_pool2d mish hardtanh leaky_relu elu softplus maximum minimum lerp "
+             "addcmul addcdiv bincount histc")),
+         aten=(),
+         forward=False, host=False,
+         why="The task's arithmetic: done by torch, the reward would pay for torch's kernels."),
+    Call("data-building operators",
+         python=("torch.cat", "torch.where", "x.gather()", "x.repeat()", "torch.stack",
+                 *_methods("flip index_select masked_fill tril nonzero")),
+         cpp=(*_cpp("cat stack"), *_methods(
+             "index_select gather scatter scatter_add masked_fill where fill_diagonal_ tril triu "
+             "flip roll cat stack repeat index index_put_ masked_select nonzero unique")),
+         aten=(),
+         forward=False, host=False,
+         why="They compute a tensor from several inputs, indices or conditions (DenseNet's "
+             "concatenation, a gather, a mask): part of the model's work. In C++ x.index() "
+             "cannot be told from a gather; x.select(), x.slice() and x.narrow() are views."),
+    Call("new values on every call",
+         python=_torch("tensor arange randn linspace rand"),
+         cpp=_cpp("tensor arange randn linspace rand"),
+         aten=(),
+         forward=False, host=False,
+         why="Constants belong in __init__ (nn.Parameter, register_buffer); index ranges and "
+             "random numbers are the kernel's to compute."),
+)
+
+
+def _spelled(spellings: Iterable[str], kind: str) -> set[str]:
+    """Names of one kind of spelling: 'torch' (torch.f), 'method' (x.m()), 'attribute' (x.a),
+    'namespace' (the last name of torch::f / at::f)."""
+    out = set()
+    for s in spellings:
+        if kind == "torch" and s.startswith("torch."):
+            out.add(s)
+        elif kind == "method" and s.startswith("x.") and s.endswith("()"):
+            out.add(s[2:-2])
+        elif kind == "attribute" and s.startswith("x.") and not s.endswith("()"):
+            out.add(s[2:])
+        elif kind == "namespace" and "::" in s:
+            out.add(s.rsplit("::", 1)[1])
+    return out
+
+
+_FORWARD = [s for row in CALLS if row.forward for s in row.python]
+_HOST = [s for row in CALLS if row.host for s in row.cpp]
+_SIZES = next(row for row in CALLS if row.what == "sizes and metadata")
+
+# aten operators a forward may run outside the extension (kernel_eval.ALLOWED_ATEN_OPS is a copy)
+ALLOWED_ATEN_OPS = frozenset(op for row in CALLS if row.forward or row.host for op in row.aten)
+
 _DTYPES = {"float32", "float", "float16", "half", "bfloat16", "float64", "double",
            "int8", "uint8", "int16", "short", "int32", "int", "int64", "long", "bool",
            "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"}
-# torch.* names allowed in the forward pass: allocation, dtype, device and shape records.
-TORCH_ALLOWED = {f"torch.{n}" for n in _DTYPES} | {
-    "torch.empty", "torch.empty_like", "torch.empty_strided", "torch.zeros",
-    "torch.zeros_like", "torch.ones", "torch.ones_like", "torch.full", "torch.full_like",
-    "torch.Size", "torch.device", "torch.dtype", "torch.Tensor", "torch.is_tensor",
-    "torch.no_grad", "torch.inference_mode", "torch.get_default_dtype",
-    "torch.contiguous_format", "torch.channels_last", "torch.strided",
-    "torch.cuda.is_available", "torch.cuda.current_device", "torch.cuda.device_count",
-    "torch.cuda.current_stream", "torch.cuda.get_device_properties",
-    "torch.cuda.get_device_capability",
-    "torch.utils.cpp_extension.load_inline",
-}
-TENSOR_SCALAR_METHODS = {"size", "dim", "numel", "stride", "item", "data_ptr",
-                         "element_size", "is_contiguous", "get_device", "storage_offset",
-                         "nelement", "ndimension"}
-TENSOR_METHODS_ALLOWED = TENSOR_SCALAR_METHODS | {
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze",
-    "unsqueeze", "expand", "expand_as", "contiguous", "detach", "new_empty", "new_zeros",
-    "new_ones", "new_full", "new_empty_strided", "zero_", "fill_", "to", "cuda", "cpu",
-    "requires_grad_",
-}
-TENSOR_ATTRS_ALLOWED = {"shape", "dtype", "device", "ndim", "is_cuda", "layout",
-                        "requires_grad", "data", "is_leaf"}
-CPP_TORCH_CALLS_ALLOWED = {
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
-    "full_like", "from_blob", "TensorOptions", "Device", "Scalar", "IntArrayRef", "dtype",
-    "device", "parallel_for", "get_num_threads", "ceil_div", "Tensor", "ScalarType", "Half",
-    "BFloat16", "optional", "check", "requires_grad", "layout", "MemoryFormat", "DeviceGuard",
-    "OptionalDeviceGuard", "getCurrentCUDAStream", "getCurrentDeviceProperties",
-    "getDeviceProperties", "current_device", "CUDAGuard", "OptionalCUDAGuard",
-}
-CPP_TENSOR_METHODS_DENIED = {
-    "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "matmul", "mm", "bmm", "addmm",
-    "baddbmm", "mv", "dot", "einsum", "sum", "mean", "prod", "amax", "amin", "argmax", "argmin",
-    "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "softmax", "log_softmax",
-    "clamp", "clamp_", "clamp_min", "clamp_max", "pow", "sqrt", "rsqrt", "abs", "neg", "copy_",
-    "index_select", "gather", "scatter", "scatter_add", "masked_fill", "where", "cumsum",
-    "norm", "var", "std", "topk", "sort", "transpose", "permute", "t", "clone", "conv2d",
-    "conv1d", "conv3d", "linear", "layer_norm", "batch_norm", "group_norm", "max_pool2d",
-    "avg_pool2d", "mish", "hardtanh", "leaky_relu", "elu", "softplus", "maximum", "minimum",
-    "lerp", "addcmul", "addcdiv", "fill_diagonal_", "tril", "triu", "flip", "roll", "to",
-    "type", "float", "half", "double", "bfloat16", "cat", "stack", "expand_as", "repeat",
-    "index", "index_put_", "masked_select", "nonzero", "unique", "bincount", "histc",
-}
-TENSOR_SCALAR_ATTRS = TENSOR_ATTRS_ALLOWED - {"data"}
-TENSOR_NAMES_ALLOWED = TENSOR_ATTRS_ALLOWED | TENSOR_METHODS_ALLOWED
+# torch names that are values, never called for work: dtypes, layouts, the Tensor type
+TORCH_VALUES = {f"torch.{n}" for n in _DTYPES} | {
+    "torch.dtype", "torch.Tensor", "torch.contiguous_format", "torch.channels_last",
+    "torch.strided"}
+TORCH_ALLOWED = TORCH_VALUES | _spelled(_FORWARD, "torch")
+TENSOR_SCALAR_METHODS = _spelled(_SIZES.python, "method")  # they return sizes, not tensors
+TENSOR_SCALAR_ATTRS = _spelled(_SIZES.python, "attribute")
+TENSOR_METHODS_ALLOWED = _spelled(_FORWARD, "method")
+TENSOR_NAMES_ALLOWED = TENSOR_METHODS_ALLOWED | _spelled(_FORWARD, "attribute")
+CPP_TORCH_CALLS_ALLOWED = _spelled(_HOST, "namespace")
+CPP_TENSOR_METHODS_DENIED = {m for row in CALLS if not row.host for m in _spelled(row.cpp, "method")}
+_ALLOWED_WHAT = "allocation, views, transposes, copies, casts and sizes"  # CALLS, in short
+
+
+def describe_calls() -> str:
+    """The table as the prompt states it (summarize.CALL_RULES is this text)."""
+    def listed(rows, examples_only=False):
+        return "; ".join(f"{r.what} ({', '.join(r.python[:4] if examples_only else r.python)}"
+                         f"{', ...' if examples_only else ''})" for r in rows)
+    both = [r for r in CALLS if r.forward and r.host]
+    text = ("In forward (and the helpers it calls), and in the C++ host code around your kernel "
+            f"(spelled torch::empty, x.transpose(...)), you may call only: {listed(both)}.")
+    forward_only = [r for r in CALLS if r.forward and not r.host]
+    host_only = [r for r in CALLS if r.host and not r.forward]
+    if forward_only:
+        text += f" In forward only: {listed(forward_only)}."
+    if host_only:
+        text += f" In C++ only: {listed(host_only)}."
+    refused = [r for r in CALLS if not r.forward and not r.host]
+    return text + f" Anything else there is the kernel's work and scores 0: {listed(refused, True)}."
 
 
 # =========================================================================== the gate
@@ -384,7 +544,7 @@ def kernel_source_starts_no_streams_threads_or_processes(c: _Candidate) -> str |
 
 
 def kernel_source_calls_only_allowed_torch(c: _Candidate) -> str | None:
-    """Namespace calls allowlisted, tensor methods denylisted (C++ strings have methods too)."""
+    """The host column of CALLS: namespace calls allowlisted, tensor methods denylisted."""
     for text in c.string_constants:
         code = _CPP_COMMENTS.sub(" ", text)
         for m in _CPP_TORCH_CALL.finditer(code):
@@ -459,14 +619,14 @@ def nn_is_only_the_module_system(c: _Candidate) -> str | None:
 
 
 def forward_calls_only_allowed_torch_functions(c: _Candidate) -> str | None:
-    """torch.* names in forward outside TORCH_ALLOWED; __init__ may build parameters freely."""
+    """The forward column of CALLS for torch.* names; __init__ may build parameters freely."""
     for node, path in c.torch_references:
         if path in TORCH_MODULES or path in TORCH_ALLOWED or path.split(".")[1] == "nn":
             continue
         if c.in_forward(node):
             return _at(node, f"`{path}` is a torch compute operator, used in the forward pass; "
-                             "only allocation, shape and dtype helpers are allowed there. Do the "
-                             "work in your own kernel.")
+                             f"only {_ALLOWED_WHAT} are allowed there. Do the work in your own "
+                             "kernel.")
         if not c.is_call_target(node):
             return _at(node, f"`{path}` may only be called (in __init__), not stored.")
 
@@ -504,14 +664,13 @@ def forward_applies_no_operators_to_tensors(c: _Candidate) -> str | None:
 
 
 def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
-    """Tensor methods and attributes in forward outside the allowlists."""
+    """The forward column of CALLS for tensor methods and attributes."""
     types = c.types
     for node in c.forward_nodes:
         if isinstance(node, ast.Attribute) and types.is_tensor(node.value) and \
                 node.attr not in TENSOR_NAMES_ALLOWED:
             return _at(node, f"`.{node.attr}` on a tensor in the forward pass is torch compute; "
-                             "only sizes, views, .contiguous(), allocation and .to(device) are "
-                             "allowed there.")
+                             f"only {_ALLOWED_WHAT} are allowed there.")
         if _is_const_getattr(node) and c.dotted(node) is None and \
                 types.kind(node.args[0]) not in (_EXT, _SCALAR) and \
                 not types.is_self(node.args[0]) and node.args[1].value not in TENSOR_NAMES_ALLOWED:
@@ -520,8 +679,6 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 c.dotted(node.func) is None:
             func = node.func
-            if types.is_tensor(func.value) and func.attr == "to" and _is_cast(node, c):
-                return _at(node, f"`{_code(node)}` casts a tensor with torch; convert inside your kernel.")
             if types.kind(func.value) in (_EXT, _TENSOR, _SCALAR) or types.is_self(func.value):
                 continue  # tensors were judged by attribute; ext and scalars may call anything
             if isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name) and \
@@ -530,17 +687,7 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
             if func.attr not in TENSOR_METHODS_ALLOWED | PYTHON_METHODS:
                 return _at(node, f"`{_code(node)}`: `.{func.attr}()` may be a torch tensor "
                                  "operator; in the forward pass call only your compiled "
-                                 "extension's functions and size/view/allocation helpers.")
-
-
-def _is_cast(call: ast.Call, c: _Candidate) -> bool:
-    """x.to(dtype): a dtype name, another tensor, something's .dtype, or dtype=."""
-    for a in call.args:
-        p = c.dotted(a)
-        if (p and p.split(".")[-1] in _DTYPES) or c.types.is_tensor(a) or \
-                (isinstance(a, ast.Attribute) and a.attr == "dtype"):
-            return True
-    return any(k.arg == "dtype" for k in call.keywords)
+                                 "extension's functions and the allowed calls.")
 
 
 RULES = (
