@@ -19,13 +19,13 @@ at all. The gate also refuses what only an attacker needs (other imports, exec/e
 tricks, patching torch, CUDA streams and graphs). It is a cheap first filter and the reward
 rule, not the security boundary: kernel_eval.py is.
 
-What a candidate may call is one table, CALLS: the compute happens in the kernel; allocation,
-views, transposes, copies, casts and sizes are glue around it and are allowed, in forward and
-in the C++ host code alike; torch compute and data-building operators are the task's work and
-are not. Each row says why. The prompt states the table (describe_calls; summarize.CALL_RULES
-is that text), the gate lets through exactly its allowed spellings, and the harness's op check
-accepts exactly the aten operators of its allowed rows (kernel_eval.ALLOWED_ATEN_OPS, a copy
-that tests/test_rewards.py holds equal to ALLOWED_ATEN_OPS here).
+What a candidate may call is one table, CALLS (as Kevin's rule: the compute happens in the
+kernel): allocation, views, transposes, copies, casts and sizes are glue around the kernel and
+are allowed, in forward and in the C++ host code alike; torch compute and data-building
+operators are the task's work and are not. Each row says why. The prompt states the table
+(describe_calls; summarize.CALL_RULES is that text), the gate's lists below are made from it,
+and the harness's op check accepts the aten operators of its allowed rows and no others
+(kernel_eval.ALLOWED_ATEN_OPS, a copy that tests/test_rewards.py holds equal to ALLOWED_ATEN_OPS).
 
 How the gate finds torch compute in the forward pass (and every helper it reaches):
   - a torch.* function or tensor method outside the allowed rows, any torch.nn.functional
@@ -40,7 +40,8 @@ How the gate finds torch compute in the forward pass (and every helper it reache
     methods of the refused rows (C++ strings and vectors have methods too, so there the
     methods are a denylist).
 __init__ (and helpers reached only from it) may use torch freely to build parameters, as
-KernelBench references do.
+KernelBench references do. The gate is a list of small rules (RULES), each returning the reason
+for the first place that breaks it, over facts derived once per candidate.
 
 Standard library only, so the file can be copied alone.
 """
@@ -294,62 +295,41 @@ CALLS = (
 )
 
 
-def _spelled(spellings: Iterable[str], kind: str) -> set[str]:
-    """Names of one kind of spelling: 'torch' (torch.f), 'method' (x.m()), 'attribute' (x.a),
-    'namespace' (the last name of torch::f / at::f)."""
-    out = set()
-    for s in spellings:
-        if kind == "torch" and s.startswith("torch."):
-            out.add(s)
-        elif kind == "method" and s.startswith("x.") and s.endswith("()"):
-            out.add(s[2:-2])
-        elif kind == "attribute" and s.startswith("x.") and not s.endswith("()"):
-            out.add(s[2:])
-        elif kind == "namespace" and "::" in s:
-            out.add(s.rsplit("::", 1)[1])
-    return out
-
-
 _FORWARD = [s for row in CALLS if row.forward for s in row.python]
-_HOST = [s for row in CALLS if row.host for s in row.cpp]
 _SIZES = next(row for row in CALLS if row.what == "sizes and metadata")
-
-# aten operators a forward may run outside the extension (kernel_eval.ALLOWED_ATEN_OPS is a copy)
-ALLOWED_ATEN_OPS = frozenset(op for row in CALLS if row.forward or row.host for op in row.aten)
-
 _DTYPES = {"float32", "float", "float16", "half", "bfloat16", "float64", "double",
            "int8", "uint8", "int16", "short", "int32", "int", "int64", "long", "bool",
            "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"}
-# torch names that are values, never called for work: dtypes, layouts, the Tensor type
-TORCH_VALUES = {f"torch.{n}" for n in _DTYPES} | {
-    "torch.dtype", "torch.Tensor", "torch.contiguous_format", "torch.channels_last",
-    "torch.strided"}
-TORCH_ALLOWED = TORCH_VALUES | _spelled(_FORWARD, "torch")
-TENSOR_SCALAR_METHODS = _spelled(_SIZES.python, "method")  # they return sizes, not tensors
-TENSOR_SCALAR_ATTRS = _spelled(_SIZES.python, "attribute")
-TENSOR_METHODS_ALLOWED = _spelled(_FORWARD, "method")
-TENSOR_NAMES_ALLOWED = TENSOR_METHODS_ALLOWED | _spelled(_FORWARD, "attribute")
-CPP_TORCH_CALLS_ALLOWED = _spelled(_HOST, "namespace")
-CPP_TENSOR_METHODS_DENIED = {m for row in CALLS if not row.host for m in _spelled(row.cpp, "method")}
-_ALLOWED_WHAT = "allocation, views, transposes, copies, casts and sizes"  # CALLS, in short
+# The gate's lists, from the table. torch names that are values, never called for work (dtypes,
+# layouts, the Tensor type), are allowed beside the table's calls.
+TORCH_ALLOWED = {f"torch.{n}" for n in _DTYPES} | {s for s in _FORWARD if s.startswith("torch.")} | {
+    "torch.dtype", "torch.Tensor", "torch.contiguous_format", "torch.channels_last", "torch.strided"}
+TENSOR_METHODS_ALLOWED = {s[2:-2] for s in _FORWARD if s.startswith("x.") and s.endswith("()")}
+TENSOR_NAMES_ALLOWED = {s[2:].removesuffix("()") for s in _FORWARD if s.startswith("x.")}
+TENSOR_SCALAR_METHODS = {s[2:-2] for s in _SIZES.python if s.endswith("()")}  # give sizes,
+TENSOR_SCALAR_ATTRS = {s[2:] for s in _SIZES.python if not s.endswith("()")}   # not tensors
+CPP_TORCH_CALLS_ALLOWED = {s.rsplit("::", 1)[1] for row in CALLS if row.host for s in row.cpp
+                           if "::" in s}
+CPP_TENSOR_METHODS_DENIED = {s[2:-2] for row in CALLS if not row.host for s in row.cpp
+                             if s.startswith("x.")}
+# what the harness's op check accepts (kernel_eval.ALLOWED_ATEN_OPS is a copy)
+ALLOWED_ATEN_OPS = frozenset(op for row in CALLS if row.forward or row.host for op in row.aten)
+_ALLOWED_WHAT = "allocation, views, transposes, copies, casts and sizes"  # the table, in short
 
 
 def describe_calls() -> str:
     """The table as the prompt states it (summarize.CALL_RULES is this text)."""
-    def listed(rows, examples_only=False):
-        return "; ".join(f"{r.what} ({', '.join(r.python[:4] if examples_only else r.python)}"
-                         f"{', ...' if examples_only else ''})" for r in rows)
-    both = [r for r in CALLS if r.forward and r.host]
-    text = ("In forward (and the helpers it calls), and in the C++ host code around your kernel "
-            f"(spelled torch::empty, x.transpose(...)), you may call only: {listed(both)}.")
-    forward_only = [r for r in CALLS if r.forward and not r.host]
-    host_only = [r for r in CALLS if r.host and not r.forward]
-    if forward_only:
-        text += f" In forward only: {listed(forward_only)}."
-    if host_only:
-        text += f" In C++ only: {listed(host_only)}."
-    refused = [r for r in CALLS if not r.forward and not r.host]
-    return text + f" Anything else there is the kernel's work and scores 0: {listed(refused, True)}."
+    def listed(rows, examples):
+        return "; ".join(f"{r.what} ({', '.join(r.python[:4] if examples else r.python)}"
+                         f"{', ...' if examples else ''})" for r in rows)
+    parts = [("In forward (and the helpers it calls), and in the C++ host code around your kernel "
+              "(spelled torch::empty, x.transpose(...)), you may call only",
+              [r for r in CALLS if r.forward and r.host], False),
+             ("In forward only", [r for r in CALLS if r.forward and not r.host], False),
+             ("In the C++ host code only", [r for r in CALLS if r.host and not r.forward], False),
+             ("Anything else there is the kernel's work and scores 0",
+              [r for r in CALLS if not r.forward and not r.host], True)]
+    return " ".join(f"{lead}: {listed(rows, examples)}." for lead, rows, examples in parts if rows)
 
 
 # =========================================================================== the gate
