@@ -173,14 +173,21 @@ def worker_env(extra: dict) -> dict:
     return env
 
 
-# aten ops a forward may run outside the extension: allocation, views, copies, metadata.
+# aten ops a forward may run outside the extension: the `aten` column of the allowed rows of
+# rewards.CALLS, the one table of what a candidate may call, which says why per row (compute
+# happens in the kernel; allocation, views, transposes, copies, casts and sizes are glue). A copy,
+# since kernel_eval does not import rewards; tests/test_rewards.py holds the two equal.
 ALLOWED_ATEN_OPS = frozenset("""
-empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like fill_ zero_
-copy_ clone _to_copy to contiguous view _unsafe_view reshape _reshape_alias view_as as_strided
-expand expand_as permute transpose t unsqueeze squeeze select slice narrow detach alias lift_fresh
-lift_fresh_copy resize_ split split_with_sizes chunk unbind flatten set_ _local_scalar_dense item
-is_same_size sym_size sym_stride sym_numel sym_storage_offset record_stream is_nonzero
-_has_compatible_shallow_copy_type unsafe_split dim size stride numel is_contiguous
+empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like zero_ resize_
+ones ones_like full full_like new_ones new_full fill_
+view _unsafe_view reshape _reshape_alias view_as as_strided expand expand_as unsqueeze squeeze select
+slice narrow detach alias split split_with_sizes unsafe_split chunk unbind flatten set_
+t transpose permute
+contiguous clone copy_
+_to_copy to
+_local_scalar_dense item is_nonzero is_same_size sym_size sym_stride sym_numel sym_storage_offset dim
+size stride numel is_contiguous _has_compatible_shallow_copy_type
+record_stream
 """.split())
 
 

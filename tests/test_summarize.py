@@ -1,4 +1,5 @@
-"""Tests for summarize.py: parsing messy responses, feedback lines, prompt budgets."""
+"""Tests for summarize.py: parsing messy responses, feedback lines, prompt budgets, the rule of
+what a kernel may call as the prompt states it."""
 import os
 import shutil
 import subprocess
@@ -6,6 +7,7 @@ import sys
 
 import pytest
 
+import summarize
 from summarize import (EXAMPLE_CPP, EXAMPLE_CUDA, Attempt, build_prompt, feedback,
                        parse_response)
 
@@ -156,6 +158,19 @@ def test_first_turn_has_instruction_example_and_task():
         assert "previous attempts" not in p.lower()
     assert "__global__" in build_prompt(TASK, [], language="cuda", count_tokens=words,
                                         max_prompt_tokens=10**6)
+
+
+def test_the_prompt_states_the_table_of_what_a_kernel_may_call():
+    """summarize keeps a copy of rewards.describe_calls() (it imports no project module): the
+    prompt, the gate and the harness's op list follow one table."""
+    import rewards
+    assert summarize.CALL_RULES == rewards.describe_calls()
+    for language in ("cuda", "cpp"):
+        assert summarize.CALL_RULES in summarize.base_instruction(language)
+    for row in rewards.CALLS:
+        assert row.what in summarize.CALL_RULES
+        if row.forward:
+            assert all(spelling in summarize.CALL_RULES for spelling in row.python), row.what
 
 
 def test_later_turns_show_code_summary_feedback_never_thinking():
