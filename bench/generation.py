@@ -15,7 +15,7 @@ runs to --new tokens):
   generate, static       the same with cache_implementation="static"
 
   python bench/generation.py --shape qwen2-8m --batches 64,128       # the learning demo's policy shape
-  python bench/generation.py --shape qwen2-1.5b --batches 64,256      # DESIGN.md's measurement shape
+  python bench/generation.py --shape qwen2-1.5b --batches 64,256      # docs/PERFORMANCE.md's shape
   python bench/generation.py --device cpu --shape qwen2-8m --batches 4 --prompt 32 --new 16
 
 Each cell is timed after one warm-up call of --warmup-new tokens (kernels loaded, allocator warm;

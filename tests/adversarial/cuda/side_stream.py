@@ -1,6 +1,7 @@
 # expect: no_speedup
 # Slow work on a side stream returned without a wait: plain CUDA events read ~0 ms
-# (a 400x fake speedup in DESIGN.md); the harness's device-wide sync must count it.
+# (on an H200, 0.054 ms read for 21.5 ms of work: a 400x fake speedup); the harness's
+# device-wide sync must count it.
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

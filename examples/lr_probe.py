@@ -1,8 +1,8 @@
 """One GRPO update (examples/learning_rl.grpo_update, 1 optimizer step, fresh AdamW) at three learning
 rates, on 16 teacher-forced warm-start examples (relu and row_sum, C++, returns 0.3 for the solution, 0
-for the broken variants) of a CPU warm start (hidden 128, 2 layers, 200 steps: see README.md).
+for the broken variants) of a CPU warm start (hidden 128, 2 layers, 200 steps: docs/learning/README.md).
 Prints the per-token KL(old || new) on those samples and the mean change of the sequence log-prob
-of the solution and of the broken variants. Usage: python docs/learning/lr_probe.py WARM_START_DIR
+of the solution and of the broken variants. Usage: python examples/lr_probe.py WARM_START_DIR
 examples/learning_rl.py was retired when the demo moved to train.py; the probe ran at commit 24702ad.
 To run it again: git show 24702ad:examples/learning_rl.py > examples/learning_rl.py (not committed)."""
 import sys, random, copy, argparse, torch, json

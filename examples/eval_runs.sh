@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The first real evaluations of eval.py, on one H200 (run from the repository root; results
-# and logs go under $OUT/eval). Two parts, each under the device's 10-minute limit per command:
-#   bash docs/eval/h200.sh oracle   # the oracle and the corrupted oracle over all 24 built-in CUDA solutions
-#   bash docs/eval/h200.sh grid     # inference-time grid at 8 kernels per task, oracle with half its answers corrupted
-# The same on the CPU at a small size (what was run before handing it over):
-#   OUT=/tmp/small DEVICE=cpu SELECT="--task-ids builtin/level1/01_relu" GRID=2x1,1x2,beam:2x1x1 KEEP=1 bash docs/eval/h200.sh oracle grid
+# eval.py's reference runs on one GPU (run from the repository root; results and logs go under
+# $OUT/eval). Two parts, each under 10 minutes on an H200 (docs/eval/README.md has their results):
+#   bash examples/eval_runs.sh oracle   # the oracle and the corrupted oracle over all 24 built-in CUDA solutions
+#   bash examples/eval_runs.sh grid     # inference-time grid at 8 kernels per task, oracle with half its answers corrupted
+# The same on the CPU at a small size (C++ kernels, a few minutes):
+#   OUT=/tmp/small DEVICE=cpu SELECT="--task-ids builtin/level1/01_relu" GRID=2x1,1x2,beam:2x1x1 KEEP=1 bash examples/eval_runs.sh oracle grid
 # Records are appended per turn, so a part cut by its timeout keeps what was judged; rerun it with
 # RESUME=--resume to continue (the grid's beam shape starts again). The two parts may run at once
-# (the harness times under a machine-wide file lock): ORACLE_LIMIT=265 GRID_LIMIT=535 keeps both in one call.
+# (the harness times under a machine-wide file lock), but the builds of two harnesses then load the
+# same cores and the timing cross-check refuses more honest kernels: run them one after the other.
 set -u
 OUT=${OUT:-runs}
 DEVICE=${DEVICE:-cuda}
