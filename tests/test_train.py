@@ -16,26 +16,40 @@ import train
 transformers = pytest.importorskip("transformers")
 
 
-def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
+def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path, capsys):
     for argv, reason in [
         (["--model", str(tmp_path / "nope")], "no such directory"),
         (["--task-ids", "builtin/level9/none"], "--task-ids not in the selected tasks: builtin/level9/none"),
         (["--task-ids", "", "--heldout", "48"], "no tasks selected"),   # every task held out
         (["--temperature", "0"], "--temperature must be > 0"),
+        (["--top-p", "1.5"], "--top-p 1.5: must be in (0, 1]"),
         (["--max-new-tokens", "100"], "longest oracle answer"),
         (["--levels", "one"], "--levels 'one': expected comma-separated level numbers"),
         (["--turns", "0"], "--turns 0: must be at least 1"),
         (["--device", "bogus"], "--device bogus: expected cpu, cuda or cuda:N"),
-        (["--sampler", "bogus"], "--sampler bogus: expected one of uniform, prioritized"),
-        (["--aggregation", "bogus"], "--aggregation bogus: expected one of dr_grpo, token_mean, seq_mean"),
-        (["--return-mode", "bogus"], "--return-mode bogus: expected one of sum, max"),
-        (["--engine", "bogus"], "--engine bogus: expected one of hf, vllm"),
     ]:
         with pytest.raises(SystemExit) as info:
             train.main(argv + ["--out", str(tmp_path / "out")])
         message = str(info.value)
-        assert reason in message and "\n" not in message, message
-
+        assert message.startswith("train.py: ") and reason in message and "\n" not in message, message
+    # argparse's refusals: one line (not the usage block) and exit 2; its wording varies with Python
+    (tmp_path / "a_file").write_text("")
+    for argv, words in [
+        (["--sampler", "bogus"], ["--sampler: invalid choice: 'bogus'", "uniform", "prioritized"]),
+        (["--aggregation", "bogus"], ["--aggregation: invalid choice: 'bogus'", "dr_grpo", "token_mean", "seq_mean"]),
+        (["--return-mode", "bogus"], ["--return-mode: invalid choice: 'bogus'", "sum", "max"]),
+        (["--engine", "bogus"], ["--engine: invalid choice: 'bogus'", "hf", "vllm"]),
+        (["--steps", "two"], ["--steps: invalid int value: 'two'"]),
+        (["--out", str(tmp_path / "a_file")], [f"--out {tmp_path / 'a_file'}: {tmp_path / 'a_file'} is a file, not a folder"]),
+        (["--out", str(tmp_path / "a_file" / "run")], [f"--out {tmp_path / 'a_file' / 'run'}: {tmp_path / 'a_file'} is a "
+                                                       "file, not a folder"]),
+    ]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            train.main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("train.py: "), err
+        assert all(w in err for w in words), err
 
 
 def test_ranks_of_a_node_get_disjoint_cpu_shares():
@@ -191,6 +205,11 @@ def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
     assert "stopping before step 1: --max-minutes" in captured.out + captured.err
     assert not os.path.exists(tmp_path / "metrics.jsonl")
     assert os.path.exists(tmp_path / "export" / "config.json")
+    # the last line says where the run went and how to continue it
+    assert captured.out.splitlines()[-1] == (
+        f"train.py: stopped after 0 of 2 steps; metrics.jsonl, plots/, checkpoints/ and the exported model (export/) "
+        f"are in {tmp_path}; continue with: python {os.path.relpath(train.__file__)} --max-minutes 0.0001 "
+        f"--out {tmp_path} --resume")
 
 
 def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_path, monkeypatch, capsys):
