@@ -33,6 +33,7 @@ import functools
 import inspect
 import json
 import os
+import pathlib
 import random
 import re
 import shlex
@@ -130,11 +131,6 @@ CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_m
            "aggregation": grpo.AGGREGATIONS}
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):   # one line and exit 2, not a usage block of 60 flags
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 FLAG_KINDS = {"bool": dict(action=argparse.BooleanOptionalAction), "int": dict(type=int, metavar="N"),
               "float": dict(type=float, metavar="X"), "float | None": dict(type=float, metavar="X"),
               "str": dict(metavar="TEXT"), "tuple[str, ...]": dict(action="append", metavar="TEXT")}
@@ -152,7 +148,8 @@ def shown(value) -> str:
 
 def parse_config(argv=None) -> Config:
     """Config from the command line: the preset's values, then the flags given."""
-    parser = OneLineParser(prog="train.py", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.error = lambda message: parser.exit(2, f"train.py: {message}\n")   # one line, not 60 flags of usage
     parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke", help="a named set of defaults: "
                         "smoke (tiny model, CPU) or kevin (Kevin-32B's run) (default: smoke)")
     comments = field_help(Config)
@@ -163,19 +160,11 @@ def parse_config(argv=None) -> Config:
                             **(dict(choices=CHOICES[f.name]) if f.name in CHOICES else FLAG_KINDS[f.type]))
     args = parser.parse_args(argv)
     values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k != "preset"}}
-    blocked = file_in_the_way(values.get("out", Config.out))
+    out = pathlib.Path(values.get("out", Config.out))
+    blocked = next((path for path in (out, *out.parents) if path.is_file()), None)   # makedirs would fail there
     if blocked:
-        parser.error(f"--out {values.get('out', Config.out)}: {blocked} is a file, not a folder")
+        parser.error(f"--out {out}: {blocked} is a file, not a folder")
     return Config(**values)
-
-
-def file_in_the_way(path: str) -> str | None:
-    """The file (not a folder) at path or above it that would stop a run from making its folder there."""
-    while path and not os.path.isdir(path):
-        if os.path.exists(path):
-            return path
-        path = os.path.dirname(path)
-    return None
 
 
 def rollout_config(config: Config, language: str) -> rollout.RolloutConfig:
