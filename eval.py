@@ -25,8 +25,8 @@ ran to completion is faster than 0x whatever its time: fast_0 = best@N correctne
 KernelBench.
 All of them are reported overall, per level, and per turn t as "best so far": over the
 kernels of turns 1..t. Turns are counted from 1 (turn 1 is the first attempt) in the records,
-tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N is over the W
-trajectories of the last round, each with the kernels of its ancestors.
+tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N
+is over the W trajectories of the last round, each with the kernels of its ancestors.
 
 Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
 is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
@@ -613,11 +613,6 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
 # CLI
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):   # one line and exit 2, not the usage block
-        self.exit(2, f"{self.prog}: {message}\n")
-
-
 def load_tasks(args) -> list:
     return tasks_module.select_tasks(args.tasks, args.levels, "eval.py", split=args.split, n_heldout=args.n_heldout,
                                      split_seed=args.split_seed, task_ids=args.task_ids, limit=args.limit)
@@ -684,10 +679,12 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = OneLineParser(prog="eval.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", required=True, metavar="POLICY", help="oracle, oracle-corrupt, a Hugging Face "
-                    "model id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates (required)")
+    ap = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"eval.py: {message}\n")   # one line, not the usage block
+    ap.add_argument("--policy", required=True, metavar="POLICY", help="oracle, oracle-corrupt, a Hugging Face model "
+                    "id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates "
+                    "(required)")
     ap.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible endpoint, .../v1 (default: none)")
     ap.add_argument("--model", metavar="NAME", help="the model's name at --base-url (default: --policy)")
     ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
@@ -720,7 +717,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(default: %(default)s)")
     ap.add_argument("--beam-steps", type=int, default=4, metavar="S",
                     help="beam search: turns a round (default: %(default)s)")
-    ap.add_argument("--beam-rounds", type=int, default=2, metavar="R", help="beam search: rounds (default: %(default)s)")
+    ap.add_argument("--beam-rounds", type=int, default=2, metavar="R",
+                    help="beam search: rounds (default: %(default)s)")
     ap.add_argument("--grid", metavar="SHAPES", help="several shapes, each its own run: GxT (trajectories x turns) "
                     "or beam:WxSxR, e.g. 16x8,32x4,128x1,beam:16x4x2 (default: none)")
     ap.add_argument("--device", help="cpu, cuda or cuda:N, for the harness and the model (default: cuda when torch "

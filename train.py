@@ -75,7 +75,7 @@ class Config:
     resume: bool = False              # continue from the last whole checkpoint in --out
     steps: int = 2                    # training steps (batches of tasks)
     seed: int = 0                     # seeds the weights of a tiny model, the task draws and the sampling
-    device: str = "auto"              # cpu (gloo, C++ kernels), cuda (nccl, CUDA kernels); auto: cuda when torch sees one
+    device: str = "auto"              # cpu (gloo, C++ kernels), cuda (nccl, CUDA kernels); auto: cuda if torch sees it
     max_minutes: float = 0.0          # start no step that would end past this many minutes (0: no limit); still exports
     save_every: int = 1               # a checkpoint every N steps (and after the last)
     keep_checkpoints: int = 2         # the newest N checkpoints are kept
@@ -89,7 +89,7 @@ class Config:
     late_max_new_tokens: int = 0      # tokens per response from --late-from-step on (0: never raised)
     late_from_step: int = 30          # the step from which --late-max-new-tokens applies
     temperature: float = 1.0          # sampling temperature, also the one of the loss's log-probs
-    top_p: float = 1.0                # nucleus sampling; below 1 samples a truncated distribution the loss does not model
+    top_p: float = 1.0                # nucleus sampling; below 1, samples from a distribution the loss does not model
     stop: tuple[str, ...] = ()        # a string that ends a response (repeat the flag for several)
     expected_thinking_opening: str = "Okay"  # the not-okay ratio counts thinking that does not open with this
     mask_truncated: bool = False      # train on nothing from responses cut at the token limit (DAPO's overlong filter)
@@ -402,7 +402,8 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
                                          "solutions)" if config.oracle_share else ""), flush=True)
 
     completed = start_step
-    progress = tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step, total=config.steps)
+    progress = tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step,
+                    total=config.steps)
     for step in progress:
         step_start = time.perf_counter()
         next_step = max(step_seconds[1:] or step_seconds or [0.0])   # the longest, the first left out once possible

@@ -154,8 +154,8 @@ def interrupt_when(args, tmp_path, ready) -> subprocess.CompletedProcess:
     proc = subprocess.Popen([sys.executable] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=tmp_path, start_new_session=True)
     out, err = [], []   # read as they come, so neither pipe fills up
-    readers = [threading.Thread(target=lambda pipe=pipe, lines=lines: lines.extend(iter(pipe.readline, "")), daemon=True)
-               for pipe, lines in ((proc.stdout, out), (proc.stderr, err))]
+    readers = [threading.Thread(target=lambda pipe=pipe, lines=lines: lines.extend(iter(pipe.readline, "")),
+                                daemon=True) for pipe, lines in ((proc.stdout, out), (proc.stderr, err))]
     for reader in readers:
         reader.start()
     try:
@@ -224,8 +224,8 @@ def test_eval_unknown_model_offline_is_one_line_at_once(tmp_path, env):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env=dict(clean, HF_HOME=str(tmp_path / "hf"), **env))
     assert time.monotonic() - start < 30
-    expected = ("eval.py: --policy nosuchmodel: no such folder, and not in the Hugging Face cache (HF_HUB_OFFLINE is set)"
-                if "HF_HUB_OFFLINE" in env else
+    expected = ("eval.py: --policy nosuchmodel: no such folder, and not in the Hugging Face cache "
+                "(HF_HUB_OFFLINE is set)" if "HF_HUB_OFFLINE" in env else
                 "eval.py: --policy nosuchmodel: no such folder, not in the Hugging Face cache, and the hub cannot be "
                 "reached (ConnectError: ")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -36,15 +36,15 @@ def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path, capsys):
         assert message.startswith("train.py: ") and reason in message and "\n" not in message, message
     # argparse's refusals: one line (not the usage block) and exit 2; its wording varies with Python
     (tmp_path / "a_file").write_text("")
+    a_file = tmp_path / "a_file"
     for argv, words in [
         (["--sampler", "bogus"], ["--sampler: invalid choice: 'bogus'", "uniform", "prioritized"]),
         (["--aggregation", "bogus"], ["--aggregation: invalid choice: 'bogus'", "dr_grpo", "token_mean", "seq_mean"]),
         (["--return-mode", "bogus"], ["--return-mode: invalid choice: 'bogus'", "sum", "max"]),
         (["--engine", "bogus"], ["--engine: invalid choice: 'bogus'", "hf", "vllm"]),
         (["--steps", "two"], ["--steps: invalid int value: 'two'"]),
-        (["--out", str(tmp_path / "a_file")], [f"--out {tmp_path / 'a_file'}: {tmp_path / 'a_file'} is a file, not a folder"]),
-        (["--out", str(tmp_path / "a_file" / "run")], [f"--out {tmp_path / 'a_file' / 'run'}: {tmp_path / 'a_file'} is a "
-                                                       "file, not a folder"]),
+        (["--out", str(a_file)], [f"--out {a_file}: {a_file} is a file, not a folder"]),
+        (["--out", str(a_file / "run")], [f"--out {a_file / 'run'}: {a_file} is a file, not a folder"]),
     ]:
         capsys.readouterr()
         with pytest.raises(SystemExit) as info:
@@ -72,10 +72,12 @@ def test_every_flag_has_a_one_line_help_with_its_default_and_its_choices(capsys)
 
 def test_every_rollout_setting_has_a_flag_that_reaches_the_rollout():
     given = {"n_trajectories": (["--trajectories", "3"], 3), "n_turns": (["--turns", "5"], 5),
-             "max_new_tokens": (["--max-new-tokens", "77"], 77), "max_prompt_tokens": (["--max-prompt-tokens", "99"], 99),
+             "max_new_tokens": (["--max-new-tokens", "77"], 77),
+             "max_prompt_tokens": (["--max-prompt-tokens", "99"], 99),
              "temperature": (["--temperature", "0.7"], 0.7), "top_p": (["--top-p", "0.9"], 0.9),
              "stop": (["--stop", "</a>", "--stop", "###"], ("</a>", "###")), "gamma": (["--gamma", "0.5"], 0.5),
-             "return_mode": (["--return-mode", "max"], "max"), "correctness_weight": (["--correctness-weight", "0.1"], 0.1),
+             "return_mode": (["--return-mode", "max"], "max"),
+             "correctness_weight": (["--correctness-weight", "0.1"], 0.1),
              "speedup_cap": (["--speedup-cap", "4"], 4.0), "mask_truncated": (["--mask-truncated"], True),
              "expected_thinking_opening": (["--expected-thinking-opening", "Hmm"], "Hmm")}
     # language follows --device (C++ kernels on the CPU, CUDA kernels on a GPU)
