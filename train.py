@@ -8,7 +8,7 @@
         train.py --preset kevin ...                                                   # two nodes
     python train.py --out runs/smoke --resume                # continue from the last checkpoint
 
-One step, each a line of `main`'s loop you can point at:
+One step, each a line of `train`'s loop you can point at:
  1. draw tasks (tasks.draw_tasks: uniform, or Kimi k1.5's prioritised sampling); rank r takes
     tasks[r::world], so a task's whole group (G trajectories x T turns) lives on one rank;
  2. rollout: G x T attempts per task, judged by kernel_eval -> Samples with discounted returns;
@@ -334,6 +334,9 @@ def main(argv=None) -> None:
         raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
     if not 0 < sampling.top_p <= 1:
         raise SystemExit(f"train.py: --top-p {sampling.top_p}: must be in (0, 1]")
+    if sampling.top_p < 1 and rank == 0:
+        print(f"train.py: --top-p {sampling.top_p}: samples come from the nucleus, the loss's log-probs from the "
+              "whole softmax(logits / temperature): the log-prob contract holds at 1 only", file=sys.stderr)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")   # `python train.py` is a world of one
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))

@@ -299,6 +299,12 @@ def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
         f"--out {tmp_path} --resume")
 
 
+def test_top_p_below_1_is_taken_and_said_to_break_the_log_prob_contract(tmp_path, capsys):
+    train.main(["--top-p", "0.9", "--max-minutes", "0.0001", "--out", str(tmp_path)])
+    assert ("train.py: --top-p 0.9: samples come from the nucleus, the loss's log-probs from the whole "
+            "softmax(logits / temperature): the log-prob contract holds at 1 only") in capsys.readouterr().err.splitlines()
+
+
 def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_path, monkeypatch, capsys):
     """vLLM cannot be installed here: a fake `vllm` module records what train.py asks of it."""
     import sys
