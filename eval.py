@@ -750,6 +750,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  "max_new_tokens", "http_workers", "max_batch_rows"):
         if getattr(args, name) < 1:
             raise SystemExit(f"eval.py: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if not 0 < args.top_p <= 1 or args.temperature < 0:
+        raise SystemExit(f"eval.py: --top-p {args.top_p} --temperature {args.temperature}: expected 0 < top-p <= 1 "
+                         "and temperature >= 0 (0: greedy)")
     return args
 
 
@@ -764,6 +767,7 @@ def main(argv=None) -> int:
             shapes = [parse_shape(f"{args.trajectories}x{args.turns}")]
     except ValueError as error:
         raise SystemExit(f"eval.py: {error}")
+    # Everything that can refuse the run does so before --out is written to: first a model that is nowhere.
     model_policy = args.policy not in ("oracle", "oracle-corrupt") and not args.base_url
     local_only = local_model(args.policy) if model_policy and not is_candidate_folder(args.policy) else True
     import kernel_eval
@@ -788,7 +792,6 @@ def main(argv=None) -> int:
         print(summary_markdown(summary, title))
         return 0
 
-    # Everything that can refuse the run does so before --out is written to.
     run_file = os.path.join(args.out, "run.json")
     wanted = protocol(args, language, task_list)
     if args.resume and os.path.exists(run_file):

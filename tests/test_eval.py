@@ -103,6 +103,8 @@ def test_eval_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
             (["--device", "cpu", "--levels", "one"], 1,
              "eval.py: --levels 'one': expected comma-separated level numbers, e.g. 1,2"),
             (["--device", "cpu", "--turns", "0"], 1, "eval.py: --turns 0: must be at least 1"),
+            (["--device", "cpu", "--top-p", "0"], 1,
+             "eval.py: --top-p 0.0 --temperature 0.9: expected 0 < top-p <= 1 and temperature >= 0 (0: greedy)"),
             (["--device", "cpu", "--grid", "0x8"], 1,
              "eval.py: --grid entries are GxT or beam:WxSxR with positive integers, got '0x8'"),
             (["--device", "cpu", "--grid", "16x8,beam:4x4"], 1,
