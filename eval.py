@@ -24,8 +24,9 @@ the speedup means and to fast_p for p > 0; it does count for fast_0, because a k
 ran to completion is faster than 0x whatever its time: fast_0 = best@N correctness, as in
 KernelBench.
 All of them are reported overall, per level, and per turn t as "best so far": over the
-kernels of turns 0..t. Under beam search a trajectory is a lineage: avg@N is over the W
-trajectories of the last round, each with the kernels of its ancestors.
+kernels of turns 1..t. Turns are counted from 1 (turn 1 is the first attempt) in the records,
+tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N
+is over the W trajectories of the last round, each with the kernels of its ancestors.
 
 Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
 is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
@@ -53,6 +54,7 @@ import json
 import math
 import os
 import random
+import shlex
 import sys
 from collections import defaultdict
 from typing import Any, Sequence
@@ -176,7 +178,7 @@ def _p_key(p: float) -> str:
 
 
 def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> dict:
-    """Overall metrics, per level, and per turn (best so far: turns 0..t). A task whose reference
+    """Overall metrics, per level, and per turn (best so far: turns 1..t). A task whose reference
     failed in the harness (status reference_error) is the task's fault: all of its records are
     left out of the metrics, not counted against the model, and the task is named under
     "reference_error_tasks"."""
@@ -242,9 +244,10 @@ class RecordWriter:
         return digest
 
     def record(self, s: rollout.Sample, **extra) -> dict:
+        """The record of one kernel; its turn counted from 1, as every table and plot counts it."""
         return {
             "task_id": s.task_id, "level": self.levels.get(s.task_id), "trajectory": s.trajectory,
-            "turn": s.turn, **extra, "status": s.status, "correct": bool(s.correct),
+            "turn": s.turn + 1, **extra, "status": s.status, "correct": bool(s.correct),
             "speedup": s.speedup, "score": s.score, "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms,
             "timing_ok": s.timing_ok, "message": s.message, "code_hash": self.code_hash(s.code),
             "summary": s.summary, "feedback": s.feedback, "truncated": s.truncated,
@@ -303,9 +306,10 @@ class TurnSeededEngine:
         return self.engine.generate(prompt_token_ids, **kwargs)
 
 
-def build_engine(args, task_list, language: str):
+def build_engine(args, task_list, language: str, local_only: bool = True):
     """--policy: oracle / oracle-corrupt, an OpenAI-compatible endpoint (--base-url), or an HF
-    model (hub id or local path with config.json)."""
+    model (hub id or local path with config.json; `local_only`: local_model's answer). A model that
+    cannot be loaded is one line."""
     if args.policy in ("oracle", "oracle-corrupt"):
         rate = 1.0 if args.policy == "oracle-corrupt" else args.corrupt_rate
         return engines.OracleEngine(task_list, language=language, corrupt_rate=rate, seed=args.seed)
@@ -314,10 +318,46 @@ def build_engine(args, task_list, language: str):
                                     api_key=os.environ.get(args.api_key_env), max_workers=args.http_workers)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(args.policy)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=dtype).to(args.device)
-    return engines.HFEngine(model, tokenizer, max_batch_rows=args.max_batch_rows)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.policy, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(args.policy, dtype=dtype, local_files_only=local_only)
+    except (OSError, ValueError) as error:   # transformers' words for a folder or hub entry that is not a model
+        raise SystemExit(f"eval.py: --policy {args.policy}: cannot load it: {str(error).strip().splitlines()[0]}")
+    return engines.HFEngine(model.to(args.device), tokenizer, max_batch_rows=args.max_batch_rows)
+
+
+def local_model(name: str) -> bool:
+    """Whether the model `name` is to be loaded from local files only (a folder, or the Hugging Face
+    cache when the hub is out of reach); one line when it is nowhere. The hub is asked once, without
+    the client's retries, which would take about 48 s to give up offline."""
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+    if os.path.isdir(name):
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise SystemExit(f"eval.py: --policy {name}: no such folder") from None
+    cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    if constants.HF_HUB_OFFLINE:
+        if not cached:
+            raise SystemExit(f"eval.py: --policy {name}: no such folder, and not in the Hugging Face cache "
+                             "(HF_HUB_OFFLINE is set)")
+        return True
+    try:
+        model_info(name, timeout=10)
+    except RepositoryNotFoundError:
+        raise SystemExit(f"eval.py: --policy {name}: no such folder, and no such model on the Hugging Face hub "
+                         "(a private or gated one needs `hf auth login`)") from None
+    except Exception as error:   # the hub out of reach: its client raises its HTTP library's own error classes
+        if not cached:
+            reason = (str(error).strip().splitlines() or [""])[0]
+            raise SystemExit(f"eval.py: --policy {name}: no such folder, not in the Hugging Face cache, and the hub "
+                             f"cannot be reached ({type(error).__name__}: {reason})") from None
+        return True
+    return False
 
 
 def is_candidate_folder(policy: str) -> bool:
@@ -337,11 +377,11 @@ def run_trajectories(task_list, engine, evaluate_batch, config: rollout.RolloutC
     keys = [(t.task_id, g) for t in task_list for g in range(G)]
     have = defaultdict(set)
     for r in done:
-        have[(r["task_id"], r["trajectory"])].add(r["turn"])
+        have[(r["task_id"], r["trajectory"])].add(r["turn"] - 1)   # the rollout counts turns from 0
     start = 0
     while start < T and all(start in have[k] for k in keys):
         start += 1
-    done = [r for r in done if r["turn"] < start]
+    done = [r for r in done if r["turn"] <= start]
     # Turns that only some trajectories reached are run again: drop their records first.
     atomic_write(writer.path, "".join(json.dumps(r) + "\n" for r in done))
     if writer.progress is not None:
@@ -407,7 +447,7 @@ def run_folder(task_list, folder: str, evaluate_batch, language: str, writer: Re
         for path in sorted(files, key=lambda p: int(os.path.basename(p)[:-3]) if os.path.basename(p)[:-3].isdigit() else -1):
             stem = os.path.basename(path)[:-3]
             if not stem.isdigit():
-                raise ValueError(f"eval: candidate files are named <n>.py, got {path}")
+                raise SystemExit(f"eval.py: candidate files are named <n>.py, got {path}")
             with open(path) as f:
                 code = f.read()
             rows.append((task, int(stem), code, rewards.check_format(code, language)))
@@ -465,7 +505,7 @@ def summary_markdown(summary: dict, title: str) -> str:
         out.append(f"\nLeft out, their reference failed in the harness (the task's fault, not the model's): "
                    f"{', '.join(summary['reference_error_tasks'])}\n")
     out += ["\n## Per level\n", _table(header, [_metric_row(f"level {lv}", m) for lv, m in summary["per_level"].items()])]
-    out += ["\n## Per turn (best so far over turns 0..t)\n",
+    out += ["\n## Per turn (best so far over turns 1..t)\n",
             _table(header, [_metric_row(f"turn {m['turn']}", m) for m in summary["per_turn"]])]
     return "".join(out)
 
@@ -574,7 +614,7 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
 
 
 def load_tasks(args) -> list:
-    return tasks_module.select_tasks(args.tasks, args.levels, "eval", split=args.split, n_heldout=args.n_heldout,
+    return tasks_module.select_tasks(args.tasks, args.levels, "eval.py", split=args.split, n_heldout=args.n_heldout,
                                      split_seed=args.split_seed, task_ids=args.task_ids, limit=args.limit)
 
 
@@ -587,6 +627,17 @@ def protocol(args, language: str, task_list) -> dict:
             "grid": args.grid, "language": language, "device": args.device, "seed": args.seed,
             "max_new_tokens": args.max_new_tokens, "max_prompt_tokens": args.max_prompt_tokens,
             "temperature": args.temperature, "top_p": args.top_p}
+
+
+def size_line(task_list, shapes: list[dict], device: str) -> str:
+    """How many kernels a run is about to judge, said before it starts (Kevin's 16 x 8 protocol over
+    every task is thousands of kernels: hours of C++ builds on a CPU)."""
+    per_task = " + ".join(f"{s['trajectories']} trajectories x {s['turns']} turns" if s["search"] == "trajectories"
+                          else f"beam {s['width']} x {s['steps']} turns x {s['rounds']} rounds" for s in shapes)
+    tasks = f"{len(task_list)} task{'s' * (len(task_list) != 1)}"
+    total = len(task_list) * sum(s["budget"] for s in shapes)
+    return (f"eval.py: {tasks} x {per_task if len(shapes) == 1 else f'({per_task})'} = {total} kernels to judge "
+            f"on {device} (--limit, --trajectories and --turns make it smaller)")
 
 
 def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_dir: str, title: str) -> dict:
@@ -627,52 +678,102 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
     return write_outputs(out_dir, records, title, extra)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--policy", required=True, help="oracle | oracle-corrupt | HF model id or path | model name "
-                    "with --base-url | a folder DIR/<task_id>/<n>.py of candidates")
-    ap.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (.../v1)")
-    ap.add_argument("--model", default=None, help="model name at --base-url (default: --policy)")
-    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the key")
-    ap.add_argument("--http-workers", type=int, default=8)
-    ap.add_argument("--corrupt-rate", type=float, default=0.0, help="oracle: share of answers corrupted")
-    ap.add_argument("--tasks", default="builtin", help="builtin | KernelBench checkout | .jsonl | .parquet")
-    ap.add_argument("--levels", default=None, help="e.g. 1,2")
-    ap.add_argument("--split", choices=("all", "train", "heldout"), default="all")
-    ap.add_argument("--n-heldout", type=int, default=20)
-    ap.add_argument("--split-seed", type=int, default=0)
-    ap.add_argument("--task-ids", default=None, help="only these task ids (comma-separated)")
-    ap.add_argument("--limit", type=int, default=0, help="first N tasks after the split and --task-ids (0: all)")
-    ap.add_argument("--trajectories", type=int, default=16)
-    ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--search", choices=("trajectories", "beam"), default="trajectories")
-    ap.add_argument("--beam-width", type=int, default=16)
-    ap.add_argument("--beam-keep", type=int, default=4)
-    ap.add_argument("--beam-steps", type=int, default=4, help="turns a round")
-    ap.add_argument("--beam-rounds", type=int, default=2)
-    ap.add_argument("--grid", default=None, help="shapes at one kernel budget, e.g. 16x8,32x4,128x1,beam:16x4x2")
-    ap.add_argument("--device", default=None, help="cpu | cuda | cuda:N (harness and model; default: cuda "
-                    "when torch sees one, else cpu)")
-    ap.add_argument("--language", choices=tasks_module.LANGUAGES, default=None, help="default: from --device")
-    ap.add_argument("--max-new-tokens", type=int, default=16384)
-    ap.add_argument("--max-prompt-tokens", type=int, default=8192)
-    ap.add_argument("--temperature", type=float, default=0.9)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--max-batch-rows", type=int, default=64, help="HF engine rows per generate")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl")
-    ap.add_argument("--no-progress", action="store_true")
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda message: ap.exit(2, f"eval.py: {message}\n")   # one line, not the usage block
+    ap.add_argument("--policy", required=True, metavar="POLICY", help="oracle, oracle-corrupt, a Hugging Face model "
+                    "id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates "
+                    "(required)")
+    ap.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible endpoint, .../v1 (default: none)")
+    ap.add_argument("--model", metavar="NAME", help="the model's name at --base-url (default: --policy)")
+    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
+                    help="the environment variable that holds --base-url's key (default: %(default)s)")
+    ap.add_argument("--http-workers", type=int, default=8, metavar="N",
+                    help="requests to --base-url at once (default: %(default)s)")
+    ap.add_argument("--corrupt-rate", type=float, default=0.0, metavar="X",
+                    help="--policy oracle: the share of answers corrupted (default: %(default)s)")
+    ap.add_argument("--tasks", default="builtin", metavar="SOURCE",
+                    help="builtin, a KernelBench checkout, or a .jsonl/.parquet export (default: %(default)s)")
+    ap.add_argument("--levels", metavar="LEVELS", help="comma-separated levels, e.g. 1,2 (default: all)")
+    ap.add_argument("--split", choices=("all", "train", "heldout"), default="all",
+                    help="the part of tasks.split_tasks' train/held-out split (default: %(default)s)")
+    ap.add_argument("--n-heldout", type=int, default=20, metavar="N",
+                    help="tasks in the held-out part (default: %(default)s, Kevin's)")
+    ap.add_argument("--split-seed", type=int, default=0, metavar="N", help="the split's seed (default: %(default)s)")
+    ap.add_argument("--task-ids", metavar="IDS", help="only these task ids, comma-separated (default: all)")
+    ap.add_argument("--limit", type=int, default=0, metavar="N",
+                    help="the first N tasks after --split and --task-ids (default: 0, all)")
+    ap.add_argument("--trajectories", type=int, default=16, metavar="N",
+                    help="trajectories per task (default: %(default)s, Kevin's protocol)")
+    ap.add_argument("--turns", type=int, default=8, metavar="T",
+                    help="refinement turns per trajectory (default: %(default)s, Kevin's protocol)")
+    ap.add_argument("--search", choices=("trajectories", "beam"), default="trajectories",
+                    help="independent trajectories, or Kevin's beam search (default: %(default)s)")
+    ap.add_argument("--beam-width", type=int, default=16, metavar="W",
+                    help="beam search: trajectories a round (default: %(default)s)")
+    ap.add_argument("--beam-keep", type=int, default=4, metavar="K",
+                    help="beam search: the best trajectories kept after a round, each replicated W/K times "
+                         "(default: %(default)s)")
+    ap.add_argument("--beam-steps", type=int, default=4, metavar="S",
+                    help="beam search: turns a round (default: %(default)s)")
+    ap.add_argument("--beam-rounds", type=int, default=2, metavar="R",
+                    help="beam search: rounds (default: %(default)s)")
+    ap.add_argument("--grid", metavar="SHAPES", help="several shapes, each its own run: GxT (trajectories x turns) "
+                    "or beam:WxSxR, e.g. 16x8,32x4,128x1,beam:16x4x2 (default: none)")
+    ap.add_argument("--device", help="cpu, cuda or cuda:N, for the harness and the model (default: cuda when torch "
+                    "sees one, else cpu)")
+    ap.add_argument("--language", choices=tasks_module.LANGUAGES,
+                    help="the kernels' language (default: cpp with --device cpu, cuda on a GPU)")
+    ap.add_argument("--max-new-tokens", type=int, default=16384, metavar="N",
+                    help="tokens per response (default: %(default)s)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=8192, metavar="N",
+                    help="prompt budget; the earliest turns' attempts are dropped first (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.9, metavar="X",
+                    help="sampling temperature (default: %(default)s, Kevin's)")
+    ap.add_argument("--top-p", type=float, default=1.0, metavar="X",
+                    help="nucleus sampling, 1 for none (default: %(default)s)")
+    ap.add_argument("--max-batch-rows", type=int, default=64, metavar="N",
+                    help="rows the Hugging Face engine decodes at once (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, metavar="N", help="the sampling's seed (default: %(default)s)")
+    ap.add_argument("--out", required=True, metavar="DIR",
+                    help="the run's folder: records, summary, tables and plots (required)")
+    ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl (default: off)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
     args = ap.parse_args(argv)
+    blocked = args.out
+    while blocked and not os.path.isdir(blocked):   # --out, or a folder above it, that is a file
+        if os.path.exists(blocked):
+            ap.error(f"--out {args.out}: {blocked} is a file, not a folder")
+        blocked = os.path.dirname(blocked)
     for name in ("trajectories", "turns", "beam_width", "beam_keep", "beam_steps", "beam_rounds",
                  "max_new_tokens", "http_workers", "max_batch_rows"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"eval: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+            raise SystemExit(f"eval.py: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+    if not 0 < args.top_p <= 1 or args.temperature < 0:
+        raise SystemExit(f"eval.py: --top-p {args.top_p} --temperature {args.temperature}: expected 0 < top-p <= 1 "
+                         "and temperature >= 0 (0: greedy)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.grid:
+            shapes = [parse_shape(s) for s in args.grid.split(",")]
+        elif args.search == "beam":
+            shapes = [parse_shape(f"beam:{args.beam_width}x{args.beam_steps}x{args.beam_rounds}")]
+        else:
+            shapes = [parse_shape(f"{args.trajectories}x{args.turns}")]
+    except ValueError as error:
+        raise SystemExit(f"eval.py: {error}")
+    # Everything that can refuse the run does so before --out is written to: first a model that is nowhere.
+    model_policy = args.policy not in ("oracle", "oracle-corrupt") and not args.base_url
+    local_only = local_model(args.policy) if model_policy and not is_candidate_folder(args.policy) else True
     import kernel_eval
-    args.device = kernel_eval.resolve_device(args.device, "eval")
+    args.device = kernel_eval.resolve_device(args.device, "eval.py")
     language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]
     task_list = load_tasks(args)
-    os.makedirs(args.out, exist_ok=True)
     evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device)
     policy_name = os.path.basename(args.policy.rstrip('/'))
     if args.policy == "oracle" and args.corrupt_rate > 0:
@@ -682,10 +783,10 @@ def main(argv=None) -> int:
     if is_candidate_folder(args.policy):
         writer = RecordWriter(args.out, {t.task_id: t.level for t in task_list})
         if os.path.exists(writer.path) and os.path.getsize(writer.path):
-            raise SystemExit(f"eval: {writer.path} exists; pass another --out")
+            raise SystemExit(f"eval.py: {writer.path} exists; pass another --out")
         covered, records = run_folder(task_list, args.policy, evaluate_batch, language, writer)
         if not records:
-            raise SystemExit(f"eval: no candidate files {args.policy}/<task_id>/<n>.py for the selected tasks")
+            raise SystemExit(f"eval.py: no candidate files {args.policy}/<task_id>/<n>.py for the selected tasks")
         summary = write_outputs(args.out, records, title, {"search": "folder",
                                 "tasks_without_candidates": len(task_list) - len(covered)})
         print(summary_markdown(summary, title))
@@ -698,16 +799,16 @@ def main(argv=None) -> int:
             previous = json.load(f)
         differ = sorted(k for k in wanted if previous.get(k) != wanted[k])
         if differ:
-            raise SystemExit(f"eval: --resume with a different protocol than {run_file}: {', '.join(differ)}")
+            raise SystemExit(f"eval.py: --resume with a different protocol than {run_file}: {', '.join(differ)}")
     elif not args.resume and os.path.exists(run_file):
-        raise SystemExit(f"eval: {args.out} already holds a run ({run_file}); pass --resume or another --out")
+        raise SystemExit(f"eval.py: {args.out} already holds a run ({run_file}); pass --resume or another --out")
+    engine = build_engine(args, task_list, language, local_only)
+    print(size_line(task_list, shapes, args.device), file=sys.stderr, flush=True)
+    os.makedirs(args.out, exist_ok=True)
     atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
-
-    engine = build_engine(args, task_list, language)
     config = rollout.RolloutConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                                    temperature=args.temperature, top_p=args.top_p, language=language)
     if args.grid:
-        shapes = [parse_shape(s) for s in args.grid.split(",")]
         rows = []
         for shape in shapes:
             summary = run_one(args, shape, task_list, engine, evaluate_batch, config,
@@ -718,11 +819,7 @@ def main(argv=None) -> int:
         plot_grid(rows, os.path.join(args.out, "scaling.png"), title)
         print(grid_markdown(rows))
         return 0
-    if args.search == "beam":
-        shape = parse_shape(f"beam:{args.beam_width}x{args.beam_steps}x{args.beam_rounds}")
-    else:
-        shape = parse_shape(f"{args.trajectories}x{args.turns}")
-    summary = run_one(args, shape, task_list, engine, evaluate_batch, config, args.out, title)
+    summary = run_one(args, shapes[0], task_list, engine, evaluate_batch, config, args.out, title)
     print(summary_markdown(summary, title))
     return 0
 
@@ -731,7 +828,8 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # kernel_eval stopped its workers; every judged turn is in records.jsonl
-        print("eval: interrupted; the turns judged so far are in --out's records.jsonl (--resume continues)",
-              file=sys.stderr)
+        command = shlex.join(["python", os.path.relpath(__file__)] + [a for a in sys.argv[1:] if a != "--resume"])
+        print(f"eval.py: interrupted; the turns judged so far are in --out's records.jsonl; continue with: "
+              f"{command} --resume", file=sys.stderr)
         sys.stderr.flush()
         os._exit(130)

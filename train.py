@@ -8,7 +8,7 @@
         train.py --preset kevin ...                                                   # two nodes
     python train.py --out runs/smoke --resume                # continue from the last checkpoint
 
-One step, each a line of `main`'s loop you can point at:
+One step, each a line of `train`'s loop you can point at:
  1. draw tasks (tasks.draw_tasks: uniform, or Kimi k1.5's prioritised sampling); rank r takes
     tasks[r::world], so a task's whole group (G trajectories x T turns) lives on one rank;
  2. rollout: G x T attempts per task, judged by kernel_eval -> Samples with discounted returns;
@@ -18,10 +18,11 @@ One step, each a line of `main`'s loop you can point at:
     loss on micro-batches (the same count on every rank), grad-norm clip, AdamW step;
  6. metrics gathered from every rank, written by rank 0; a checkpoint every `save_every` steps.
 
-The log-prob contract: the engine samples from softmax(logits / temperature) (top_p = 1 for
-training), and the old and new log-probs of the ratio are computed here from the same
-logits / temperature. Completion.logprobs are not used: oracle answers have none, and vLLM's
-may come from another kernel; a ratio of two different distributions would not start at 1.
+The log-prob contract: the engine samples from softmax(logits / temperature) (--top-p 1, the
+default), and the old and new log-probs of the ratio are computed here from the same logits /
+temperature: both read the one RolloutConfig built from Config (`rollout_config`). Completion.logprobs
+are not used: oracle answers have none, and vLLM's may come from another kernel; a ratio of two
+different distributions would not start at 1.
 """
 from __future__ import annotations
 
@@ -29,9 +30,13 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import inspect
 import json
 import os
+import pathlib
 import random
+import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -55,52 +60,63 @@ TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 by
 
 @dataclass
 class Config:
-    model: str = "tiny-llama"         # HF id, local path, or a TINY_MODELS name
-    engine: str = "hf"                # "hf" (the policy itself) or "vllm" (colocated, asleep while training)
-    vllm_memory: float = 0.3          # the GPU share vLLM's KV cache may take when awake
-    tasks: str = "builtin"            # "builtin", a KernelBench checkout, or a .jsonl/.parquet export
-    levels: str = "1,2"
-    task_ids: str = "builtin/level1/01_relu,builtin/level2/06_bias_tanh_multiply"  # "" = all
-    heldout: int = 0                  # tasks held out of training by tasks.split_tasks (Kevin: 20)
-    out: str = "runs/smoke"
-    resume: bool = False
-    steps: int = 2
-    seed: int = 0
-    device: str = "auto"              # "cpu" (gloo, C++ kernels), "cuda" (nccl, CUDA kernels); auto: cuda if present
-    tasks_per_step: int = 2           # Kevin: 8
-    trajectories: int = 4             # G (Kevin: 16)
-    turns: int = 2                    # T (Kevin: 4)
-    max_prompt_tokens: int = 8192
-    max_new_tokens: int = 2560        # Kevin: 16384 ... (smoke: room for an oracle answer in bytes)
-    late_max_new_tokens: int = 0      # ... raised to 22528 (0: never)
-    late_from_step: int = 30          # ... at step 30
-    temperature: float = 1.0          # Kevin: 0.9
-    gamma: float = 0.4
-    return_mode: str = "sum"
-    sampler: str = "uniform"          # or "prioritized" (Kimi k1.5: weight 1 - success rate + floor)
-    priority_floor: float = 0.05
-    oracle_share: float = 0.5         # share of answers replaced by built-in solutions (smoke only)
-    time_kernels: bool = True         # off: correctness only, so scores are exact (tests)
+    """Every field is a flag (--max-new-tokens for max_new_tokens); its comment is the flag's --help."""
+    # the policy and the tasks
+    model: str = "tiny-llama"         # Hugging Face id, local model folder, or a built-in tiny model (tiny-llama)
+    engine: str = "hf"                # hf: the policy generates itself; vllm: a colocated vLLM, asleep while training
+    vllm_memory: float = 0.3          # share of GPU memory vLLM's KV cache may take when awake
+    tasks: str = "builtin"            # builtin, a KernelBench checkout, or a .jsonl/.parquet export (tasks.py export)
+    levels: str = "1,2"               # comma-separated KernelBench levels
+    task_ids: str = "builtin/level1/01_relu,builtin/level2/06_bias_tanh_multiply"  # tasks to train on (ids); empty: all
+    heldout: int = 0                  # tasks held out of training by tasks.split_tasks
+    oracle_share: float = 0.5         # share of answers replaced by built-in solutions, so the smoke run sees rewards
+    # the run
+    out: str = "runs/smoke"           # folder of the run: metrics.jsonl, plots/, checkpoints/, export/
+    resume: bool = False              # continue from the last whole checkpoint in --out
+    steps: int = 2                    # training steps (batches of tasks)
+    seed: int = 0                     # seeds the weights of a tiny model, the task draws and the sampling
+    device: str = "auto"              # cpu (gloo, C++ kernels), cuda (nccl, CUDA kernels); auto: cuda if torch sees it
+    max_minutes: float = 0.0          # start no step that would end past this many minutes (0: no limit); still exports
+    save_every: int = 1               # a checkpoint every N steps (and after the last)
+    keep_checkpoints: int = 2         # the newest N checkpoints are kept
+    dist_timeout_minutes: int = 120   # collective timeout: judging kernels between collectives can take long
+    # a step's rollout (rollout.RolloutConfig, built once by rollout_config)
+    tasks_per_step: int = 2           # tasks per batch, over all ranks
+    trajectories: int = 4             # G: trajectories per task
+    turns: int = 2                    # T: refinement turns per trajectory
+    max_prompt_tokens: int = 8192     # prompt budget; the earliest turns' attempts are dropped first
+    max_new_tokens: int = 2560        # tokens per response (the smoke run's: room for an oracle answer in bytes)
+    late_max_new_tokens: int = 0      # tokens per response from --late-from-step on (0: never raised)
+    late_from_step: int = 30          # the step from which --late-max-new-tokens applies
+    temperature: float = 1.0          # sampling temperature, also the one of the loss's log-probs
+    top_p: float = 1.0                # nucleus sampling; below 1, samples from a distribution the loss does not model
+    stop: tuple[str, ...] = ()        # a string that ends a response (repeat the flag for several)
+    expected_thinking_opening: str = "Okay"  # the not-okay ratio counts thinking that does not open with this
+    mask_truncated: bool = False      # train on nothing from responses cut at the token limit (DAPO's overlong filter)
+    correctness_weight: float = 0.3   # score = weight x correct + speedup x correct (Kevin: 0.3)
+    speedup_cap: float | None = None  # clip each speedup in the score at this value (Kevin: no cap)
+    gamma: float = 0.4                # discount of later turns' scores in a turn's return (Kevin: 0.4)
+    return_mode: str = "sum"          # a turn's return: discounted sum or max of the later scores (Kevin: sum)
+    sampler: str = "uniform"          # task draws: uniform, or prioritized (Kimi k1.5: weight 1 - success rate + floor)
+    priority_floor: float = 0.05      # the floor of --sampler prioritized
+    time_kernels: bool = True         # time correct kernels; off: correctness only, so scores are exact (tests)
     reuse_verdicts: bool = False      # judge each distinct (task, code) once per run (needs --no-time-kernels)
-    lr: float = 1e-4                  # Kevin: 2e-6
-    warmup_frac: float = 0.03
-    weight_decay: float = 0.0
-    grad_clip: float = 0.05
-    optimizer_steps: int = 2
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    aggregation: str = "dr_grpo"
-    scale_by_std: bool = True
-    micro_batch_tokens: int = 16384   # padded tokens per micro-batch
+    # the update
+    lr: float = 1e-4                  # AdamW learning rate, constant after warm-up
+    warmup_frac: float = 0.03         # linear warm-up over this share of all optimizer steps (Kevin: 3%)
+    weight_decay: float = 0.0         # AdamW weight decay
+    grad_clip: float = 0.05           # gradient-norm clip (Kevin: 0.05)
+    optimizer_steps: int = 2          # optimizer steps per batch, each on its own share of the samples (Kevin: 2)
+    clip_low: float = 0.2             # the ratio's lower clip, 1 - clip_low (Kevin: 0.2)
+    clip_high: float = 0.28           # the ratio's upper clip, 1 + clip_high (Kevin: 0.28)
+    aggregation: str = "dr_grpo"      # the loss's normaliser over tokens (grpo.py; Kevin: dr_grpo)
+    scale_by_std: bool = True         # divide advantages by their task's standard deviation
+    micro_batch_tokens: int = 16384   # padded tokens per forward/backward micro-batch
     generation_batch_rows: int = 64   # rows the HF engine decodes at once
     compile_decode: bool = False      # torch.compile the HF engine's decode step, sampling and prefill
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute activations in the backward: less memory, more time
     compile: bool = False             # torch.compile each decoder layer's training forward
-    cpu_offload: bool = False
-    save_every: int = 1
-    keep_checkpoints: int = 2
-    dist_timeout_minutes: int = 120   # evaluation between collectives can take many minutes
-    max_minutes: float = 0.0          # no step starts that would end past this (0: none); the export is written
+    cpu_offload: bool = False         # FSDP2 keeps parameters and optimizer state in CPU memory
 
 
 PRESETS = {
@@ -115,18 +131,51 @@ CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_m
            "aggregation": grpo.AGGREGATIONS}
 
 
+FLAG_KINDS = {"bool": dict(action=argparse.BooleanOptionalAction), "int": dict(type=int, metavar="N"),
+              "float": dict(type=float, metavar="X"), "float | None": dict(type=float, metavar="X"),
+              "str": dict(metavar="TEXT"), "tuple[str, ...]": dict(action="append", metavar="TEXT")}
+
+
+def field_help(cls) -> dict[str, str]:
+    """Each field's trailing comment in the class's source: what a reader of Config sees, --help shows."""
+    matches = (re.match(r"\s+(\w+): .*?\s# (.*)", line) for line in inspect.getsource(cls).splitlines())
+    return {m[1]: m[2] for m in matches if m}
+
+
+def shown(value) -> str:
+    return "none" if value is None or value == () else repr(value) if value == "" else str(value)
+
+
 def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
+    """Config from the command line: the preset's values, then the flags given."""
+    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.error = lambda message: parser.exit(2, f"train.py: {message}\n")   # one line, not 60 flags of usage
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke", help="a named set of defaults: "
+                        "smoke (tiny model, CPU) or kevin (Kevin-32B's run) (default: smoke)")
+    comments = field_help(Config)
     for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            parser.add_argument(flag, type={"int": int, "float": float}.get(f.type, str), default=None)
+        kevin = f"; --preset kevin: {shown(PRESETS['kevin'][f.name])}" if f.name in PRESETS["kevin"] else ""
+        parser.add_argument("--" + f.name.replace("_", "-"), default=None,
+                            help=f"{comments[f.name]} (default: {shown(f.default)}{kevin})".replace("%", "%%"),
+                            **(dict(choices=CHOICES[f.name]) if f.name in CHOICES else FLAG_KINDS[f.type]))
     args = parser.parse_args(argv)
     values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k != "preset"}}
+    out = pathlib.Path(values.get("out", Config.out))
+    blocked = next((path for path in (out, *out.parents) if path.is_file()), None)   # makedirs would fail there
+    if blocked:
+        parser.error(f"--out {out}: {blocked} is a file, not a folder")
     return Config(**values)
+
+
+def rollout_config(config: Config, language: str) -> rollout.RolloutConfig:
+    """The rollout's settings, built once from Config. Its temperature is the sampler's and the loss's
+    (the log-prob contract above), so the update reads it from here, never from Config."""
+    return rollout.RolloutConfig(
+        n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=config.max_new_tokens,
+        max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature, top_p=config.top_p,
+        stop=tuple(config.stop), language=language, gamma=config.gamma, return_mode=config.return_mode,
+        correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap,
+        expected_thinking_opening=config.expected_thinking_opening, mask_truncated=config.mask_truncated)
 
 
 # ----------------------------------------------------------------------------- setup
@@ -189,9 +238,12 @@ def lr_at(optimizer_step: int, total: int, config: Config) -> float:
 
 # ----------------------------------------------------------------------------- the update
 
-def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config, step: int, max_new: int,
-           pad_id: int, device, world: int) -> dict:
-    """Steps 4 and 5: old log-probs, then `optimizer_steps` clipped-loss updates on this batch."""
+def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config,
+           sampling: rollout.RolloutConfig, step: int, pad_id: int, device, world: int) -> dict:
+    """Steps 4 and 5: old log-probs, then `optimizer_steps` clipped-loss updates on this batch. The
+    log-probs are of logits / the temperature the samples were drawn at (`sampling`, the rollout's
+    settings), and Dr. GRPO's normaliser counts its max_new_tokens."""
+    temperature, max_new = sampling.temperature, sampling.max_new_tokens
     order = list(range(len(samples)))
     random.Random(f"minibatch:{config.seed}:{step}:{dist.get_rank()}").shuffle(order)
     minis = [order[k::config.optimizer_steps] for k in range(config.optimizer_steps)]
@@ -204,7 +256,7 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     # 4. old log-probs, once, before any optimizer step changes the weights
     with torch.no_grad():
         for batch in (b for batches in mini_batches for b in batches):
-            batch["old_logprobs"] = grpo.completion_logprobs(model, batch, config.temperature)[0]
+            batch["old_logprobs"] = grpo.completion_logprobs(model, batch, temperature)[0]
     out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [],
            "advantage_nonzero": float((advantages != 0).float().mean()) if len(samples) else 0.0}
     for k, (batches, rows) in enumerate(zip(mini_batches, minis)):
@@ -214,7 +266,7 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
         dist.all_reduce(total)
         step_loss = 0.0
         for batch in batches:
-            logp, mask = grpo.completion_logprobs(model, batch, config.temperature)
+            logp, mask = grpo.completion_logprobs(model, batch, temperature)
             row_adv = advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"] else torch.zeros(1, device=device)
             # 5b. the clipped loss (grpo.policy_loss), normalised by the global Z
             loss, metrics = grpo.policy_loss(logp, batch["old_logprobs"], row_adv, mask, clip_low=config.clip_low,
@@ -257,9 +309,8 @@ def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
     config = parse_config(argv)
-    if config.temperature <= 0:
-        raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
     if config.reuse_verdicts and config.time_kernels:
         raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
     for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
@@ -267,18 +318,27 @@ def main(argv=None) -> None:
         if getattr(config, name) < 1:
             raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
     tasks_module.parse_levels(config.levels, "train.py")
-    for name, allowed in CHOICES.items():
-        if getattr(config, name) not in allowed:
-            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: expected one of "
-                             f"{', '.join(allowed)}")
     if config.engine == "vllm" and config.model in TINY_MODELS:
         raise SystemExit(f"train.py: --engine vllm loads --model from disk; {config.model} is built in memory")
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if config.resume and finished_steps(config.out) >= config.steps:
+        if rank == 0:
+            print(f"train.py: {config.out} has finished its {config.steps} steps and exported its model; "
+                  "nothing to do (a larger --steps trains on)")
+        return
     import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
     config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
     config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
+    sampling = rollout_config(config, tasks_module.LANGUAGE_FOR_DEVICE[config.device])
+    if sampling.temperature <= 0:
+        raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
+    if not 0 < sampling.top_p <= 1:
+        raise SystemExit(f"train.py: --top-p {sampling.top_p}: must be in (0, 1]")
+    if sampling.top_p < 1 and rank == 0:
+        print(f"train.py: --top-p {sampling.top_p}: samples come from the nucleus, the loss's log-probs from the "
+              "whole softmax(logits / temperature): the log-prob contract holds at 1 only", file=sys.stderr)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")   # `python train.py` is a world of one
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -287,16 +347,16 @@ def main(argv=None) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(minutes=config.dist_timeout_minutes))
     try:
-        train(config, rank, world, local_world, device)
+        train(config, sampling, rank, world, local_world, device, resume_command(argv))
     finally:
         dist.destroy_process_group()
 
 
-def train(config: Config, rank: int, world: int, local_world: int, device: torch.device) -> None:
+def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int, local_world: int,
+          device: torch.device, resume_hint: str) -> None:
     started = time.perf_counter()   # --max-minutes counts the setup too
     import kernel_eval
     from tqdm import tqdm
-    language = tasks_module.LANGUAGE_FOR_DEVICE[config.device]
     train_tasks = load_tasks(config)
     if min(config.tasks_per_step, len(train_tasks)) < world:  # every rank generates: a collective under FSDP2
         raise SystemExit(f"train.py: {min(config.tasks_per_step, len(train_tasks))} tasks per step for {world} ranks; "
@@ -318,11 +378,12 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
                                       compile_decode=config.compile_decode)
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
-                                           language=language, seed=config.seed + rank)
+                                           language=sampling.language, seed=config.seed + rank)
         longest = engine.longest_answer_tokens()
-        if longest > config.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
+        if longest > sampling.max_new_tokens:  # a cut oracle answer is a format error: no real work at all
             raise SystemExit(f"train.py: the longest oracle answer is {longest} tokens; raise --max-new-tokens "
-                             f"above {config.max_new_tokens}")
+                             f"above {sampling.max_new_tokens}")
+    late = dataclasses.replace(sampling, max_new_tokens=config.late_max_new_tokens or sampling.max_new_tokens)
     clock = {}   # seconds per phase of this step
     engine.generate = train_log.timed(engine.generate, clock, "generation")
     evaluate = train_log.timed(functools.partial(
@@ -339,12 +400,14 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         os.makedirs(config.out, exist_ok=True)
         with open(os.path.join(config.out, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(config), f, indent=1)
-        print(f"train.py: {len(train_tasks)} tasks, {world} rank(s) on {device.type}, {language} kernels, model "
-              f"{config.model}" + (f", oracle-mixed engine ({config.oracle_share:.0%} of answers are built-in "
-                                    "solutions)" if config.oracle_share else ""), flush=True)
+        print(f"train.py: {len(train_tasks)} tasks, {world} rank(s) on {device.type}, {sampling.language} kernels, "
+              f"model {config.model}" + (f", oracle-mixed engine ({config.oracle_share:.0%} of answers are built-in "
+                                         "solutions)" if config.oracle_share else ""), flush=True)
 
     completed = start_step
-    for step in tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step, total=config.steps):
+    progress = tqdm(range(start_step, config.steps), disable=rank != 0, desc="steps", initial=start_step,
+                    total=config.steps)
+    for step in progress:
         step_start = time.perf_counter()
         next_step = max(step_seconds[1:] or step_seconds or [0.0])   # the longest, the first left out once possible
         if config.max_minutes and out_of_time(step_start - started + next_step, config.max_minutes, device):
@@ -358,16 +421,12 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         my_tasks = tasks_module.draw_tasks(train_tasks, config.tasks_per_step, seed=config.seed, step=step,
                                             sampler=config.sampler, success=success,
                                             priority_floor=config.priority_floor)[rank::world]
-        max_new = config.late_max_new_tokens if config.late_max_new_tokens and step >= config.late_from_step else config.max_new_tokens
         # 2. rollout: generation and judging, no collective inside
-        rollout_config = rollout.RolloutConfig(
-            n_trajectories=config.trajectories, n_turns=config.turns, max_new_tokens=max_new,
-            max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature,
-            language=language, gamma=config.gamma, return_mode=config.return_mode)
+        step_sampling = late if step >= config.late_from_step else sampling
         if vllm:   # every rank syncs (FSDP2's all-gathers)
             vllm.refresh(model)
         with torch.compiler.set_stance("force_eager"):   # decoding's shapes would recompile each step
-            samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, rollout_config)
+            samples, turn_stats = rollout.rollout(my_tasks, engine, evaluate, step_sampling)
         if vllm:
             vllm.sleep()
         train_start = time.perf_counter()
@@ -375,7 +434,7 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],
                                            scale_by_std=config.scale_by_std)
         # 4-5. old log-probs, then optimizer steps (global Z, clipped loss, grad clip, AdamW)
-        update_out = update(model, optimizer, samples, advantages, config, step, max_new, pad_id, device, world)
+        update_out = update(model, optimizer, samples, advantages, config, step_sampling, step, pad_id, device, world)
         clock["training"] = time.perf_counter() - train_start
         # 6. metrics from every rank, written by rank 0; a checkpoint
         # flops: the old log-probs' forward, then forward + backward (2x) in the update
@@ -396,14 +455,46 @@ def train(config: Config, rank: int, world: int, local_world: int, device: torch
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
             checkpoint.save(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
         completed = step + 1
+    progress.close()
     if completed % config.save_every and completed < config.steps:   # stopped early by --max-minutes
         checkpoint.save(model, optimizer, config.out, completed, {"success": success}, rank, config.keep_checkpoints)
     checkpoint.export(model, tokenizer, config.out, rank)
+    if rank == 0:
+        print(f"train.py: {'done' if completed >= config.steps else 'stopped'} after {completed} of {config.steps} "
+              f"steps; metrics.jsonl, plots/, checkpoints/ and the exported model (export/) are in {config.out}"
+              + ("" if completed >= config.steps else f"; continue with: {resume_hint}"), flush=True)
+
+
+def finished_steps(out: str) -> int:
+    """The steps of out's last whole checkpoint when the model was exported after it (a run that ended), else 0."""
+    found = checkpoint.complete(out)
+    exported = os.path.join(out, "export", "config.json")
+    if not found or not os.path.exists(exported):
+        return 0
+    state = os.path.join(found[-1], "trainer_state.json")
+    if os.path.getmtime(exported) < os.path.getmtime(state):   # trained on after its export, then stopped
+        return 0
+    with open(state) as f:
+        return json.load(f)["step"]
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command that continues this run: the same launch and flags, --out spelled out, and --resume."""
+    args = [a for a in argv if a not in ("--resume", "--no-resume")]
+    if not any(a == "--out" or a.startswith("--out=") for a in args):
+        args += ["--out", parse_config(argv).out]
+    script = os.path.relpath(__file__)
+    world, local_world = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    launch = (f"python {script}" if "TORCHELASTIC_RUN_ID" not in os.environ else
+              f"torchrun --nproc_per_node={local_world} {script}" if world == local_world else
+              f"torchrun <the same launch options> {script}")
+    return f"{launch} {shlex.join(args + ['--resume'])}"
 
 
 if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:   # kernel_eval has stopped its workers; checkpoints are whole or absent
-        print("train.py: interrupted; resume with --resume", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"train.py: interrupted; continue with: {resume_command(sys.argv[1:])}", file=sys.stderr)
         os._exit(130)

@@ -6,7 +6,7 @@ best speedup, status counts, response length, truncation, Kevin's "not okay" rat
 that does not open its thinking as the template expects), the loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
 norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
-`plot_curves` redraws plots/curves.png from metrics.jsonl.
+`plot_curves` redraws plots/curves.png from metrics.jsonl: a grid of panels against the step.
 
 MFU accounting (`forward_flops`): model flops of a forward over a sample of s tokens of which c
 are trained = 2 x P x s (P: decoder-layer parameters) + 2 x d x V x c (the LM head runs on the
@@ -84,25 +84,37 @@ def step_line(record: dict) -> str:
             f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
 
 
-def plot_curves(out: str) -> None:
-    """plots/curves.png from metrics.jsonl, written under a temp name and renamed (never half a PNG)."""
+def curves_figure(rows: list[dict]):
+    """The curves of metrics.jsonl's rows: a grid of panels against the step (integer ticks), the last
+    the correct rate of each turn, counted from 1."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
+    from matplotlib.ticker import MaxNLocator
     keys = ["reward_mean", "correct_rate", "best_speedup", "response_tokens_mean", "seconds_step"]
-    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(4 * (len(keys) + 1), 3.2))
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
     steps = [r["step"] for r in rows]
-    for ax, key in zip(axes, keys):
+    for ax, key in zip(axes.flat, keys):
         ax.plot(steps, [r[key] for r in rows], marker="o")
         ax.set_title(key)
-        ax.set_xlabel("step")
+    per_turn = axes.flat[len(keys)]
     for turn in range(len(rows[-1]["correct_rate_per_turn"])):
-        axes[-1].plot(steps, [r["correct_rate_per_turn"][turn] for r in rows], marker="o", label=f"turn {turn + 1}")
-    axes[-1].set_title("correct rate per turn")
-    axes[-1].legend()
+        per_turn.plot(steps, [r["correct_rate_per_turn"][turn] for r in rows], marker="o", label=f"turn {turn + 1}")
+    per_turn.set_title("correct rate per turn")
+    per_turn.legend()
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(out: str) -> None:
+    """plots/curves.png from metrics.jsonl, written under a temp name and renamed (never half a PNG)."""
+    import matplotlib.pyplot as plt
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        fig = curves_figure([json.loads(line) for line in f])
     os.makedirs(os.path.join(out, "plots"), exist_ok=True)
     fig.savefig(os.path.join(out, "plots", "tmp.png"))
     plt.close(fig)

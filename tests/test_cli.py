@@ -1,6 +1,9 @@
-"""The command lines as a newcomer meets them (issue 18): every bad input is one line on stderr that
-names the problem, a non-zero exit and no traceback; a verdict, whatever it is, exits 0; Ctrl-C
-stops kernel_eval.py and tasks.py check within seconds, exit 130, with no process of theirs left.
+"""The command lines as a newcomer meets them (issues 18 and 37): every bad input is one line on stderr
+that names the problem, a non-zero exit and no traceback; a verdict, whatever it is, exits 0; Ctrl-C
+stops kernel_eval.py and tasks.py check within seconds, exit 130, with no process of theirs left,
+and train.py and eval.py then print the command that continues the run. The rows of issue 37's table
+that need a process of their own are here; the others are in test_train.py, test_eval.py and
+test_train_log.py.
 
 Each case runs the CLI as a subprocess, as a user would. The SIGINT tests interrupt a real build
 (a fresh cache, so there is one) and find leftovers by a marker in the environment, which every
@@ -10,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -141,33 +145,47 @@ def marked(mark: str) -> list:
     return found
 
 
-def interrupt_mid_build(args, tmp_path) -> subprocess.CompletedProcess:
-    """Start the CLI, wait until a compiler of its runs, SIGINT the CLI alone (its workers are in
-    sessions of their own), and require: exit 130 within 10 s, no traceback, nothing left."""
+def interrupt_when(args, tmp_path, ready) -> subprocess.CompletedProcess:
+    """Start the CLI, wait until ready(mark, stdout lines so far), SIGINT the CLI alone (its workers are
+    in sessions of their own), and require: exit 130 within 10 s, no traceback, nothing left."""
     mark = uuid.uuid4().hex
     env = dict(os.environ, KERNEL_EVAL_TEST_MARK=mark, KERNEL_EVAL_CACHE=str(tmp_path / "ke_cache"),
                KERNEL_RL_CACHE=str(tmp_path / "rl_cache"))
     proc = subprocess.Popen([sys.executable] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=tmp_path, start_new_session=True)
+    out, err = [], []   # read as they come, so neither pipe fills up
+    readers = [threading.Thread(target=lambda pipe=pipe, lines=lines: lines.extend(iter(pipe.readline, "")),
+                                daemon=True) for pipe, lines in ((proc.stdout, out), (proc.stderr, err))]
+    for reader in readers:
+        reader.start()
     try:
         deadline = time.monotonic() + 180
-        while not any(name in ("cc1plus", "c++", "g++", "ninja") for _, name in marked(mark)):
-            assert proc.poll() is None and time.monotonic() < deadline, "no build started"
+        while not ready(mark, list(out)):
+            assert proc.poll() is None and time.monotonic() < deadline, ("not ready", "".join(err)[-2000:])
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
-        out, err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
         took = time.monotonic() - t0
+        for reader in readers:
+            reader.join(timeout=5)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    err = "".join(err)
     assert proc.returncode == 130 and took < 10, (proc.returncode, took, err[-2000:])
     assert "Traceback" not in err, err
     deadline = time.monotonic() + 3  # SIGKILLed processes vanish once reaped
     while marked(mark) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert marked(mark) == []
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    return subprocess.CompletedProcess(args, proc.returncode, "".join(out), err)
+
+
+def interrupt_mid_build(args, tmp_path) -> subprocess.CompletedProcess:
+    """SIGINT once a compiler of the CLI's runs (a fresh cache, so there is a build)."""
+    return interrupt_when(args, tmp_path, lambda mark, _: any(name in ("cc1plus", "c++", "g++", "ninja")
+                                                              for _, name in marked(mark)))
 
 
 def test_ctrl_c_stops_kernel_eval_mid_build(tmp_path):
@@ -181,3 +199,52 @@ def test_ctrl_c_stops_tasks_check_mid_build_and_keeps_partial_results(tmp_path):
                                 os.path.join(ROOT, "tasks"), "--json", str(out)], tmp_path)
     assert done.stderr.strip().splitlines()[-1].startswith("tasks.py check: interrupted after 0/"), done.stderr
     assert json.loads(out.read_text()) == []  # readable: nothing was checked yet
+
+
+# ----------------------------------------------------------------------------- issue 37's newcomer table
+
+TRAIN, EVAL = os.path.join(ROOT, "train.py"), os.path.join(ROOT, "eval.py")
+
+
+@pytest.mark.parametrize("script", [TRAIN, EVAL])
+def test_out_that_is_a_file_is_one_line_exit_2(tmp_path, script):
+    (tmp_path / "taken").write_text("")
+    proc = run([script, "--out", "taken", *(["--policy", "oracle"] if script == EVAL else [])], tmp_path)
+    one_line_refusal(proc, f"{os.path.basename(script)}: --out taken: taken is a file, not a folder")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}],
+                         ids=["HF_HUB_OFFLINE", "hub_unreachable"])
+def test_eval_unknown_model_offline_is_one_line_at_once(tmp_path, env):
+    """No hub client's retries (about 48 s), whether or not the user said they are offline."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT")}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, EVAL, "--policy", "nosuchmodel", "--device", "cpu", "--out", "out"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=dict(clean, HF_HOME=str(tmp_path / "hf"), **env))
+    assert time.monotonic() - start < 30
+    expected = ("eval.py: --policy nosuchmodel: no such folder, and not in the Hugging Face cache "
+                "(HF_HUB_OFFLINE is set)" if "HF_HUB_OFFLINE" in env else
+                "eval.py: --policy nosuchmodel: no such folder, not in the Hugging Face cache, and the hub cannot be "
+                "reached (ConnectError: ")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith(expected), proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_of_train_gives_the_command_that_continues_it(tmp_path):
+    args = ["--out", "run", "--steps", "1", "--task-ids", "builtin/level1/01_relu", "--tasks-per-step", "1",
+            "--trajectories", "2", "--turns", "1", "--max-new-tokens", "1100", "--no-time-kernels"]
+    done = interrupt_when([TRAIN, *args], tmp_path, lambda _, lines: any(" tasks, 1 rank(s) on " in x for x in lines))
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"train.py: interrupted; continue with: python {os.path.relpath(TRAIN, tmp_path)} {' '.join(args)} --resume")
+
+
+def test_ctrl_c_of_eval_gives_the_command_that_continues_it(tmp_path):
+    args = ["--policy", "oracle", "--device", "cpu", "--task-ids", "builtin/level1/01_relu", "--trajectories", "1",
+            "--turns", "1", "--no-progress", "--out", "run"]
+    done = interrupt_mid_build([EVAL, *args], tmp_path)
+    assert done.stderr.strip().splitlines()[-1] == (
+        "eval.py: interrupted; the turns judged so far are in --out's records.jsonl; continue with: "
+        f"python {os.path.relpath(EVAL, tmp_path)} {' '.join(args)} --resume")

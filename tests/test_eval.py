@@ -6,6 +6,7 @@ the oracle and the corrupted oracle on two built-in tasks through the real harne
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -19,12 +20,12 @@ def rec(task, traj, turn, correct, speedup, level):
             "speedup": speedup, "level": level}
 
 
-# (task, level): [(trajectory, turn, correct, speedup)]
+# (task, level): [(trajectory, turn, correct, speedup)]; turns count from 1
 TABLE = {
-    ("A", 1): [(0, 0, False, 0.0), (0, 1, True, 2.0), (1, 0, True, 0.5), (1, 1, False, 9.0)],  # 9.0 is wrong: ignored
-    ("B", 1): [(0, 0, False, 0.0), (0, 1, False, 0.0), (1, 0, False, 0.0), (1, 1, False, 0.0)],  # nothing correct
-    ("C", 2): [(0, 0, True, 1.5), (0, 1, False, 0.0), (1, 0, False, 0.0), (1, 1, True, 1.5)],    # tie, exactly 1.5
-    ("D", 2): [(0, 0, True, 0.0), (0, 1, False, 0.0), (1, 0, False, 0.0), (1, 1, False, 0.0)],   # correct, not timed
+    ("A", 1): [(0, 1, False, 0.0), (0, 2, True, 2.0), (1, 1, True, 0.5), (1, 2, False, 9.0)],  # 9.0 is wrong: ignored
+    ("B", 1): [(0, 1, False, 0.0), (0, 2, False, 0.0), (1, 1, False, 0.0), (1, 2, False, 0.0)],  # nothing correct
+    ("C", 2): [(0, 1, True, 1.5), (0, 2, False, 0.0), (1, 1, False, 0.0), (1, 2, True, 1.5)],    # tie, exactly 1.5
+    ("D", 2): [(0, 1, True, 0.0), (0, 2, False, 0.0), (1, 1, False, 0.0), (1, 2, False, 0.0)],   # correct, not timed
 }
 RECORDS = [rec(task, *row, level) for (task, level), rows in TABLE.items() for row in rows]
 
@@ -51,7 +52,7 @@ def test_metrics_against_a_hand_computed_table():
     assert two["fast_p"] == {"0": 1.0, "1": 0.5, "1.5": 0.0, "2": 0.0}
 
     t0, t1 = s["per_turn"]
-    assert t0["turn"] == 0 and t0["correct_kernel"] == pytest.approx(3 / 8)
+    assert t0["turn"] == 1 and t1["turn"] == 2 and t0["correct_kernel"] == pytest.approx(3 / 8)
     assert t0["correct_avg"] == pytest.approx((0.5 + 0 + 0.5 + 0.5) / 4)
     assert t0["correct_best"] == 0.75
     assert t0["speedup_best_mean"] == pytest.approx((0.5 + 0 + 1.5 + 0) / 4)
@@ -84,26 +85,72 @@ def test_a_task_whose_reference_failed_is_left_out_and_named():
     assert evaluation.summarize_records(others)["reference_error_tasks"] == []
 
 
-def test_eval_cli_refuses_bad_arguments_in_one_line(tmp_path):
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for extra, message in ((["--device", "bogus"], "eval: --device bogus: expected cpu, cuda or cuda:N"),
-                           (["--device", "cpu", "--levels", "one"],
-                            "eval: --levels 'one': expected comma-separated level numbers, e.g. 1,2"),
-                           (["--device", "cpu", "--turns", "0"], "eval: --turns 0: must be at least 1")):
-        proc = subprocess.run([sys.executable, os.path.join(root, "eval.py"), "--policy", "oracle",
-                               "--out", str(tmp_path / "out"), *extra], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stderr.strip().splitlines() == [message], proc.stderr
+def refusal(argv, capsys) -> tuple[int, list[str]]:
+    """eval.main's exit code and stderr lines for a refusal, as the interpreter gives them (a SystemExit
+    with a message prints it and exits 1)."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        evaluation.main(argv)
+    err = capsys.readouterr().err.splitlines()
+    return (1, err + [info.value.code]) if isinstance(info.value.code, str) else (info.value.code, err)
+
+
+def test_eval_cli_refuses_bad_arguments_in_one_line(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    out = str(tmp_path / "out")
+    for extra, code, message in (
+            (["--device", "bogus"], 1, "eval.py: --device bogus: expected cpu, cuda or cuda:N"),
+            (["--device", "cpu", "--levels", "one"], 1,
+             "eval.py: --levels 'one': expected comma-separated level numbers, e.g. 1,2"),
+            (["--device", "cpu", "--turns", "0"], 1, "eval.py: --turns 0: must be at least 1"),
+            (["--device", "cpu", "--top-p", "0"], 1,
+             "eval.py: --top-p 0.0 --temperature 0.9: expected 0 < top-p <= 1 and temperature >= 0 (0: greedy)"),
+            (["--device", "cpu", "--grid", "0x8"], 1,
+             "eval.py: --grid entries are GxT or beam:WxSxR with positive integers, got '0x8'"),
+            (["--device", "cpu", "--grid", "16x8,beam:4x4"], 1,
+             "eval.py: --grid entries are GxT or beam:WxSxR with positive integers, got 'beam:4x4'"),
+            (["--device", "cpu", "--out", str(tmp_path / "a_file")], 2,
+             f"eval.py: --out {tmp_path / 'a_file'}: {tmp_path / 'a_file'} is a file, not a folder"),
+            (["--device", "cpu", "--out", str(tmp_path / "a_file" / "run")], 2,
+             f"eval.py: --out {tmp_path / 'a_file' / 'run'}: {tmp_path / 'a_file'} is a file, not a folder"),
+            (["--device", "cpu", "--policy", str(tmp_path / "no" / "such" / "folder")], 1,
+             f"eval.py: --policy {tmp_path / 'no' / 'such' / 'folder'}: no such folder")):
+        assert refusal(["--policy", "oracle", "--out", out, *extra], capsys) == (code, [message])
+        assert not os.path.exists(out)   # refused before anything is written
+
+
+def test_every_flag_has_a_one_line_help_with_its_default_and_its_choices(capsys):
+    with pytest.raises(SystemExit) as info:
+        evaluation.main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    entries = re.split(r"\n  (?=-)", text.split("\noptions:\n", 1)[1])   # one per flag, its wrapped help joined
+    helps = {entry.split()[0]: " ".join(entry.split()) for entry in entries if entry.split()[0] != "-h,"}
+    assert {"--policy", "--grid", "--top-p", "--out", "--no-progress"} <= set(helps)
+    for flag, help_text in helps.items():
+        assert help_text.endswith(")") and ("(default: " in help_text or help_text.endswith("(required)")), help_text
+    assert helps["--trajectories"].endswith("(default: 16, Kevin's protocol)")
+    assert helps["--split"].startswith("--split {all,train,heldout} ")
+
+
+def test_a_run_says_how_many_kernels_it_is_about_to_judge(tmp_path, fake_harness, capsys):
+    """With eval.py's defaults (Kevin's 16 x 8) a CPU run is thousands of kernels: said before it starts."""
+    assert evaluation.main(["--policy", "oracle", "--device", "cpu", "--task-ids", TWO[0], "--no-progress",
+                            "--out", str(tmp_path / "one")]) == 0
+    assert ("eval.py: 1 task x 16 trajectories x 8 turns = 128 kernels to judge on cpu (--limit, --trajectories "
+            "and --turns make it smaller)") in capsys.readouterr().err.splitlines()
+    assert len(read_records(tmp_path / "one")) == 128
+    assert evaluation.main(cli(tmp_path / "grid", "--grid", "4x2,beam:4x1x2")) == 0
+    assert ("eval.py: 2 tasks x (4 trajectories x 2 turns + beam 4 x 1 turns x 2 rounds) = 32 kernels to judge on "
+            "cpu (--limit, --trajectories and --turns make it smaller)") in capsys.readouterr().err.splitlines()
 
 
 def test_beam_records_are_grouped_by_lineage():
     # W = 2, keep 1: round 1's two slots both continue round-0 slot 0, whose kernel was correct.
-    records = [{**rec("T", 0, 0, True, 1.2, 1), "round": 0, "parent": None},
-               {**rec("T", 1, 0, False, 0.0, 1), "round": 0, "parent": None},
-               {**rec("T", 0, 1, False, 0.0, 1), "round": 1, "parent": 0},
-               {**rec("T", 1, 1, False, 0.0, 1), "round": 1, "parent": 0}]
+    records = [{**rec("T", 0, 1, True, 1.2, 1), "round": 0, "parent": None},
+               {**rec("T", 1, 1, False, 0.0, 1), "round": 0, "parent": None},
+               {**rec("T", 0, 2, False, 0.0, 1), "round": 1, "parent": 0},
+               {**rec("T", 1, 2, False, 0.0, 1), "round": 1, "parent": 0}]
     groups = evaluation.trajectory_groups(records)
     assert sorted(groups) == [("T", 0), ("T", 1)]
     assert all(records[0] in kernels and records[1] not in kernels for kernels in groups.values())
@@ -165,7 +212,7 @@ def test_resume_after_a_kill_between_turns_gives_the_records_of_an_uninterrupted
     with pytest.raises(KeyboardInterrupt):
         evaluation.main(cli(tmp_path / "cut", *args))
     monkeypatch.setattr(evaluation.RecordWriter, "write", original)
-    assert {r["turn"] for r in read_records(tmp_path / "cut")} == {0}
+    assert {r["turn"] for r in read_records(tmp_path / "cut")} == {1}   # turns count from 1
     with pytest.raises(SystemExit, match="pass --resume"):
         evaluation.main(cli(tmp_path / "cut", *args))
     with pytest.raises(SystemExit, match="different protocol.*turns"):
@@ -193,6 +240,10 @@ def test_outputs_of_a_run(tmp_path, fake_harness):
     for name in ("summary.md", "speedup_vs_turn.png", "fast_p.png"):
         assert os.path.getsize(tmp_path / name) > 0
     assert "| all | 2 | 8 |" in (tmp_path / "summary.md").read_text()
+    # one turn numbering, from 1, as train.py's: records, summary and table
+    assert {r["turn"] for r in records} == {1, 2} and [m["turn"] for m in summary["per_turn"]] == [1, 2]
+    table = (tmp_path / "summary.md").read_text()
+    assert "over turns 1..t" in table and "| turn 1 |" in table and "| turn 2 |" in table and "| turn 0 |" not in table
 
 
 def test_beam_search_and_grid_through_the_cli(tmp_path, fake_harness):
@@ -200,7 +251,7 @@ def test_beam_search_and_grid_through_the_cli(tmp_path, fake_harness):
                                "--beam-steps", "1", "--beam-rounds", "2")) == 0
     records = read_records(tmp_path / "beam")
     assert len(records) == 2 * 4 * 1 * 2
-    assert {(r["round"], r["turn"]) for r in records} == {(0, 0), (1, 1)}
+    assert {(r["round"], r["turn"]) for r in records} == {(0, 1), (1, 2)}
     assert {r["parent"] for r in records if r["round"] == 0} == {None}
     summary = json.loads((tmp_path / "beam" / "summary.json").read_text())
     assert summary["beam"]["budget"] == 8 and summary["beam"]["kernels"] == 16

@@ -1,7 +1,9 @@
 """Tests for train.py: one-line refusals of bad input, the FSDP2 gradient over 2 gloo ranks against
 a single process, and an exact resume (timing off, so scores are exact)."""
+import dataclasses
 import json
 import os
+import re
 import shutil
 import socket
 
@@ -16,26 +18,116 @@ import train
 transformers = pytest.importorskip("transformers")
 
 
-def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path):
+def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path, capsys):
     for argv, reason in [
         (["--model", str(tmp_path / "nope")], "no such directory"),
         (["--task-ids", "builtin/level9/none"], "--task-ids not in the selected tasks: builtin/level9/none"),
         (["--task-ids", "", "--heldout", "48"], "no tasks selected"),   # every task held out
         (["--temperature", "0"], "--temperature must be > 0"),
+        (["--top-p", "1.5"], "--top-p 1.5: must be in (0, 1]"),
         (["--max-new-tokens", "100"], "longest oracle answer"),
         (["--levels", "one"], "--levels 'one': expected comma-separated level numbers"),
         (["--turns", "0"], "--turns 0: must be at least 1"),
         (["--device", "bogus"], "--device bogus: expected cpu, cuda or cuda:N"),
-        (["--sampler", "bogus"], "--sampler bogus: expected one of uniform, prioritized"),
-        (["--aggregation", "bogus"], "--aggregation bogus: expected one of dr_grpo, token_mean, seq_mean"),
-        (["--return-mode", "bogus"], "--return-mode bogus: expected one of sum, max"),
-        (["--engine", "bogus"], "--engine bogus: expected one of hf, vllm"),
     ]:
         with pytest.raises(SystemExit) as info:
             train.main(argv + ["--out", str(tmp_path / "out")])
         message = str(info.value)
-        assert reason in message and "\n" not in message, message
+        assert message.startswith("train.py: ") and reason in message and "\n" not in message, message
+    # argparse's refusals: one line (not the usage block) and exit 2; its wording varies with Python
+    (tmp_path / "a_file").write_text("")
+    a_file = tmp_path / "a_file"
+    for argv, words in [
+        (["--sampler", "bogus"], ["--sampler: invalid choice: 'bogus'", "uniform", "prioritized"]),
+        (["--aggregation", "bogus"], ["--aggregation: invalid choice: 'bogus'", "dr_grpo", "token_mean", "seq_mean"]),
+        (["--return-mode", "bogus"], ["--return-mode: invalid choice: 'bogus'", "sum", "max"]),
+        (["--engine", "bogus"], ["--engine: invalid choice: 'bogus'", "hf", "vllm"]),
+        (["--steps", "two"], ["--steps: invalid int value: 'two'"]),
+        (["--out", str(a_file)], [f"--out {a_file}: {a_file} is a file, not a folder"]),
+        (["--out", str(a_file / "run")], [f"--out {a_file / 'run'}: {a_file} is a file, not a folder"]),
+    ]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as info:
+            train.main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("train.py: "), err
+        assert all(w in err for w in words), err
 
+
+def test_every_flag_has_a_one_line_help_with_its_default_and_its_choices(capsys):
+    with pytest.raises(SystemExit) as info:
+        train.main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    entries = re.split(r"\n  (?=-)", text.split("\noptions:\n", 1)[1])   # one per flag, its wrapped help joined
+    helps = {entry.split()[0].rstrip(","): " ".join(entry.split()) for entry in entries}
+    flags = ["--preset"] + ["--" + f.name.replace("_", "-") for f in dataclasses.fields(train.Config)]
+    assert sorted(helps) == sorted(flags + ["-h"])
+    for flag in flags:
+        assert "(default: " in helps[flag], helps[flag]
+    assert helps["--max-new-tokens"].endswith("(default: 2560; --preset kevin: 16384)")
+    assert helps["--sampler"].startswith("--sampler {uniform,prioritized} ")
+    assert helps["--speedup-cap"].endswith("(default: none)")
+
+
+def test_every_rollout_setting_has_a_flag_that_reaches_the_rollout():
+    given = {"n_trajectories": (["--trajectories", "3"], 3), "n_turns": (["--turns", "5"], 5),
+             "max_new_tokens": (["--max-new-tokens", "77"], 77),
+             "max_prompt_tokens": (["--max-prompt-tokens", "99"], 99),
+             "temperature": (["--temperature", "0.7"], 0.7), "top_p": (["--top-p", "0.9"], 0.9),
+             "stop": (["--stop", "</a>", "--stop", "###"], ("</a>", "###")), "gamma": (["--gamma", "0.5"], 0.5),
+             "return_mode": (["--return-mode", "max"], "max"),
+             "correctness_weight": (["--correctness-weight", "0.1"], 0.1),
+             "speedup_cap": (["--speedup-cap", "4"], 4.0), "mask_truncated": (["--mask-truncated"], True),
+             "expected_thinking_opening": (["--expected-thinking-opening", "Hmm"], "Hmm")}
+    # language follows --device (C++ kernels on the CPU, CUDA kernels on a GPU)
+    assert set(given) == {f.name for f in dataclasses.fields(rollout.RolloutConfig)} - {"language"}
+    built = train.rollout_config(train.parse_config([a for argv, _ in given.values() for a in argv]), "cpp")
+    assert {name: getattr(built, name) for name in given} == {name: value for name, (_, value) in given.items()}
+    assert built.language == "cpp"
+
+
+def test_the_update_takes_its_temperature_from_the_rollout_settings(tmp_path):
+    """The log-prob contract: the loss's log-probs use the temperature the samples were drawn at, which
+    is the RolloutConfig's; Config.temperature only builds it. Seen in the gradient norm."""
+    import copy
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model, _ = train.load_policy(train.Config())
+        samples, advantages = _problem()
+
+        def grad_norms(config_temperature, sampling_temperature):
+            config = train.Config(temperature=config_temperature)
+            sampling = rollout.RolloutConfig(temperature=sampling_temperature, max_new_tokens=8)
+            copied = copy.deepcopy(model)
+            optimizer = torch.optim.AdamW(copied.parameters(), lr=1e-3)
+            return train.update(copied, optimizer, samples, advantages, config, sampling, 0, 0,
+                                torch.device("cpu"), 1)["grad_norm"]
+        assert grad_norms(1.0, 0.5) == grad_norms(3.0, 0.5)   # Config's temperature is not read
+        assert grad_norms(1.0, 0.5) != grad_norms(0.5, 1.0)   # the rollout's is
+    finally:
+        dist.destroy_process_group()
+
+
+def test_resume_of_a_finished_run_has_nothing_to_do_and_keeps_its_export(tmp_path, capsys):
+    """A run that ended: its last checkpoint (step 2 of --steps 2), then its export."""
+    last = tmp_path / "checkpoints" / "step_000002"
+    last.mkdir(parents=True)
+    (last / "trainer_state.json").write_text(json.dumps({"step": 2, "success": {}}))
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "config.json").write_text("{}")
+    before = os.stat(tmp_path / "export" / "config.json").st_mtime_ns
+    train.main(["--out", str(tmp_path), "--resume"])
+    assert capsys.readouterr().out.splitlines() == [
+        f"train.py: {tmp_path} has finished its 2 steps and exported its model; nothing to do (a larger --steps "
+        "trains on)"]
+    assert os.stat(tmp_path / "export" / "config.json").st_mtime_ns == before and not (tmp_path / "export.tmp").exists()
+    assert train.finished_steps(str(tmp_path)) == 2
+    # trained on after that export (step 3 checkpointed, then stopped): not finished, the export is old
+    os.utime(tmp_path / "export" / "config.json", ns=(before - 10**9, before - 10**9))
+    assert train.finished_steps(str(tmp_path)) == 0
 
 
 def test_ranks_of_a_node_get_disjoint_cpu_shares():
@@ -155,12 +247,15 @@ def test_fsdp2_gradient_on_two_nccl_ranks_equals_one_rank_in_bf16(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path):
+def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path, capsys):
     common = ["--task-ids", "builtin/level1/01_relu", "--tasks-per-step", "1", "--trajectories", "2",
               "--turns", "1", "--max-new-tokens", "1100", "--no-time-kernels", "--steps", "3",
               "--keep-checkpoints", "3"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     train.main(common + ["--out", str(whole)])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"train.py: done after 3 of 3 steps; metrics.jsonl, plots/, checkpoints/ and the exported model (export/) "
+        f"are in {whole}")
     # The same run killed after step 2's checkpoint: step 3's checkpoint and metrics never written.
     shutil.copytree(whole, cut)
     shutil.rmtree(cut / "checkpoints" / "step_000003")
@@ -178,6 +273,12 @@ def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path):
     a = AutoModelForCausalLM.from_pretrained(whole / "export").state_dict()
     b = AutoModelForCausalLM.from_pretrained(cut / "export").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # the finished run resumed: nothing to do, its export left as it is
+    exported = {p.name: p.stat().st_mtime_ns for p in (whole / "export").iterdir()}
+    train.main(common + ["--out", str(whole), "--resume"])
+    assert capsys.readouterr().out.splitlines()[-1].endswith("has finished its 3 steps and exported its model; "
+                                                             "nothing to do (a larger --steps trains on)")
+    assert {p.name: p.stat().st_mtime_ns for p in (whole / "export").iterdir()} == exported
 
 
 def test_reuse_verdicts_is_refused_when_kernels_are_timed():
@@ -191,6 +292,17 @@ def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
     assert "stopping before step 1: --max-minutes" in captured.out + captured.err
     assert not os.path.exists(tmp_path / "metrics.jsonl")
     assert os.path.exists(tmp_path / "export" / "config.json")
+    # the last line says where the run went and how to continue it
+    assert captured.out.splitlines()[-1] == (
+        f"train.py: stopped after 0 of 2 steps; metrics.jsonl, plots/, checkpoints/ and the exported model (export/) "
+        f"are in {tmp_path}; continue with: python {os.path.relpath(train.__file__)} --max-minutes 0.0001 "
+        f"--out {tmp_path} --resume")
+
+
+def test_top_p_below_1_is_taken_and_said_to_break_the_log_prob_contract(tmp_path, capsys):
+    train.main(["--top-p", "0.9", "--max-minutes", "0.0001", "--out", str(tmp_path)])
+    assert ("train.py: --top-p 0.9: samples come from the nucleus, the loss's log-probs from the whole "
+            "softmax(logits / temperature): the log-prob contract holds at 1 only") in capsys.readouterr().err.splitlines()
 
 
 def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_path, monkeypatch, capsys):

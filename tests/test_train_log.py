@@ -39,6 +39,22 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert (tmp_path / "plots" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_curves_are_a_grid_of_panels_with_whole_steps(tmp_path):
+    """Three steps: a plain axis would tick 1.0, 1.25, 1.5, ...; the panels sit in a grid, not a strip."""
+    import matplotlib.image
+    rows = [{"step": s, "reward_mean": 0.1 * s, "correct_rate": 0.2, "best_speedup": 1.0, "response_tokens_mean": 9.0,
+             "seconds_step": 3.0, "correct_rate_per_turn": [0.1, 0.3]} for s in (1, 2, 3)]
+    fig = train_log.curves_figure(rows)
+    ticks = [t for ax in fig.axes for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert [text.get_text() for text in fig.axes[-1].get_legend().get_texts()] == ["turn 1", "turn 2"]
+    with open(tmp_path / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    train_log.plot_curves(str(tmp_path))
+    height, width, _ = matplotlib.image.imread(tmp_path / "plots" / "curves.png").shape
+    assert width / height < 2.5, (width, height)
+
+
 def test_forward_flops_by_hand():
     config = types.SimpleNamespace(hidden_size=4, num_hidden_layers=2, vocab_size=10)
     sample = types.SimpleNamespace(input_ids=[0] * 5, completion_ids=[0] * 2)
