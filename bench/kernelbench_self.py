@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="JSON lines, one per task; an existing file is resumed")
     p.add_argument("--batch", type=int, default=20, help="tasks per evaluate_batch call")
     p.add_argument("--limit", type=int, default=None, help="judge at most this many new tasks, then stop")
+    p.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                   help="judge only the tasks whose id contains one of these texts")
     p.add_argument("--trials", type=int, default=20, help="timed calls per side (kernel_eval's gpu_trials / cpu_trials)")
     p.add_argument("--no-time", action="store_true", help="correctness only")
     p.add_argument("--cache-root", default=None, help="kernel_eval's cache (default: its own)")
@@ -117,7 +119,8 @@ def main(argv=None) -> int:
     except tasks.TaskError as e:
         raise SystemExit(f"kernelbench_self.py: {e}") from None
     device = kernel_eval.resolve_device(a.device, "kernelbench_self.py")
-    todo = [t for t in task_list if t.task_id not in done][: a.limit]
+    todo = [t for t in task_list if t.task_id not in done
+            and (a.only is None or any(text in t.task_id for text in a.only))][: a.limit]
     print(f"{len(task_list)} tasks, {len(done)} already judged in {a.out}, judging {len(todo)}", file=sys.stderr)
     cfg = {"op_check": False, "time_candidate": not a.no_time,
            ("cpu_trials" if device == "cpu" else "gpu_trials"): a.trials}
