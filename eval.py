@@ -61,6 +61,7 @@ from typing import Any, Sequence
 
 import beam_search
 import engines
+import kernel_gate
 import rewards
 import rollout
 import summarize
@@ -450,27 +451,22 @@ def run_folder(task_list, folder: str, evaluate_batch, language: str, writer: Re
                 raise SystemExit(f"eval.py: candidate files are named <n>.py, got {path}")
             with open(path) as f:
                 code = f.read()
-            rows.append((task, int(stem), code, rewards.check_format(code, language)))
+            rows.append((task, int(stem), code, kernel_gate.check_format(code, language)))
     gated = [i for i, row in enumerate(rows) if row[3] is None]
     verdicts = evaluate_batch([(rows[i][0].reference_src, rows[i][2]) for i in gated]) if gated else []
-    by_row = dict(zip(gated, verdicts))
+    by_row = {i: rollout.verdict_record(v) for i, v in zip(gated, verdicts)}
     records = []
     for i, (task, n, code, reason) in enumerate(rows):
-        verdict = by_row.get(i)
-
-        def get(name, default):
-            if verdict is None:
-                return default
-            return verdict.get(name, default) if isinstance(verdict, dict) else getattr(verdict, name, default)
+        verdict = by_row.get(i, {})   # none: the gate refused it (reason)
         sample = rollout.Sample(
             task_id=task.task_id, trajectory=n, turn=0, prompt_ids=[], completion_ids=[], loss_mask=[],
             logprobs=None, text="", truncated=False,
-            status=get("status", "format_error"), score=rewards.kernel_score(verdict) if verdict is not None else 0.0,
-            discounted_return=0.0, speedup=float(get("speedup", 0.0) or 0.0), code=code,
-            feedback=summarize.feedback(verdict if verdict is not None else reason),
-            correct=bool(get("correct", False)), ref_ms=float(get("ref_ms", 0.0) or 0.0),
-            candidate_ms=float(get("candidate_ms", 0.0) or 0.0), timing_ok=bool(get("timing_ok", False)),
-            message=str(get("message", reason or "")))
+            status=verdict.get("status", "format_error"), score=rewards.kernel_score(verdict) if verdict else 0.0,
+            discounted_return=0.0, speedup=float(verdict.get("speedup", 0.0) or 0.0), code=code,
+            feedback=summarize.feedback(verdict or reason),
+            correct=bool(verdict.get("correct", False)), ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
+            candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
+            timing_ok=bool(verdict.get("timing_ok", False)), message=str(verdict.get("message", reason or "")))
         records.append(writer.record(sample))
     writer.write(records)
     covered = {task.task_id for task, *_ in rows}
