@@ -50,6 +50,7 @@ import dataclasses
 import functools
 import glob
 import hashlib
+import io
 import json
 import math
 import os
@@ -60,6 +61,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import beam_search
+import checkpoint
 import engines
 import kernel_gate
 import rewards
@@ -199,15 +201,6 @@ def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> 
 # Files
 
 
-def atomic_write(path: str, data: str | bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def load_records(path: str) -> list[dict]:
     """The records of a run; a last line cut by a crash is dropped."""
     records = []
@@ -241,7 +234,7 @@ class RecordWriter:
         digest = hashlib.sha256(code.encode()).hexdigest()
         path = os.path.join(self.out_dir, "code", f"{digest}.py")
         if not os.path.exists(path):
-            atomic_write(path, code)
+            checkpoint.atomic_write(path, code)
         return digest
 
     def record(self, s: rollout.Sample, **extra) -> dict:
@@ -255,10 +248,7 @@ class RecordWriter:
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids)}
 
     def write(self, records: list[dict]) -> None:
-        with open(self.path, "a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
+        checkpoint.append_synced(self.path, "".join(json.dumps(r) + "\n" for r in records))
         if self.progress is not None:
             self.progress.update(len(records))
 
@@ -384,7 +374,7 @@ def run_trajectories(task_list, engine, evaluate_batch, config: rollout.RolloutC
         start += 1
     done = [r for r in done if r["turn"] <= start]
     # Turns that only some trajectories reached are run again: drop their records first.
-    atomic_write(writer.path, "".join(json.dumps(r) + "\n" for r in done))
+    checkpoint.atomic_write(writer.path, "".join(json.dumps(r) + "\n" for r in done))
     if writer.progress is not None:
         writer.progress.update(len(done))
     if start == T:
@@ -514,9 +504,9 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
+    checkpoint.atomic_write(path, png.getvalue())
 
 
 def plot_turns(summary: dict, path: str, title: str) -> None:
@@ -557,8 +547,8 @@ def plot_fast_p(records: Sequence[dict], summary: dict, path: str, title: str) -
 
 def write_outputs(out_dir: str, records: list[dict], title: str, extra: dict | None = None) -> dict:
     summary = {**summarize_records(records), **(extra or {})}
-    atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
-    atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary, title))
+    checkpoint.atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    checkpoint.atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary, title))
     plot_turns(summary, os.path.join(out_dir, "speedup_vs_turn.png"), title)
     plot_fast_p(records, summary, os.path.join(out_dir, "fast_p.png"), title)
     return summary
@@ -656,7 +646,7 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
                     return json.load(f)
             # An unfinished beam search starts again: its later rounds depend on every
             # ranking before them, which the records alone do not pin down.
-            atomic_write(writer.path, "")
+            checkpoint.atomic_write(writer.path, "")
             beam = beam_search.BeamConfig(width=shape["width"], keep=args.beam_keep,
                                           steps_per_round=shape["steps"], rounds=shape["rounds"])
             records, result = run_beam(task_list, engine, evaluate_batch, config, beam, writer, seed)
@@ -801,7 +791,7 @@ def main(argv=None) -> int:
     engine = build_engine(args, task_list, language, local_only)
     print(size_line(task_list, shapes, args.device), file=sys.stderr, flush=True)
     os.makedirs(args.out, exist_ok=True)
-    atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
+    checkpoint.atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
     config = rollout.RolloutConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                                    temperature=args.temperature, top_p=args.top_p, language=language)
     if args.grid:
@@ -810,8 +800,8 @@ def main(argv=None) -> int:
             summary = run_one(args, shape, task_list, engine, evaluate_batch, config,
                               os.path.join(args.out, shape["name"]), f"{title}, {shape['name']}")
             rows.append({**shape, "summary": summary})
-        atomic_write(os.path.join(args.out, "grid.json"), json.dumps(rows, indent=2) + "\n")
-        atomic_write(os.path.join(args.out, "grid.md"), grid_markdown(rows))
+        checkpoint.atomic_write(os.path.join(args.out, "grid.json"), json.dumps(rows, indent=2) + "\n")
+        checkpoint.atomic_write(os.path.join(args.out, "grid.md"), grid_markdown(rows))
         plot_grid(rows, os.path.join(args.out, "scaling.png"), title)
         print(grid_markdown(rows))
         return 0

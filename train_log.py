@@ -16,9 +16,12 @@ forward + backward per sample, so 4x. Recomputation and padding are not model fl
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
+
+import checkpoint
 
 
 def timed(fn, clock: dict, key: str):
@@ -111,11 +114,11 @@ def curves_figure(rows: list[dict]):
 
 
 def plot_curves(out: str) -> None:
-    """plots/curves.png from metrics.jsonl, written under a temp name and renamed (never half a PNG)."""
+    """plots/curves.png from metrics.jsonl, written atomically (never half a PNG)."""
     import matplotlib.pyplot as plt
     with open(os.path.join(out, "metrics.jsonl")) as f:
         fig = curves_figure([json.loads(line) for line in f])
-    os.makedirs(os.path.join(out, "plots"), exist_ok=True)
-    fig.savefig(os.path.join(out, "plots", "tmp.png"))
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    os.replace(os.path.join(out, "plots", "tmp.png"), os.path.join(out, "plots", "curves.png"))
+    checkpoint.atomic_write(os.path.join(out, "plots", "curves.png"), png.getvalue())

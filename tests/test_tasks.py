@@ -199,7 +199,7 @@ def test_jsonl_round_trip(tmp_path):
     assert [key(t) for t in loaded] == [key(t) for t in original]
     first = json.loads(path.read_text().splitlines()[0])
     assert {"code", "name", "problem_id", "level"} <= set(first)
-    assert not any(p.name.startswith(".tmp_") for p in tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == ["tasks.jsonl"]   # no temp file left beside it
 
 
 def test_load_source_reads_every_kind_and_filters_levels(tmp_path):
