@@ -27,6 +27,8 @@ All of them are reported overall, per level, and per turn t as "best so far": ov
 kernels of turns 1..t. Turns are counted from 1 (turn 1 is the first attempt) in the records,
 tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N
 is over the W trajectories of the last round, each with the kernels of its ancestors.
+A kernel the harness could not judge (status harness_error) has no verdict: it is counted
+apart (harness_errors), never as an incorrect kernel, and its task stays in the metrics.
 
 Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
 is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
@@ -165,10 +167,15 @@ def fast_p(best: dict[str, float], solved: dict[str, bool], p: float) -> float:
 
 
 def metrics(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> dict:
+    """The metrics of the module docstring. A record the harness could not judge (status
+    harness_error) has no verdict: it is not a kernel (left out of n_kernels and the per-kernel
+    correctness) but counted under harness_errors; its task and trajectory stay in every metric,
+    with what their judged kernels reached."""
+    judged = [r for r in records if r.get("status") != rollout.HARNESS_ERROR]
     best = best_speedups(records)
     return {
-        "n_tasks": len(best), "n_kernels": len(records),
-        "correct_kernel": kernel_correct_rate(records),
+        "n_tasks": len(best), "n_kernels": len(judged), "harness_errors": len(records) - len(judged),
+        "correct_kernel": kernel_correct_rate(judged),
         "correct_avg": correct_avg(records), "correct_best": correct_best(records),
         "speedup_best_mean": mean(list(best.values())),
         "speedup_best_geomean": geomean(list(best.values())),
@@ -184,11 +191,14 @@ def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> 
     """Overall metrics, per level, and per turn (best so far: turns 1..t). A task whose reference
     failed in the harness (status reference_error) is the task's fault: all of its records are
     left out of the metrics, not counted against the model, and the task is named under
-    "reference_error_tasks"."""
+    "reference_error_tasks". Kernels the harness could not judge (harness_error) are counted apart
+    (metrics); a task none of whose kernels was judged is named under "harness_error_tasks"."""
     broken = sorted({r["task_id"] for r in records if r.get("status") == rollout.REFERENCE_ERROR})
     records = [r for r in records if r["task_id"] not in broken]
     summary = metrics(records, ps)
     summary["reference_error_tasks"] = broken
+    judged = {r["task_id"] for r in records if r.get("status") != rollout.HARNESS_ERROR}
+    summary["harness_error_tasks"] = sorted({r["task_id"] for r in records} - judged)
     levels = sorted({r.get("level") for r in records}, key=lambda x: (x is None, x))
     summary["per_level"] = {str(level): metrics([r for r in records if r.get("level") == level], ps)
                             for level in levels}
@@ -241,9 +251,10 @@ class RecordWriter:
         """The record of one kernel; its turn counted from 1, as every table and plot counts it."""
         return {
             "task_id": s.task_id, "level": self.levels.get(s.task_id), "trajectory": s.trajectory,
-            "turn": s.turn + 1, **extra, "status": s.status, "correct": bool(s.correct),
-            "speedup": s.speedup, "score": s.score, "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms,
-            "timing_ok": s.timing_ok, "message": s.message, "code_hash": self.code_hash(s.code),
+            "turn": s.turn + 1, **extra, "status": s.status, "correct": bool(s.correct), "speedup": s.speedup,
+            "score": None if s.status == rollout.HARNESS_ERROR else s.score,   # no verdict: no score, not 0
+            "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms, "timing_ok": s.timing_ok, "message": s.message,
+            "code_hash": self.code_hash(s.code),
             "summary": s.summary, "feedback": s.feedback, "truncated": s.truncated,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids)}
 
@@ -490,6 +501,12 @@ def summary_markdown(summary: dict, title: str) -> str:
     if summary.get("reference_error_tasks"):
         out.append(f"\nLeft out, their reference failed in the harness (the task's fault, not the model's): "
                    f"{', '.join(summary['reference_error_tasks'])}\n")
+    if summary.get("harness_errors"):
+        unjudged = summary.get("harness_error_tasks")
+        out.append(f"\nNo verdict for {summary['harness_errors']} kernels (harness_error: the harness could not fit "
+                   "the task's copies in memory): not counted as kernels, nor as failed ones; their tasks count with "
+                   "what their judged kernels reached" + (f" (none for {', '.join(unjudged)})" if unjudged else "")
+                   + ".\n")
     out += ["\n## Per level\n", _table(header, [_metric_row(f"level {lv}", m) for lv, m in summary["per_level"].items()])]
     out += ["\n## Per turn (best so far over turns 1..t)\n",
             _table(header, [_metric_row(f"turn {m['turn']}", m) for m in summary["per_turn"]])]
