@@ -27,9 +27,10 @@ def kernel_score(verdict: Mapping, correctness_weight: float = 0.3,
     """s = correct * (correctness_weight + speedup), speedup optionally capped at speedup_cap.
 
     `verdict` is the harness's verdict as a dict (rollout.verdict_record); only `correct` and
-    `speedup` are read, and a missing one is a KeyError. A speedup that is not a finite number >= 0 (inf from a claimed time of ~0 ms, NaN, None)
-    is a measurement nobody can trust: the kernel is paid for its correctness alone. No
-    verdict of the harness may raise here, or one candidate would stop a training run.
+    `speedup` are read, and a missing one is a KeyError. A speedup that is not a finite number
+    >= 0 (inf from a claimed time of ~0 ms, NaN, None) is a measurement nobody can trust: the
+    kernel is paid for its correctness alone. No verdict of the harness may raise here, or one
+    candidate would stop a training run.
     """
     if not verdict["correct"]:
         return 0.0
