@@ -11,8 +11,14 @@ What a run writes, and why each write cannot be half done:
 - export/: save_pretrained weights (a full state dict gathered from the shards) and the
   tokenizer, which transformers and vLLM load back; written to export.tmp, then renamed.
 
-Every function is called on every rank (DCP's save and load and the full state dict are
-collectives); rank 0 alone touches the shared files.
+Every checkpoint function is called on every rank (DCP's save and load and the full state dict
+are collectives); rank 0 alone touches the shared files.
+
+The project's two file writers live here too, for every file a crash must not leave half
+written, in a run's out directory or elsewhere (eval.py's records and summaries, tasks.py's
+exports, train_log's plot): `atomic_write` (a file whole or not at all) and `append_synced`
+(lines added in one write, on disk when it returns). torch is imported inside the checkpoint
+functions only, so the writers cost a module that needs nothing but the standard library.
 """
 from __future__ import annotations
 
@@ -21,11 +27,48 @@ import os
 import random
 import shutil
 
-import torch
-import torch.distributed as dist
+
+def atomic_write(path: str, data: str | bytes) -> None:
+    """`path` holds `data` whole, or what it held before: the bytes go to a temp file beside it,
+    are fsynced, and the temp file is renamed over `path` (atomic on POSIX); then the folder is
+    fsynced, so the rename itself survives a power cut. Missing folders are made."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:   # a failed write (disk full, interrupted) leaves no temp file behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_folder(folder)
+
+
+def append_synced(path: str, text: str) -> None:
+    """Append `text` (whole lines) in one write and fsync it: a kill leaves at most the last line
+    cut, which the readers of these files drop."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save(model, optimizer, out: str, step: int, state: dict, rank: int, keep: int) -> None:
+    import torch
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     final = os.path.join(out, "checkpoints", f"step_{step:06d}")
@@ -58,6 +101,7 @@ def complete(out: str) -> list[str]:
 
 def load(model, optimizer, path: str, rank: int) -> dict:
     """Restore model, optimizer and this rank's RNG in place; returns trainer_state.json."""
+    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -96,12 +140,9 @@ def write_metrics(out: str, record: dict, keep_through: int | None = None) -> No
     if keep_through is not None and os.path.exists(path):
         with open(path) as f:
             lines = [line for line in f if (step := _step_of(line)) is not None and step <= keep_through]
-        with open(path + ".tmp", "w") as f:
-            f.writelines(lines)
-        os.replace(path + ".tmp", path)
+        atomic_write(path, "".join(lines))
     if record:
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_synced(path, json.dumps(record) + "\n")
 
 
 def _step_of(line: str) -> int | None:
@@ -113,6 +154,7 @@ def _step_of(line: str) -> int | None:
 
 
 def export(model, tokenizer, out: str, rank: int) -> None:
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     head = model.get_output_embeddings()

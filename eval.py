@@ -27,6 +27,8 @@ All of them are reported overall, per level, and per turn t as "best so far": ov
 kernels of turns 1..t. Turns are counted from 1 (turn 1 is the first attempt) in the records,
 tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N
 is over the W trajectories of the last round, each with the kernels of its ancestors.
+A kernel the harness could not judge (status harness_error) has no verdict: it is counted
+apart (harness_errors), never as an incorrect kernel, and its task stays in the metrics.
 
 Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
 is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
@@ -50,6 +52,7 @@ import dataclasses
 import functools
 import glob
 import hashlib
+import io
 import json
 import math
 import os
@@ -60,7 +63,9 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import beam_search
+import checkpoint
 import engines
+import kernel_gate
 import rewards
 import rollout
 import summarize
@@ -162,10 +167,15 @@ def fast_p(best: dict[str, float], solved: dict[str, bool], p: float) -> float:
 
 
 def metrics(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> dict:
+    """The metrics of the module docstring. A record the harness could not judge (status
+    harness_error) has no verdict: it is not a kernel (left out of n_kernels and the per-kernel
+    correctness) but counted under harness_errors; its task and trajectory stay in every metric,
+    with what their judged kernels reached."""
+    judged = [r for r in records if r.get("status") != rollout.HARNESS_ERROR]
     best = best_speedups(records)
     return {
-        "n_tasks": len(best), "n_kernels": len(records),
-        "correct_kernel": kernel_correct_rate(records),
+        "n_tasks": len(best), "n_kernels": len(judged), "harness_errors": len(records) - len(judged),
+        "correct_kernel": kernel_correct_rate(judged),
         "correct_avg": correct_avg(records), "correct_best": correct_best(records),
         "speedup_best_mean": mean(list(best.values())),
         "speedup_best_geomean": geomean(list(best.values())),
@@ -181,11 +191,14 @@ def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> 
     """Overall metrics, per level, and per turn (best so far: turns 1..t). A task whose reference
     failed in the harness (status reference_error) is the task's fault: all of its records are
     left out of the metrics, not counted against the model, and the task is named under
-    "reference_error_tasks"."""
+    "reference_error_tasks". Kernels the harness could not judge (harness_error) are counted apart
+    (metrics); a task none of whose kernels was judged is named under "harness_error_tasks"."""
     broken = sorted({r["task_id"] for r in records if r.get("status") == rollout.REFERENCE_ERROR})
     records = [r for r in records if r["task_id"] not in broken]
     summary = metrics(records, ps)
     summary["reference_error_tasks"] = broken
+    judged = {r["task_id"] for r in records if r.get("status") != rollout.HARNESS_ERROR}
+    summary["harness_error_tasks"] = sorted({r["task_id"] for r in records} - judged)
     levels = sorted({r.get("level") for r in records}, key=lambda x: (x is None, x))
     summary["per_level"] = {str(level): metrics([r for r in records if r.get("level") == level], ps)
                             for level in levels}
@@ -196,15 +209,6 @@ def summarize_records(records: Sequence[dict], ps: Sequence[float] = FAST_P) -> 
 
 # ---------------------------------------------------------------------------------------
 # Files
-
-
-def atomic_write(path: str, data: str | bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_records(path: str) -> list[dict]:
@@ -240,24 +244,22 @@ class RecordWriter:
         digest = hashlib.sha256(code.encode()).hexdigest()
         path = os.path.join(self.out_dir, "code", f"{digest}.py")
         if not os.path.exists(path):
-            atomic_write(path, code)
+            checkpoint.atomic_write(path, code)
         return digest
 
     def record(self, s: rollout.Sample, **extra) -> dict:
         """The record of one kernel; its turn counted from 1, as every table and plot counts it."""
         return {
             "task_id": s.task_id, "level": self.levels.get(s.task_id), "trajectory": s.trajectory,
-            "turn": s.turn + 1, **extra, "status": s.status, "correct": bool(s.correct),
-            "speedup": s.speedup, "score": s.score, "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms,
-            "timing_ok": s.timing_ok, "message": s.message, "code_hash": self.code_hash(s.code),
+            "turn": s.turn + 1, **extra, "status": s.status, "correct": bool(s.correct), "speedup": s.speedup,
+            "score": None if s.status == rollout.HARNESS_ERROR else s.score,   # no verdict: no score, not 0
+            "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms, "timing_ok": s.timing_ok, "message": s.message,
+            "code_hash": self.code_hash(s.code),
             "summary": s.summary, "feedback": s.feedback, "truncated": s.truncated,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids)}
 
     def write(self, records: list[dict]) -> None:
-        with open(self.path, "a") as f:
-            f.write("".join(json.dumps(r) + "\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
+        checkpoint.append_synced(self.path, "".join(json.dumps(r) + "\n" for r in records))
         if self.progress is not None:
             self.progress.update(len(records))
 
@@ -383,7 +385,7 @@ def run_trajectories(task_list, engine, evaluate_batch, config: rollout.RolloutC
         start += 1
     done = [r for r in done if r["turn"] <= start]
     # Turns that only some trajectories reached are run again: drop their records first.
-    atomic_write(writer.path, "".join(json.dumps(r) + "\n" for r in done))
+    checkpoint.atomic_write(writer.path, "".join(json.dumps(r) + "\n" for r in done))
     if writer.progress is not None:
         writer.progress.update(len(done))
     if start == T:
@@ -450,27 +452,22 @@ def run_folder(task_list, folder: str, evaluate_batch, language: str, writer: Re
                 raise SystemExit(f"eval.py: candidate files are named <n>.py, got {path}")
             with open(path) as f:
                 code = f.read()
-            rows.append((task, int(stem), code, rewards.check_format(code, language)))
+            rows.append((task, int(stem), code, kernel_gate.check_format(code, language)))
     gated = [i for i, row in enumerate(rows) if row[3] is None]
     verdicts = evaluate_batch([(rows[i][0].reference_src, rows[i][2]) for i in gated]) if gated else []
-    by_row = dict(zip(gated, verdicts))
+    by_row = {i: rollout.verdict_record(v) for i, v in zip(gated, verdicts)}
     records = []
     for i, (task, n, code, reason) in enumerate(rows):
-        verdict = by_row.get(i)
-
-        def get(name, default):
-            if verdict is None:
-                return default
-            return verdict.get(name, default) if isinstance(verdict, dict) else getattr(verdict, name, default)
+        verdict = by_row.get(i, {})   # none: the gate refused it (reason)
         sample = rollout.Sample(
             task_id=task.task_id, trajectory=n, turn=0, prompt_ids=[], completion_ids=[], loss_mask=[],
             logprobs=None, text="", truncated=False,
-            status=get("status", "format_error"), score=rewards.kernel_score(verdict) if verdict is not None else 0.0,
-            discounted_return=0.0, speedup=float(get("speedup", 0.0) or 0.0), code=code,
-            feedback=summarize.feedback(verdict if verdict is not None else reason),
-            correct=bool(get("correct", False)), ref_ms=float(get("ref_ms", 0.0) or 0.0),
-            candidate_ms=float(get("candidate_ms", 0.0) or 0.0), timing_ok=bool(get("timing_ok", False)),
-            message=str(get("message", reason or "")))
+            status=verdict.get("status", "format_error"), score=rewards.kernel_score(verdict) if verdict else 0.0,
+            discounted_return=0.0, speedup=float(verdict.get("speedup", 0.0) or 0.0), code=code,
+            feedback=summarize.feedback(verdict or reason),
+            correct=bool(verdict.get("correct", False)), ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
+            candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
+            timing_ok=bool(verdict.get("timing_ok", False)), message=str(verdict.get("message", reason or "")))
         records.append(writer.record(sample))
     writer.write(records)
     covered = {task.task_id for task, *_ in rows}
@@ -504,6 +501,12 @@ def summary_markdown(summary: dict, title: str) -> str:
     if summary.get("reference_error_tasks"):
         out.append(f"\nLeft out, their reference failed in the harness (the task's fault, not the model's): "
                    f"{', '.join(summary['reference_error_tasks'])}\n")
+    if summary.get("harness_errors"):
+        unjudged = summary.get("harness_error_tasks")
+        out.append(f"\nNo verdict for {summary['harness_errors']} kernels (harness_error: the harness could not fit "
+                   "the task's copies in memory): not counted as kernels, nor as failed ones; their tasks count with "
+                   "what their judged kernels reached" + (f" (none for {', '.join(unjudged)})" if unjudged else "")
+                   + ".\n")
     out += ["\n## Per level\n", _table(header, [_metric_row(f"level {lv}", m) for lv, m in summary["per_level"].items()])]
     out += ["\n## Per turn (best so far over turns 1..t)\n",
             _table(header, [_metric_row(f"turn {m['turn']}", m) for m in summary["per_turn"]])]
@@ -518,9 +521,9 @@ def _pyplot():
 
 
 def _save(fig, path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
+    checkpoint.atomic_write(path, png.getvalue())
 
 
 def plot_turns(summary: dict, path: str, title: str) -> None:
@@ -561,8 +564,8 @@ def plot_fast_p(records: Sequence[dict], summary: dict, path: str, title: str) -
 
 def write_outputs(out_dir: str, records: list[dict], title: str, extra: dict | None = None) -> dict:
     summary = {**summarize_records(records), **(extra or {})}
-    atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
-    atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary, title))
+    checkpoint.atomic_write(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    checkpoint.atomic_write(os.path.join(out_dir, "summary.md"), summary_markdown(summary, title))
     plot_turns(summary, os.path.join(out_dir, "speedup_vs_turn.png"), title)
     plot_fast_p(records, summary, os.path.join(out_dir, "fast_p.png"), title)
     return summary
@@ -660,7 +663,7 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
                     return json.load(f)
             # An unfinished beam search starts again: its later rounds depend on every
             # ranking before them, which the records alone do not pin down.
-            atomic_write(writer.path, "")
+            checkpoint.atomic_write(writer.path, "")
             beam = beam_search.BeamConfig(width=shape["width"], keep=args.beam_keep,
                                           steps_per_round=shape["steps"], rounds=shape["rounds"])
             records, result = run_beam(task_list, engine, evaluate_batch, config, beam, writer, seed)
@@ -805,7 +808,7 @@ def main(argv=None) -> int:
     engine = build_engine(args, task_list, language, local_only)
     print(size_line(task_list, shapes, args.device), file=sys.stderr, flush=True)
     os.makedirs(args.out, exist_ok=True)
-    atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
+    checkpoint.atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
     config = rollout.RolloutConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                                    temperature=args.temperature, top_p=args.top_p, language=language)
     if args.grid:
@@ -814,8 +817,8 @@ def main(argv=None) -> int:
             summary = run_one(args, shape, task_list, engine, evaluate_batch, config,
                               os.path.join(args.out, shape["name"]), f"{title}, {shape['name']}")
             rows.append({**shape, "summary": summary})
-        atomic_write(os.path.join(args.out, "grid.json"), json.dumps(rows, indent=2) + "\n")
-        atomic_write(os.path.join(args.out, "grid.md"), grid_markdown(rows))
+        checkpoint.atomic_write(os.path.join(args.out, "grid.json"), json.dumps(rows, indent=2) + "\n")
+        checkpoint.atomic_write(os.path.join(args.out, "grid.md"), grid_markdown(rows))
         plot_grid(rows, os.path.join(args.out, "scaling.png"), title)
         print(grid_markdown(rows))
         return 0

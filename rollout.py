@@ -7,7 +7,7 @@ thinking, which would blow up the context), built by `summarize.build_prompt`. E
     prompts   = build_prompt(task, history) for every trajectory, tokenised once
     responses = engine.generate(prompts)                  # one batched call
     code      = summarize.parse_response(text).code       # thinking | code | summary
-    gate      = rewards.check_format(code)                # format + anti-hack rules
+    gate      = kernel_gate.check_format(code)            # format + anti-hack rules
     verdicts  = evaluate_batch([(reference, code), ...])  # one batched harness call
     s_t       = rewards.kernel_score(verdict)             # 0.3*correct + speedup*correct
 
@@ -39,19 +39,21 @@ The engine (engines.py: the HF policy itself, vLLM, an HTTP server, the oracle) 
 with `generate`, `encode_prompt` and `count_tokens` (`engines.Engine`).
 
 The evaluator is injected (`evaluate_batch(pairs) -> results`, kernel_eval's signature with
-its settings bound), so this file imports only summarize, rewards and the engines' records.
+its settings bound), so this file imports only summarize, kernel_gate, rewards and the engines' records.
 For evaluation, a rollout can continue trajectories from given histories at a turn offset
 (beam search's replicas, eval.py's --resume) and reports each turn's samples, with the
 harness's verdict fields, through a callback as soon as the turn is judged.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+import kernel_gate
 import rewards
 import summarize
 from engines import Completion, Engine
@@ -144,10 +146,15 @@ REFERENCE_ERROR = "reference_error"  # kernel_eval's status for a task whose own
 HARNESS_ERROR = "harness_error"  # kernel_eval's status for a candidate it could not judge: no verdict
 
 
-def _field(result, name: str, default=None):
-    if isinstance(result, dict):
-        return result.get(name, default)
-    return getattr(result, name, default)
+def verdict_record(result: Any) -> dict:
+    """The harness's verdict as a plain dict, the one form read outside kernel_eval (the rollout,
+    rewards.kernel_score, summarize.feedback, eval.py's records): kernel_eval.EvalResult (a
+    dataclass) becomes its fields; a dict (a stored record, a stand-in evaluator's) is copied."""
+    if isinstance(result, Mapping):
+        return dict(result)
+    if dataclasses.is_dataclass(result) and not isinstance(result, type):
+        return dataclasses.asdict(result)
+    raise TypeError(f"a verdict is kernel_eval.EvalResult or a dict, got {type(result).__name__}")
 
 
 def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list[tuple[str, str]]], list],
@@ -157,7 +164,7 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
     """Run G trajectories x T turns on every task; return the samples (task-major, then
     trajectory, then turn) and one stats dict per turn. `tasks` need `.task_id` and
     `.reference_src`; `evaluate_batch(pairs)` returns one result per (reference, candidate)
-    pair with status/correct/speedup/message (kernel_eval.EvalResult or its dict).
+    pair with status/correct/speedup/message (kernel_eval.EvalResult or a dict; verdict_record).
 
     `histories` (one list of earlier attempts per trajectory, task-major, G per task) and
     `start_turn` continue trajectories that already ran `start_turn` turns (beam search's
@@ -241,7 +248,7 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
     parsed = [summarize.parse_response(c.text, thinking_open) for c in completions]
     rejections: list[str | None] = []
     pairs, pair_rows = [], []
-    results: list[Any] = [None] * len(completions)
+    results: list[dict | None] = [None] * len(completions)
     for row, (tr, p) in enumerate(zip(trajectories, parsed)):
         if tr.task_index in broken:  # its reference failed in an earlier turn: not judged again
             rejections.append(None)
@@ -249,7 +256,7 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
             continue
         reason = p.error or (None if p.code else "no code in the response")
         if reason is None:
-            reason = rewards.check_format(p.code, config.language)
+            reason = kernel_gate.check_format(p.code, config.language)
         rejections.append(reason)
         if reason is None:
             pairs.append((tasks[tr.task_index].reference_src, p.code))
@@ -259,7 +266,7 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
         if len(verdicts) != len(pairs):
             raise RuntimeError(f"evaluate_batch returned {len(verdicts)} results for {len(pairs)} candidates")
         for row, verdict in zip(pair_rows, verdicts):
-            results[row] = verdict
+            results[row] = verdict_record(verdict)
     turns = []
     for row, completion in enumerate(completions):
         opening = (parsed[row].thinking or completion.text).lstrip()
@@ -270,17 +277,17 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                                summarize.feedback(rejections[row]), expected,
                                message=rejections[row]))
             continue
-        result = results[row]
-        score = 0.0 if _field(result, "status") in (REFERENCE_ERROR, HARNESS_ERROR) else rewards.kernel_score(
-            result, correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap)
-        turns.append(_Turn(prompt_ids[row], completion, _field(result, "status"), score,
-                           float(_field(result, "speedup", 0.0) or 0.0), parsed[row].code,
-                           parsed[row].summary or "", summarize.feedback(result), expected,
-                           correct=bool(_field(result, "correct", False)),
-                           ref_ms=float(_field(result, "ref_ms", 0.0) or 0.0),
-                           candidate_ms=float(_field(result, "candidate_ms", 0.0) or 0.0),
-                           timing_ok=bool(_field(result, "timing_ok", True)),
-                           message=str(_field(result, "message", "") or "")))
+        verdict = results[row]
+        score = 0.0 if verdict.get("status") in (REFERENCE_ERROR, HARNESS_ERROR) else rewards.kernel_score(
+            verdict, correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap)
+        turns.append(_Turn(prompt_ids[row], completion, verdict.get("status"), score,
+                           float(verdict.get("speedup", 0.0) or 0.0), parsed[row].code,
+                           parsed[row].summary or "", summarize.feedback(verdict), expected,
+                           correct=bool(verdict.get("correct", False)),
+                           ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
+                           candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
+                           timing_ok=bool(verdict.get("timing_ok", True)),
+                           message=str(verdict.get("message", "") or "")))
     return turns
 
 

@@ -14,15 +14,15 @@ A response is expected to look like
     ```
     One or two sentences on what was tried.
 
-Standard library only: token counting is a callable handed in by the caller, and an
-evaluation result is read by field name (an EvalResult or its dict).
+Standard library only: token counting is a callable handed in by the caller, and a verdict
+is read as a plain dict (rollout.verdict_record makes one from the harness's EvalResult).
 '''
 from __future__ import annotations
 
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Mapping
 
 FEEDBACK_CHARS = 1200  # error text shown back to the model is trimmed to this budget
 SUMMARY_CHARS = 1000   # a turn's own summary, as later prompts show it
@@ -119,20 +119,17 @@ def _trim(text: str, budget: int = FEEDBACK_CHARS) -> str:
     return f"{text[:head]}\n[... {len(text) - budget} characters cut ...]\n{text[-tail:]}"
 
 
-def _get(result: Any, name: str, default: Any = None) -> Any:
-    if isinstance(result, dict):
-        return result.get(name, default)
-    return getattr(result, name, default)
-
-
-def feedback(result_or_error: Any, budget: int = FEEDBACK_CHARS) -> str:
-    """One feedback message for the model: a parse/format error string, or an EvalResult."""
-    if result_or_error is None:
-        raise ValueError("feedback needs an EvalResult, its dict, or an error string; got None")
-    if isinstance(result_or_error, str):
-        return f"Your response broke a rule: {_trim(result_or_error, budget)}"
-    status = _get(result_or_error, "status")
-    message = _trim(str(_get(result_or_error, "message", "") or ""), budget)
+def feedback(verdict_or_error: Mapping | str, budget: int = FEEDBACK_CHARS) -> str:
+    """One feedback message for the model: a parse/format error string, or the harness's verdict
+    as a dict (rollout.verdict_record)."""
+    if isinstance(verdict_or_error, str):
+        return f"Your response broke a rule: {_trim(verdict_or_error, budget)}"
+    if not isinstance(verdict_or_error, Mapping):
+        raise TypeError("feedback needs a verdict dict (rollout.verdict_record) or an error string; got "
+                        f"{type(verdict_or_error).__name__}")
+    verdict = verdict_or_error
+    status = verdict.get("status")
+    message = _trim(str(verdict.get("message", "") or ""), budget)
     detail = f": {message}" if message else "."
     if status == "format_error":
         return f"Your response broke a rule{detail}"
@@ -148,13 +145,13 @@ def feedback(result_or_error: Any, budget: int = FEEDBACK_CHARS) -> str:
     if status == "harness_error":  # no verdict; rollout does not train on these turns
         return f"The harness could not judge your code (its own capacity), so it has no verdict{detail}"
     if status == "correct":
-        speedup = float(_get(result_or_error, "speedup", 0.0) or 0.0)
+        speedup = float(verdict.get("speedup", 0.0) or 0.0)
         note = f" {message}" if message else ""
         # A correct kernel that was not timed (timing off, or a time the harness could not
         # confirm) has speedup 0: "0.00x" would tell the model its kernel never finished.
-        if not (math.isfinite(speedup) and speedup > 0) or _get(result_or_error, "timing_ok", True) is False:
+        if not (math.isfinite(speedup) and speedup > 0) or verdict.get("timing_ok", True) is False:
             return f"Your code is correct; its speed was not measured.{note}"
-        ref_ms, cand_ms = _get(result_or_error, "ref_ms"), _get(result_or_error, "candidate_ms")
+        ref_ms, cand_ms = verdict.get("ref_ms"), verdict.get("candidate_ms")
         times = (f" ({cand_ms:.3f} ms vs {ref_ms:.3f} ms)"
                  if isinstance(ref_ms, (int, float)) and isinstance(cand_ms, (int, float)) else "")
         return (f"Your code is correct and ran at {speedup:.2f}x the speed of the "
@@ -262,9 +259,9 @@ def get_init_inputs():
     return []
 '''
 
-# What a candidate may call, in forward and in its C++ host code: rewards.describe_calls(), the text
-# of rewards.CALLS (one table, with the reason per row). A copy, since summarize imports no project
-# module; tests/test_summarize.py holds it equal to the table.
+# What a candidate may call, in forward and in its C++ host code: kernel_gate.describe_calls(),
+# the text of kernel_gate.CALLS (one table, with the reason per row). A copy, since summarize
+# imports no project module; tests/test_summarize.py holds it equal to the table.
 CALL_RULES = (
     "In forward (and the helpers it calls), and in the C++ host code around your kernel (spelled "
     "torch::empty, x.transpose(...)), you may call only: allocation (torch.empty, "

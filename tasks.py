@@ -32,14 +32,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import math
 import os
 import random
 import re
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
+
+import checkpoint
 
 LANGUAGES = ("cuda", "cpp")
 LANGUAGE_FOR_DEVICE = {"cuda": "cuda", "cpu": "cpp"}
@@ -229,17 +231,8 @@ def load_jsonl(path: str) -> list[Task]:
     return tasks
 
 
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=os.path.basename(path))
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def export_jsonl(tasks: list[Task], path: str) -> None:
-    _atomic_write(path, "".join(json.dumps(_record(t)) + "\n" for t in tasks))
+    checkpoint.atomic_write(path, "".join(json.dumps(_record(t)) + "\n" for t in tasks))
 
 
 def _pandas():
@@ -265,9 +258,9 @@ def load_parquet(path: str) -> list[Task]:
 
 def export_parquet(tasks: list[Task], path: str) -> None:
     frame = _pandas().DataFrame([{**_record(t), "solutions": json.dumps(t.solutions)} for t in tasks])
-    tmp = f"{path}.tmp"
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    table = io.BytesIO()
+    frame.to_parquet(table, index=False)
+    checkpoint.atomic_write(path, table.getvalue())
 
 
 def load_source(source: str, levels=None) -> list[Task]:
@@ -611,7 +604,7 @@ def _device_name(device: str) -> str:
 
 
 def _write_json(path: str, results: list[CheckResult]) -> None:
-    _atomic_write(path, json.dumps([{**asdict(r), "ok": r.ok} for r in results], indent=1) + "\n")
+    checkpoint.atomic_write(path, json.dumps([{**asdict(r), "ok": r.ok} for r in results], indent=1) + "\n")
 
 
 def _summary(results: list[CheckResult], device: str) -> str:

@@ -397,9 +397,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     start_step, state = checkpoint.start(model, optimizer, config.out, config.resume, rank)
     success = {k: tuple(v) for k, v in state.get("success", {}).items()}   # the sampler's statistics
     if rank == 0:
-        os.makedirs(config.out, exist_ok=True)
-        with open(os.path.join(config.out, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(config), f, indent=1)
+        checkpoint.atomic_write(os.path.join(config.out, "config.json"), json.dumps(dataclasses.asdict(config), indent=1))
         print(f"train.py: {len(train_tasks)} tasks, {world} rank(s) on {device.type}, {sampling.language} kernels, "
               f"model {config.model}" + (f", oracle-mixed engine ({config.oracle_share:.0%} of answers are built-in "
                                          "solutions)" if config.oracle_share else ""), flush=True)

@@ -3,7 +3,8 @@
 Every rank summarises its own samples (`rank_summary`); rank 0 gathers the summaries and turns
 them into one metrics.jsonl line (`step_record`): reward, correct rate (overall and per turn),
 best speedup, status counts, response length, truncation, Kevin's "not okay" ratio (a response
-that does not open its thinking as the template expects), the loss's clip fraction, approx KL
+that does not open its thinking as the template expects), the candidates the harness could not
+judge (harness_errors: no verdict, so no sample and no reward), the loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
 norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
 `plot_curves` redraws plots/curves.png from metrics.jsonl: a grid of panels against the step.
@@ -16,9 +17,12 @@ forward + backward per sample, so 4x. Recomputation and padding are not model fl
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
+
+import checkpoint
 
 
 def timed(fn, clock: dict, key: str):
@@ -74,13 +78,17 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             "train_flops": sum(part["flops"] for part in ranks), "ranks": len(ranks),   # MFU is per GPU
             # tasks whose reference failed in the harness: their samples were dropped, not paid 0
             "reference_error_tasks": sorted({t for turn in turns for t in turn.get("reference_error_tasks", [])}),
+            # candidates the harness could not judge (harness_error): no verdict, so no sample (the rows
+            # above) and no reward, neither 0 nor a dropped task; counted from the rollout's turn stats
+            "harness_errors": sum(turn["status_counts"].get("harness_error", 0) for turn in turns),
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
 
 
 def step_line(record: dict) -> str:
     """The one line per step on stdout."""
+    unjudged = f" harness_error {record['harness_errors']} (no verdict)" if record["harness_errors"] else ""
     return (f"step {record['step']}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
-            f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']} "
+            f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']}{unjudged} "
             f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
 
 
@@ -111,11 +119,11 @@ def curves_figure(rows: list[dict]):
 
 
 def plot_curves(out: str) -> None:
-    """plots/curves.png from metrics.jsonl, written under a temp name and renamed (never half a PNG)."""
+    """plots/curves.png from metrics.jsonl, written atomically (never half a PNG)."""
     import matplotlib.pyplot as plt
     with open(os.path.join(out, "metrics.jsonl")) as f:
         fig = curves_figure([json.loads(line) for line in f])
-    os.makedirs(os.path.join(out, "plots"), exist_ok=True)
-    fig.savefig(os.path.join(out, "plots", "tmp.png"))
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    os.replace(os.path.join(out, "plots", "tmp.png"), os.path.join(out, "plots", "curves.png"))
+    checkpoint.atomic_write(os.path.join(out, "plots", "curves.png"), png.getvalue())

@@ -28,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import checkpoint  # noqa: E402
 import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
 
@@ -51,16 +52,6 @@ def read_records(path: str) -> dict:
                     continue
                 records[record["task_id"]] = record
     return records
-
-
-def append_records(path: str, records: list) -> None:
-    """One line per task, flushed and synced before the next batch starts."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def report(records: list) -> str:
@@ -131,10 +122,11 @@ def main(argv=None) -> int:
         chunk = todo[start: start + a.batch]
         pairs = [(t.reference_src, self_candidate(t.reference_src)) for t in chunk]
         results = kernel_eval.evaluate_batch(pairs, device=device, progress=True, **cfg)
-        append_records(a.out, [{
-            "task_id": t.task_id, "status": r.status, "speedup": r.speedup, "ref_ms": r.ref_ms,
-            "candidate_ms": r.candidate_ms, "alone": r.alone, "message": r.message,
-            "seconds": {k: round(v, 3) for k, v in r.seconds.items()}} for t, r in zip(chunk, results)])
+        records = [{"task_id": t.task_id, "status": r.status, "speedup": r.speedup, "ref_ms": r.ref_ms,
+                    "candidate_ms": r.candidate_ms, "alone": r.alone, "message": r.message,
+                    "seconds": {k: round(v, 3) for k, v in r.seconds.items()}} for t, r in zip(chunk, results)]
+        # one line a task, on disk before the next batch starts
+        checkpoint.append_synced(a.out, "".join(json.dumps(record) + "\n" for record in records))
         print(f"{start + len(chunk)}/{len(todo)} judged, {time.monotonic() - t0:.0f} s", file=sys.stderr)
     print(report(list(read_records(a.out).values())))
     return 0

@@ -1,10 +1,12 @@
 """checkpoint.py: a leftover .tmp is never a checkpoint, old ones are pruned, a save restores
 model, optimizer and RNG exactly, and metrics.jsonl drops the steps a resume redoes (and the
-half-written line a kill can leave)."""
+half-written line a kill can leave); the file writers leave a file whole or as it was."""
 import json
 import os
 import random
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -89,3 +91,31 @@ def test_start_resumes_from_the_last_checkpoint_and_a_fresh_run_refuses_one(tmp_
     step, state = checkpoint.start(model, optimizer, out, resume=True, rank=0)
     assert step == 2 and state["success"] == {"t": [1, 2]}
     assert [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_atomic_write_leaves_the_whole_old_file_or_the_whole_new_one(tmp_path, monkeypatch):
+    path = tmp_path / "new_folder" / "summary.json"
+    checkpoint.atomic_write(str(path), "old\n")
+    checkpoint.atomic_write(str(path), b"\x89PNG\r\n")   # bytes as well as text
+    assert path.read_bytes() == b"\x89PNG\r\n"
+
+    def cut(src, dst):
+        raise OSError("no space left on device")
+    monkeypatch.setattr(os, "replace", cut)
+    with pytest.raises(OSError, match="no space left"):
+        checkpoint.atomic_write(str(path), "half of a new file")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"\x89PNG\r\n" and os.listdir(path.parent) == ["summary.json"]
+
+
+def test_append_synced_adds_lines_and_the_writers_need_no_torch(tmp_path):
+    path = str(tmp_path / "runs" / "records.jsonl")
+    checkpoint.append_synced(path, "a\n")
+    checkpoint.append_synced(path, "b\nc\n")
+    assert open(path).read() == "a\nb\nc\n"
+    # tasks.py writes its exports through this file: importing it must not cost torch
+    code = ("import sys; sys.path.insert(0, %r); import checkpoint, tasks; assert 'torch' not in sys.modules; "
+            "checkpoint.atomic_write(%r, 'x')") % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                   str(tmp_path / "x.txt"))
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (tmp_path / "x.txt").read_text() == "x"

@@ -451,7 +451,7 @@ def test_oracle_answers_the_matching_task_and_corrupts_on_request():
 def test_corrupt_solution_changes_every_builtin_solution_and_still_passes_the_gate():
     import ast
 
-    import rewards
+    import kernel_gate
     import tasks as tasks_module
     for task in tasks_module.load_builtin():
         for language, source in task.solutions.items():
@@ -461,7 +461,7 @@ def test_corrupt_solution_changes_every_builtin_solution_and_still_passes_the_ga
             for before, after in changed:
                 assert ") + 1;" in after and after.replace(") + 1;", ";").replace("(", "") == before.replace("(", ""), (before, after)
             ast.parse(corrupted)
-            assert rewards.check_format(corrupted, language) is None, (task.task_id, language)
+            assert kernel_gate.check_format(corrupted, language) is None, (task.task_id, language)
 
 
 @pytest.mark.slow

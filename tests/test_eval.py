@@ -85,6 +85,28 @@ def test_a_task_whose_reference_failed_is_left_out_and_named():
     assert evaluation.summarize_records(others)["reference_error_tasks"] == []
 
 
+def test_a_kernel_the_harness_could_not_judge_is_counted_apart_never_as_a_failure():
+    # kernel_eval's harness_error is no verdict: such records are not kernels (an incorrect kernel would
+    # lower correct_kernel) but are counted apart; their trajectories and tasks stay, with what their
+    # judged kernels reached, and a task none of whose kernels was judged is named.
+    judged = [dict(r, status="correct" if r["correct"] else "incorrect") for r in RECORDS]
+    unjudged = [dict(rec("A", 2, 1, False, 0.0, 1), status="harness_error"),
+                dict(rec("C", 0, 3, False, 0.0, 2), status="harness_error")]
+    s, plain = evaluation.summarize_records(judged + unjudged), evaluation.summarize_records(judged)
+    assert s["harness_errors"] == 2 and plain["harness_errors"] == 0
+    assert s["n_kernels"] == 16 and s["correct_kernel"] == pytest.approx(5 / 16)
+    assert s["per_level"]["1"]["harness_errors"] == 1 and s["per_turn"][0]["harness_errors"] == 1
+    same = ("n_tasks", "correct_best", "speedup_best_mean", "speedup_best_geomean", "fast_p")
+    assert {k: s[k] for k in same} == {k: plain[k] for k in same} and s["harness_error_tasks"] == []
+    # A's third trajectory exists but was never judged: it counts as a trajectory without a correct kernel
+    assert s["correct_avg"] == pytest.approx((2 / 3 + 0 + 1 + 0.5) / 4)
+    alone = evaluation.summarize_records(judged + [dict(rec("E", 0, 1, False, 0.0, 1), status="harness_error")])
+    assert alone["n_tasks"] == 5 and alone["harness_error_tasks"] == ["E"] and alone["n_kernels"] == 16
+    text = evaluation.summary_markdown(alone, "t")
+    assert "No verdict for 1 kernels (harness_error" in text and "(none for E)" in text
+    assert "No verdict" not in evaluation.summary_markdown(plain, "t")
+
+
 def refusal(argv, capsys) -> tuple[int, list[str]]:
     """eval.main's exit code and stderr lines for a refusal, as the interpreter gives them (a SystemExit
     with a message prints it and exits 1)."""
@@ -293,6 +315,35 @@ def test_candidate_folder_is_judged_as_it_is(tmp_path, fake_harness):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["tasks_without_candidates"] == 1 and summary["n_tasks"] == 1
     assert summary["correct_best"] == 1.0 and summary["correct_kernel"] == pytest.approx(1 / 3)
+
+
+def test_kernels_the_harness_could_not_judge_are_counted_apart_in_a_run_and_a_folder(tmp_path, monkeypatch):
+    """The harness says harness_error (no verdict) for every candidate of one task: the records say so,
+    with no score; the summary counts them apart and keeps the task, named."""
+    import kernel_eval
+    builtin = {t.task_id: t for t in tasks_module.load_builtin()}
+
+    def out_of_memory_on_one_task(pairs, device="cpu", **_):   # EvalResults, as the harness gives them
+        return [kernel_eval.EvalResult(status="harness_error", message="the task's copies do not fit in memory")
+                if reference == builtin[TWO[1]].reference_src else kernel_eval.EvalResult(**verdict)
+                for (reference, _), verdict in zip(pairs, fake_evaluate_batch(pairs))]
+    monkeypatch.setattr(kernel_eval, "evaluate_batch", out_of_memory_on_one_task)
+    assert evaluation.main(cli(tmp_path / "run", "--trajectories", "2", "--turns", "2")) == 0
+    unjudged = [r for r in read_records(tmp_path / "run") if r["task_id"] == TWO[1]]
+    assert len(unjudged) == 4 and all(r["status"] == "harness_error" and r["score"] is None for r in unjudged)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["n_tasks"], summary["n_kernels"], summary["harness_errors"]) == (2, 4, 4)
+    assert summary["harness_error_tasks"] == [TWO[1]] and summary["reference_error_tasks"] == []
+    assert "No verdict for 4 kernels" in (tmp_path / "run" / "summary.md").read_text()
+    for task_id in TWO:   # a folder of candidates: each built-in solution once
+        (tmp_path / "cands" / task_id).mkdir(parents=True)
+        (tmp_path / "cands" / task_id / "0.py").write_text(builtin[task_id].solutions["cpp"])
+    assert evaluation.main(["--policy", str(tmp_path / "cands"), "--tasks", "builtin", "--device", "cpu",
+                            "--task-ids", ",".join(TWO), "--no-progress", "--out", str(tmp_path / "folder")]) == 0
+    assert [(r["status"], r["score"]) for r in read_records(tmp_path / "folder")] == [("correct", 1.3), ("harness_error", None)]
+    summary = json.loads((tmp_path / "folder" / "summary.json").read_text())
+    assert (summary["n_tasks"], summary["n_kernels"], summary["harness_errors"]) == (2, 1, 1)
+    assert summary["correct_kernel"] == 1.0 and summary["correct_best"] == 0.5
 
 
 # ------------------------------------------------------------------- the real harness

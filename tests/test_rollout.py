@@ -41,7 +41,7 @@ def response(thinking: str, code: str | None, summary: str) -> str:
 
 
 def kernel(tag: str) -> str:
-    # Enough to pass rewards.check_format for cpp: a load_inline kernel and ModelNew.
+    # Enough to pass kernel_gate.check_format for cpp: a load_inline kernel and ModelNew.
     return ("import torch\nimport torch.nn as nn\nfrom torch.utils.cpp_extension import load_inline\n"
             f"src = 'torch::Tensor f(torch::Tensor x) {{ return x; }} // {tag}'\n"
             "ext = load_inline(name='e', cpp_sources=src, functions=['f'])\n"
@@ -201,6 +201,29 @@ def test_rollout_leaves_out_a_sample_the_harness_could_not_judge(tokenizer):
     assert by_key[(1, 0)].discounted_return == pytest.approx(0.4 * 2.3)
     assert [len(b) for b in batches] == [2, 2]  # the trajectory went on to turn 1
     assert stats[1]["status_counts"] == {"harness_error": 1, "correct": 1}
+
+
+def test_verdict_record_is_the_one_form_a_verdict_is_read_in(tokenizer):
+    import kernel_eval
+    result = kernel_eval.EvalResult(status="correct", compiled=True, correct=True, speedup=1.5, message="ok")
+    assert rollout.verdict_record(result) == result.to_dict()
+    stored = {"status": "incorrect", "correct": False}
+    assert rollout.verdict_record(stored) == stored and rollout.verdict_record(stored) is not stored
+    with pytest.raises(TypeError, match="kernel_eval.EvalResult or a dict, got tuple"):
+        rollout.verdict_record(("correct", 1.5))
+    # the rollout reads EvalResults and dicts alike: the same samples either way
+    script = {("A", g, t): response("Okay.", kernel(f"A{g}{t}"), f"summary A{g}{t}") for g in range(2) for t in range(2)}
+    verdicts = {"A00": ("correct", 1.0), "A01": ("incorrect", 0.0), "A10": ("compile_error", 0.0),
+                "A11": ("correct", 2.0)}
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    as_dicts, _ = fake_evaluator(verdicts)
+
+    def as_results(pairs):
+        return [kernel_eval.EvalResult(**d) for d in as_dicts(pairs)]
+    runs = [rollout.rollout([TASK_A], ScriptedEngine(tokenizer, script), evaluate, config)[0]
+            for evaluate in (as_dicts, as_results)]
+    assert runs[0] == runs[1] and [s.score for s in runs[0]] == pytest.approx([1.3, 0.0, 0.0, 2.3])
 
 
 def test_rollout_keeps_truncated_completions_and_collates_without_masking_by_pad(tokenizer):

@@ -281,6 +281,31 @@ def test_resume_after_step_2_gives_the_uninterrupted_step_3(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in (whole / "export").iterdir()} == exported
 
 
+def test_candidates_the_harness_could_not_judge_are_counted_apart_in_the_metrics(tmp_path, monkeypatch, capsys):
+    """harness_error is no verdict: not a sample, not a zero reward; metrics.jsonl counts it apart.
+    Every answer is the built-in solution; the stand-in harness judges every other one correct (speedup 1,
+    score 1.3) and cannot judge the rest."""
+    import kernel_eval
+    judged = []
+
+    def second_trajectory_unjudged(pairs, **_):
+        verdicts = []
+        for _ in pairs:
+            judged.append(len(judged) % 2 == 0)
+            verdicts.append(kernel_eval.EvalResult(status="correct", compiled=True, correct=True, speedup=1.0)
+                            if judged[-1] else kernel_eval.EvalResult(status="harness_error", message="out of memory"))
+        return verdicts
+    monkeypatch.setattr(kernel_eval, "evaluate_batch", second_trajectory_unjudged)
+    train.main(["--oracle-share", "1", "--steps", "1", "--turns", "1", "--trajectories", "4", "--task-ids",
+                "builtin/level1/01_relu", "--tasks-per-step", "1", "--max-new-tokens", "1100", "--out", str(tmp_path)])
+    assert judged == [True, False, True, False]
+    (record,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert record["harness_errors"] == 2 and record["status_counts"] == {"correct": 2}
+    assert record["reward_mean"] == pytest.approx(1.3)   # as a zero reward it would be 0.65
+    assert record["correct_rate"] == 1.0 and record["correct_rate_per_turn"] == [1.0]
+    assert "harness_error 2 (no verdict)" in capsys.readouterr().out
+
+
 def test_reuse_verdicts_is_refused_when_kernels_are_timed():
     with pytest.raises(SystemExit, match="--reuse-verdicts needs --no-time-kernels"):
         train.main(["--reuse-verdicts"])

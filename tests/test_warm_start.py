@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import engines  # noqa: E402
-import rewards  # noqa: E402
+import kernel_gate  # noqa: E402
 import summarize  # noqa: E402
 import tasks  # noqa: E402
 import warm_start  # noqa: E402
@@ -44,7 +44,7 @@ def test_every_builtin_task_has_distinct_variants_that_pass_the_gate(language):
         assert codes["correct"] == solution
         assert len(set(codes.values())) == len(codes), task.task_id
         for variant, code in codes.items():
-            assert rewards.check_format(code, language) is None, (task.task_id, variant)
+            assert kernel_gate.check_format(code, language) is None, (task.task_id, variant)
 
 
 def test_turn0_prompt_is_exactly_the_rollouts(tokenizer):
