@@ -227,6 +227,9 @@ def main() -> None:
                    help="candidates for the KernelBench-style baseline (default: --n-candidates)")
     p.add_argument("--kernelbench-timeout", type=float, default=300.0,
                    help="seconds the KernelBench-style baseline gives one candidate's evaluation process")
+    p.add_argument("--tasks", default=None,
+                   help="built-in task ids the candidates come from, comma-separated, e.g. builtin/level1/01_relu "
+                        "(default: all; with fewer tasks than candidates, the rest are variants)")
     p.add_argument("--stability-runs", type=int, default=5)
     p.add_argument("--stability-task", default=None,
                    help="a built-in task id whose solution is re-evaluated (default: the batch's slowest correct kernel)")
@@ -256,7 +259,14 @@ def main() -> None:
     warmup = cfg.cpu_warmup if a.device == "cpu" else cfg.gpu_warmup
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
     builtin = tasks.load_builtin(os.path.join(ROOT, "tasks"))
-    pool = make_candidates(builtin, language, max(a.n_candidates, a.baseline_n, 1))
+    chosen_tasks = builtin
+    if a.tasks:
+        wanted = [t for t in a.tasks.split(",") if t]
+        unknown = sorted(set(wanted) - {t.task_id for t in builtin})
+        if unknown:
+            p.error(f"--tasks: no built-in task {', '.join(unknown)}")
+        chosen_tasks = [t for t in builtin if t.task_id in wanted]
+    pool = make_candidates(chosen_tasks, language, max(a.n_candidates, a.baseline_n, 1))
     candidates = pool[: a.n_candidates]
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
             "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote,
@@ -408,7 +418,7 @@ def main() -> None:
     print(f"| p50 batch start to verdict (s) | {fig['p50_to_verdict_s']:.1f} | {fig['kernelbench_p50_to_verdict_s']:.1f} | |")
     print(f"| p50 evaluation process, spawn to verdict (s) | | {fig['kernelbench_p50_process_s']:.1f} | |")
     print(f"| processes that judged the candidates | | {fig['kernelbench_processes']} | "
-          f"{1 if base_rows else 0} (this one) |")
+          f"{'1 (this one)' if base_rows else ''} |")
     if pairs:
         print(f"| identical kernels' times apart, median / max of {len(pairs)} pairs | "
               f"{percentile(pairs, 0.5):.3f}x / {max(pairs):.3f}x | | |")
