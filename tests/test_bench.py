@@ -75,3 +75,42 @@ def test_kernelbench_self_judges_the_chosen_tasks_correct_and_resumes(tmp_path):
     assert len(out.read_text().splitlines()) == 1
     report = subprocess.run(cmd[:2] + ["--out", str(out), "--report-only"], capture_output=True, text=True)
     assert "| correct | 1 |" in report.stdout, report.stdout
+
+
+def table_row(stdout: str, label: str) -> list:
+    """The cells after `label` of the bench's markdown table row that starts with it."""
+    m = re.search(rf"^\| {re.escape(label)} \|(.*)\|$", stdout, re.M)
+    assert m, f"no row {label!r} in:\n{stdout[-3000:]}"
+    return [cell.strip() for cell in m.group(1).split("|")]
+
+
+@pytest.mark.slow
+def test_harness_bench_judges_each_kernelbench_candidate_in_its_own_process(tmp_path):
+    """Two cold C++ candidates, ReLU and a variant of it (the same extension name, a new source),
+    through both phases of one run: the table gives throughput and p50 latency for kernel_eval and
+    the KernelBench-style baseline side by side, and the baseline judged each candidate in a fresh
+    process of its own (two pids, neither the bench's), which loaded the build its batch compile
+    made: the variant is not rebuilt, as it would be in one process under the same name."""
+    out_json = tmp_path / "bench.json"
+    out = subprocess.run(
+        [sys.executable, "bench/harness.py", "--device", "cpu", "--tasks", "builtin/level1/01_relu",
+         "--n-candidates", "2", "--baseline-n", "0", "--stability-runs", "0",
+         "--cache-root", str(tmp_path / "cache"), "--json-out", str(out_json)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| kernel_eval | KernelBench-style (parallel builds, then a fresh process per candidate) |" in out.stdout
+    for label in ("unique candidates / minute", "p50 latency, one candidate's compile start to verdict (s)"):
+        kernel_eval_cell, kernelbench_cell = table_row(out.stdout, label)[:2]
+        assert float(kernel_eval_cell) > 0 and float(kernelbench_cell) > 0, (label, out.stdout[-3000:])
+    assert table_row(out.stdout, "processes that judged the candidates")[1] == "2"
+
+    fig = json.loads(out_json.read_text())
+    assert fig["n_candidates"] == fig["kernelbench_n"] == 2
+    rows = fig["kernelbench_rows"]
+    assert [r["task"] for r in rows] == ["builtin/level1/01_relu"] * 2, rows
+    assert [r["status"] for r in rows] == ["correct", "correct"], rows
+    pids = [r["pid"] for r in rows]
+    assert len(set(pids)) == 2 and fig["pid"] not in pids, (pids, fig["pid"])
+    for r in rows:  # a load, not a rebuild: a small part of what its build took
+        assert r["compile_s"] < 0.5 * r["build_s"], r
+        assert r["latency_s"] >= r["build_s"] + r["seconds"] - 1.0, r
