@@ -321,9 +321,9 @@ def write_host_header(cache_root: str, torch_version: str) -> str:
 
 def build_host_pch(header: str, build_dir: str, timeout_s: float = 300.0) -> bool:
     """Precompile `header` once per cache with the host flags of a build that used it: torch's own
-    (read from that build's build.ninja, so they match whatever this torch writes) less the extension's
-    name and -I paths, which g++ does not require to match. Returns whether a new one was written; a failed or
-    concurrent attempt leaves none, and the units parse the headers as before."""
+    (read from that build's build.ninja, so they match whatever this torch writes) less the
+    extension's name and -I paths, which g++ does not require to match. Returns whether a new one
+    was written; a failed or concurrent attempt leaves none, and the units parse the headers."""
     gch = header + ".gch"
     try:
         with open(os.path.join(build_dir, "build.ninja")) as f:

@@ -1,29 +1,29 @@
 """kernel_sandbox: where kernel_eval runs code it does not trust, and how it talks to it.
 
-Standard library only (torch is imported inside the tensor-file functions, which run in workers
-and in the parent once torch is loaded). kernel_eval decides verdicts; this file knows nothing of
-them: it starts processes, limits them, moves bytes to and from them, and kills them.
+Standard library only (torch is imported inside the tensor-file functions, which run once torch is
+loaded). It knows nothing of verdicts: it starts processes, limits them, moves bytes to and from
+them, and kills them.
 
-- A worker is a process started as `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S
-  ARGS...` (ENTRY: the caller's script, kernel_eval.py, whose __main__ hands `--supervise`,
-  `--_zygote` and `--_worker` back here and to its worker loop), under a small supervisor (a child
-  subreaper, `python ENTRY --supervise`, its spec read from a pipe: argv is public) in its own
-  session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no core files, nice, CPU
-  affinity), keeps a bounded tail of stdout/stderr (a worker that floods them is killed), and on
-  exit, SIGTERM, or the harness's death (it is reparented) kills the worker's process group and
+- A worker is `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S ARGS...` (ENTRY: the
+  caller's script, kernel_eval.py, whose __main__ hands `--_supervise` and `--_zygote` back here)
+  under a supervisor (a child subreaper, `python ENTRY --_supervise`, its spec read from a pipe:
+  argv is public) in its own session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no
+  core files, nice, CPU affinity), keeps a bounded tail of stdout/stderr (a flood is killed), and
+  on exit, SIGTERM or the harness's death (it is reparented) kills the worker's process group and
   every orphan reparented to it.
-- Every process of a worker carries its tag (TAG_ENV) in its initial environment block; the parent
-  sweeps /proc for it (kill_by_tag) after each worker and when a batch is interrupted
-  (stop_everything). The environment is an allowlist (worker_env: compilers, torch, CUDA,
-  KERNEL_EVAL_*), never the trainer's API keys; MALLOC_PERTURB_ poisons fresh heap memory.
-- Zygotes: a process that has imported torch once (the caller's `preload`) forks supervisors and
-  their workers on request, each with its tag written over the zygote's in its environment block
-  (_retag_initial_environment). Same isolation, without a new interpreter and `import torch` per
-  worker. A zygote out of service (killed, say) makes Worker spawn instead.
-- Channel: commands and replies are a JSON line and raw bytes over pipes, with deadlines and size
-  limits on the parent's side. Tensors travel in memory files (memfd): raw bytes at aligned offsets
-  and a JSON index, read in place and validated (read_tensor_sets); the parent seals a file
-  (F_SEAL_WRITE) so that no holder can change it afterwards. File descriptors go over a Unix socket.
+- Every process of a worker carries its tag (TAG_ENV) in its initial environment block, which the
+  parent sweeps /proc for (kill_by_tag) after each worker and when a batch is interrupted
+  (stop_everything). The environment is an allowlist (worker_env), never the trainer's API keys;
+  MALLOC_PERTURB_ poisons fresh heap memory.
+- Zygotes: a process that ran the caller's `preload` (import torch) once forks supervisors and
+  their workers on request, each with its own tag written over the zygote's: the same isolation,
+  without an interpreter start and `import torch` per worker. One out of service (killed, say)
+  makes Worker spawn instead.
+- Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's
+  side (serve: the worker's side). Tensors travel in memory files (memfd): raw bytes at aligned
+  offsets and a JSON index, read in place and validated (read_tensor_sets); the parent seals a
+  file (F_SEAL_WRITE) so that no holder can change it afterwards. File descriptors go over a
+  Unix socket.
 - DeviceLock (checks share a device, a timed run has it alone), atomic_write (the harness's one
   atomic write, with fsync), source_hash.
 """
@@ -206,26 +206,77 @@ class Channel:
                 raise ChannelError("closed") from e
 
 
+def write_all(fd: int, data) -> None:
+    view, sent = memoryview(data).cast("B"), 0
+    while sent < len(view):
+        sent += os.write(fd, view[sent: sent + (1 << 30)])
+
+
+def child_send(fd: int, msg: dict, payload: bytes = b"") -> None:
+    write_all(fd, json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload)
+
+
+def child_recv(f) -> tuple:
+    line = f.readline()
+    if not line:
+        raise EOFError("parent closed the channel")
+    msg = json.loads(line)
+    payload = f.read(msg.get("nbytes", 0))
+    return msg, payload
+
+
+class Refusal(Exception):
+    """A command's failure that its message says in full (serve replies with it as it is)."""
+
+
+def serve(cmd_fd: int, reply_fd: int, fd_sock: int, commands: dict, describe, before=None,
+          stop_on_error: bool = False) -> None:
+    """A worker's side of the channel: until the parent closes it, each command goes to
+    `commands[msg["cmd"]](msg, fds, payload)` (the file descriptors it came with, closed after the
+    reply), whose dict, or (dict, payload), is the reply under the command's nonce. A failure is
+    the reply {"error": describe(exception) or a Refusal's message, "phase": cmd}; `stop_on_error`:
+    and the loop ends. `before(cmd)` runs first."""
+    cmd_in, sock = os.fdopen(cmd_fd, "rb"), socket.socket(fileno=fd_sock)
+    while True:
+        try:
+            msg, payload = child_recv(cmd_in)
+        except EOFError:
+            return
+        cmd, fds = msg.get("cmd"), []
+        if msg.get("fds"):
+            _, fds, _, _ = socket.recv_fds(sock, 16, msg["fds"])
+            if len(fds) != msg["fds"]:
+                raise RuntimeError(f"expected {msg['fds']} file descriptors, got {len(fds)}")
+        try:
+            if before is not None:
+                before(cmd)
+            if cmd not in commands:
+                raise Refusal(f"unknown command {cmd!r}")
+            reply = commands[cmd](msg, fds, payload)
+            reply, data = reply if isinstance(reply, tuple) else (reply, b"")
+            child_send(reply_fd, dict(reply, nonce=msg.get("nonce")), data)
+        except Refusal as e:
+            child_send(reply_fd, {"error": str(e), "phase": cmd or "?"})
+        except BaseException as e:  # noqa: BLE001 - the worker's code failed: the reply says how
+            child_send(reply_fd, {"error": describe(e), "phase": cmd or "?"})
+            if stop_on_error:
+                return
+        finally:
+            for fd in fds:  # closed once, after the reply: the parent seals output files then
+                os.close(fd)
+
+
 # ----------------------------------------------------------------------------- tensor files
-# Bulk tensors (inputs, reference and candidate outputs: hundreds of MB per call on real tasks) do
-# not go through the pipe. They go through memory files (memfd): raw tensor bytes at 64-byte
-# aligned offsets, then a JSON index, its length and a magic tag. Readers map the file and view the
-# bytes in place (no copy, no pickle), and validate every offset, size and dtype first: a candidate
-# writes its own output file and may put anything in it. Input files are sealed read-only
-# (F_SEAL_WRITE) by the parent once written, so one copy serves every candidate of a task and no
-# candidate can change what a later one is given. Files are handed to workers over a Unix socket.
+# Bulk tensors (hundreds of MB per call on real tasks) go through memory files, not the pipe: raw
+# bytes at 64-byte aligned offsets, then a JSON index, its length and a magic tag. Readers view the
+# bytes in place (no copy, no pickle) after validating every offset, size and dtype: a candidate
+# writes its own output file and may put anything in it.
 
 TENSOR_FILE_MAGIC = b"KEVALTS1"
 TENSOR_FILE_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128",
                       "int8", "int16", "int32", "int64", "uint8", "bool")
 TENSOR_FILE_ALIGN = 64
 TRUSTED_FILE_MAX_BYTES = 1 << 46  # input files: written by the reference session, sealed by the parent
-
-
-def write_all(fd: int, data) -> None:
-    view, sent = memoryview(data).cast("B"), 0
-    while sent < len(view):
-        sent += os.write(fd, view[sent: sent + (1 << 30)])
 
 
 class TensorFileWriter:
@@ -343,19 +394,6 @@ def seal(fd: int) -> None:
     """Make a memory file immutable for every holder; fails (EBUSY) while anyone maps it writable."""
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                 fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-
-
-def child_send(fd: int, msg: dict, payload: bytes = b"") -> None:
-    write_all(fd, json.dumps(dict(msg, nbytes=len(payload))).encode() + b"\n" + payload)
-
-
-def child_recv(f) -> tuple:
-    line = f.readline()
-    if not line:
-        raise EOFError("parent closed the channel")
-    msg = json.loads(line)
-    payload = f.read(msg.get("nbytes", 0))
-    return msg, payload
 
 
 # ----------------------------------------------------------------------------- processes
@@ -815,20 +853,14 @@ def zygote_main(sock_fd: int, harness_pid: int, preload, worker_main) -> None:
 
 class _Zygote:
     """A process that has imported torch once, under one worker environment, and forks workers
-    (each under its supervisor) on request, for one batch. A spawned worker spends its first
-    seconds on `import torch`, on a core the builds need. A forked one is the same isolation: its own
-    session, subreaper supervisor, process group, limits, environment and tag (rewritten in place:
-    _retag_initial_environment). Its environment is the zygote's, which is the one a spawned worker
-    of its role would get, so what glibc and torch read at start (MALLOC_PERTURB_'s poison, the
-    heap thresholds, CUDA_VISIBLE_DEVICES) is the same. The zygote never creates a CUDA context:
-    each run worker creates its own after the fork. A fork inherits the zygote's memory, which holds
-    nothing secret: the allowlisted environment and the requests it served (argv, environment and
-    file descriptors of each worker); the input seeds reach the reference's worker over its channel,
-    after its fork. The candidate's code still runs only in a forked worker, never in the zygote
-    (which a candidate can still ptrace or kill, as any process of its uid: see "What this does
-    not stop"). When the zygote cannot serve (it died, say killed by a
-    candidate), `fork` returns None and the harness spawns workers itself; a supervisor the dying
-    zygote had already forked sees it has been reparented and stops its worker."""
+    (each under its supervisor) on request, for one batch: the same isolation as a spawned worker's
+    (session, subreaper, process group, limits, tag), and the same environment, so what glibc and
+    torch read at start (MALLOC_PERTURB_, the heap thresholds, CUDA_VISIBLE_DEVICES) is the same.
+    It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
+    secret (the allowlisted environment, the requests it served); the candidate's code runs only in
+    a forked worker, never in the zygote (which a candidate can still ptrace or kill, as any process
+    of its uid). When it cannot serve, `fork` returns None and the caller spawns; a supervisor the
+    dying zygote had forked sees it has been reparented and stops its worker."""
 
     def __init__(self, env: dict, entry: str):
         self.env, self.entry = env, entry  # env without the tag, which is each worker's own
