@@ -38,6 +38,7 @@ import types
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import kernel_build  # noqa: E402
 import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
 from repeatability import print_blocks  # noqa: E402  (bench/, this script's own directory)
@@ -240,8 +241,8 @@ def main() -> None:
     p.add_argument("--max-parallel-runs", type=int, default=None, help="default: kernel_eval's")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
     p.add_argument("--header-tiers", default=None,
-                   help="kernel_eval's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_eval's)")
-    p.add_argument("--no-host-pch", action="store_true", help="kernel_eval's host_pch off (host units parse their headers)")
+                   help="kernel_build's cuda_header_tiers, comma-separated ('' = the source as written; default: kernel_build's)")
+    p.add_argument("--no-host-pch", action="store_true", help="kernel_build's host_pch off (host units parse their headers)")
     p.add_argument("--no-compile-zygote", action="store_true",
                    help="spawn each compile worker (it imports torch itself) instead of forking it from one zygote")
     p.add_argument("--no-run-zygote", action="store_true",
@@ -279,10 +280,12 @@ def main() -> None:
         over["timing_buffers"] = a.timing_buffers
     if a.timing_cpus is not None:
         over["timing_cpus"] = a.timing_cpus
+    build = {}
     if a.header_tiers is not None:
-        over["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
+        build["cuda_header_tiers"] = tuple(t for t in a.header_tiers.split(",") if t)
     if a.no_host_pch:
-        over["host_pch"] = False
+        build["host_pch"] = False
+    over["build"] = kernel_build.BuildConfig(**build)
     over["cpu_trials" if a.device == "cpu" else "gpu_trials"] = trials
 
     results, wall, own, to_verdict, compile_s, phases, pairs, speedup_pairs = [], float("nan"), [], [], [], {}, [], []
@@ -396,7 +399,7 @@ def main() -> None:
     ratio = fig["per_min"] / fig["baseline_per_min"] if base_rows and n else float("nan")
     kb_ratio = fig["per_min"] / fig["kernelbench_per_min"] if kb_rows and n else float("nan")
     print()
-    tiers = ",".join(over.get("cuda_header_tiers", cfg.cuda_header_tiers)) or "as written"
+    tiers = ",".join(over["build"].cuda_header_tiers) or "as written"
     workers = (f"compile workers {'spawned' if a.no_compile_zygote else 'forked'}, "
                f"run workers {'spawned' if a.no_run_zygote else 'forked'}")
     print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}{workers}) "

@@ -2,7 +2,7 @@
 timing noise (issue 17): on the H200 the reference's per-call time switched between levels 10-25%
 apart, between windows and inside one, while the candidate timed beside it stayed within 2%.
 
-For each built-in task named, its reference runs in kernel_eval's own timing loop (_TimingLoop: L2
+For each built-in task named, its reference runs in kernel_eval's own timing loop (TimingLoop: L2
 flush, device-wide sync, CUDA events) on `--copies` copies of one input set, each copy allocated
 after a spacer of random size (its own place in memory), in `--rounds` round-robin rounds. If the
 time follows the copy (the same copy agrees with itself across rounds, copies disagree), placement
@@ -61,7 +61,7 @@ def main() -> None:
         for _ in range(a.copies):
             spacer()
             copies.append([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
-        loops = [kernel_eval._TimingLoop(model, [c], flush, True, torch.cuda.synchronize) for c in copies]
+        loops = [kernel_eval.TimingLoop(model, [c], flush, True, torch.cuda.synchronize) for c in copies]
         for loop in loops:
             loop.run(10)
         table = [[statistics.median(loop.run(a.calls)) * 1e3 for loop in loops] for _ in range(a.rounds)]

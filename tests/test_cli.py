@@ -66,6 +66,23 @@ def test_kernel_eval_trials_must_be_positive(tmp_path):
     one_line_refusal(kernel_eval(tmp_path, "", "--trials", "0"), "kernel_eval.py: --trials 0: must be at least 1")
 
 
+def test_kernel_eval_unreadable_files_are_one_line_and_exit_2(tmp_path):
+    """A candidate or reference that is not UTF-8, a directory, or missing: one line naming it, exit 2."""
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"import torch\n\xff\xfe\x00 not text\n")
+    cases = [
+        ([REFERENCE, str(binary)], f"kernel_eval.py: {binary}: not UTF-8 text (byte 0xff at offset 13)"),
+        ([str(binary), BENIGN], f"kernel_eval.py: {binary}: not UTF-8 text (byte 0xff at offset 13)"),
+        ([REFERENCE, str(tmp_path)], f"kernel_eval.py: {tmp_path}: is a directory"),
+        ([REFERENCE, str(tmp_path / "missing.py")], f"kernel_eval.py: {tmp_path / 'missing.py'}: no such file"),
+        ([str(tmp_path / "missing.py"), BENIGN], f"kernel_eval.py: {tmp_path / 'missing.py'}: no such file"),
+    ]
+    for files, message in cases:
+        proc = run([os.path.join(ROOT, "kernel_eval.py"), *files, "--device", "cpu"], tmp_path)
+        one_line_refusal(proc, message)
+        assert proc.returncode == 2, (files, proc.returncode)
+
+
 def test_tasks_export_bad_levels_is_one_line(tmp_path):
     proc = run([os.path.join(ROOT, "tasks.py"), "export", "--levels", "one", "--out", str(tmp_path / "t.jsonl")], tmp_path)
     one_line_refusal(proc, "tasks.py export: --levels 'one': expected comma-separated level numbers, e.g. 1,2")

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import kernel_eval as ke
+import kernel_sandbox as sandbox
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -92,12 +93,6 @@ def test_trim_error_without_error_lines_keeps_the_tail():
     out = ke.trim_error("\n".join(f"line {i}" for i in range(100)), max_lines=5)
     assert out.splitlines() == [f"line {i}" for i in range(95, 100)]
     assert len(ke.trim_error("error " * 10000, max_chars=200)) <= 200
-
-
-def test_source_hash_is_stable_and_separates_inputs():
-    assert ke.source_hash("a", [1, 2]) == ke.source_hash("a", [1, 2])
-    assert ke.source_hash("a", [1, 2]) != ke.source_hash("a", [2, 1])
-    assert ke.source_hash("ab", "c") != ke.source_hash("a", "bc")
 
 
 def test_compare_outputs_agrees_with_naive_allclose():
@@ -252,7 +247,7 @@ def test_timing_loop_rotates_input_copies_each_holding_every_set():
         seen.append((x.data_ptr(), float(x[0, 0]), n))
         return x * 2
 
-    loop = ke._TimingLoop(model, sets, None, False, lambda: None, buffers=4, buffer_bytes=1 << 20)
+    loop = ke.TimingLoop(model, sets, None, False, lambda: None, buffers=4, buffer_bytes=1 << 20)
     times = loop.run(16)
     assert len(times) == 16 and all(t >= 0 for t in times)
     assert [v for _, v, _ in seen] == [0.0, 1.0] * 8 and all(n == 3 for _, _, n in seen)
@@ -263,8 +258,8 @@ def test_timing_loop_rotates_input_copies_each_holding_every_set():
     assert [float(o[0][0, 0]) for o in loop.last] == [0.0, 2.0]  # each set's last output
     # a budget of 2.5 copies' bytes holds 2 copies; none holds 1 (KernelBench's one set of buffers)
     one = 4 * 8 * 4
-    assert len(ke._TimingLoop(model, sets, None, False, lambda: None, 4, int(2.5 * one)).bufs) == 2
-    assert len(ke._TimingLoop(model, sets, None, False, lambda: None, 4, 0).bufs) == 1
+    assert len(ke.TimingLoop(model, sets, None, False, lambda: None, 4, int(2.5 * one)).bufs) == 2
+    assert len(ke.TimingLoop(model, sets, None, False, lambda: None, 4, 0).bufs) == 1
 
 
 def test_finite_speedup_refuses_claims_with_no_finite_ratio():
@@ -278,71 +273,10 @@ def test_finite_speedup_refuses_claims_with_no_finite_ratio():
     assert ke.finite_speedup(float("nan"), 1.0)[0] == 0.0 and "reference" in ke.finite_speedup(float("nan"), 1.0)[1]
 
 
-def test_channel_frames_deadlines_and_limits():
-    r, w = os.pipe()
-    r2, w2 = os.pipe()
-    chan = ke.Channel(r, w2, max_bytes=1000)
-    payload = ke._tensors_to_bytes([torch.arange(5)])
-    ke._child_send(w, {"hello": 1}, b"")
-    ke._child_send(w, {"data": 2}, b"x" * 10)
-    msg, data = chan.recv(time.monotonic() + 5)
-    assert msg["hello"] == 1 and data == b""
-    msg, data = chan.recv(time.monotonic() + 5)
-    assert msg["data"] == 2 and data == b"x" * 10
-    with pytest.raises(ke.ChannelTimeout):
-        chan.recv(time.monotonic() + 0.2)
-    ke._child_send(w, {"big": 1}, b"y" * 5000)
-    with pytest.raises(ke.ChannelError, match="refused"):
-        chan.recv(time.monotonic() + 5)
-    chan.send({"cmd": "x"}, payload, time.monotonic() + 5)
-    with os.fdopen(r2, "rb") as f:
-        msg, data = ke._child_recv(f)
-    assert msg["cmd"] == "x" and torch.equal(ke._bytes_to_tensors(data)[0], torch.arange(5))
-    os.write(w, b"not json\n")
-    chan.buf.clear()
-    with pytest.raises(ke.ChannelError, match="malformed"):
-        chan.recv(time.monotonic() + 5)
-    for fd in (r, w, w2):
-        os.close(fd)
-
-
 def _tensor_file(sets) -> int:
-    fd = ke._memfd("test")
-    ke.write_tensor_sets(fd, sets)
+    fd = sandbox.memfd("test")
+    sandbox.write_tensor_sets(fd, sets)
     return fd
-
-
-def test_tensor_files_round_trip_every_dtype_and_value():
-    sets = [[torch.randn(3, 5), torch.randn(4, dtype=torch.float64), 7, 2.5],
-            [torch.randn(2, 3).to(torch.bfloat16), torch.tensor([True, False, True]), torch.tensor(3.5),
-             torch.empty(0, 4), torch.arange(6, dtype=torch.int64).view(2, 3)[:, 1:],  # a non-contiguous view
-             torch.randn(2, 2, dtype=torch.complex64), torch.randint(-5, 5, (3,), dtype=torch.int8)]]
-    fd = _tensor_file(sets)
-    back = ke.read_tensor_sets(fd, 1 << 30)
-    os.close(fd)
-    assert len(back) == 2 and [len(s) for s in back] == [4, 7]
-    for want, got in zip(sets[0] + sets[1], back[0] + back[1]):
-        if isinstance(want, torch.Tensor):
-            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want.contiguous())
-        else:
-            assert got == want
-
-
-def test_sealed_tensor_file_cannot_be_changed_by_any_holder():
-    import mmap
-    fd = _tensor_file([[torch.ones(1000)]])
-    other = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # what another process of this uid could open
-    ke._seal(fd)
-    for holder in (fd, other):
-        with pytest.raises(PermissionError):
-            os.pwrite(holder, b"x" * 8, 0)
-        with pytest.raises(PermissionError):
-            os.ftruncate(holder, 0)
-        with pytest.raises(PermissionError):
-            mmap.mmap(holder, 0, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    assert torch.equal(ke.read_tensor_sets(other, 1 << 20)[0][0], torch.ones(1000))
-    os.close(other)
-    os.close(fd)
 
 
 def test_output_file_mapped_writable_cannot_be_sealed():
@@ -358,188 +292,6 @@ def test_output_file_mapped_writable_cannot_be_sealed():
     with pytest.raises(ke._Failure, match="limit"):
         ke._seal_output(fd, 16)
     os.close(fd)
-
-
-@pytest.mark.parametrize("damage", ["truncated", "magic", "offset", "size", "dtype", "index", "huge"])
-def test_malformed_tensor_files_are_refused(damage):
-    fd = _tensor_file([[torch.arange(16, dtype=torch.float32).view(4, 4)]])
-    data = bytearray(os.pread(fd, 1 << 20, 0))
-    os.close(fd)
-    n = int.from_bytes(data[-16:-8], "little")
-    index = json.loads(data[-16 - n: -16])
-    entry = index["sets"][0][0]
-    if damage == "truncated":
-        data = data[:-3]
-    elif damage == "magic":
-        data[-1:] = b"X"
-    elif damage == "offset":
-        entry["offset"] = len(data) * 4
-    elif damage == "size":
-        entry["nbytes"] = 8
-    elif damage == "dtype":
-        entry["dtype"] = "object"
-    elif damage == "index":
-        index = {"sets": "nope"}
-    elif damage == "huge":
-        entry["shape"] = [1 << 41, 4]
-    if damage in ("offset", "size", "dtype", "index", "huge"):
-        footer = json.dumps(index).encode()
-        data = data[: -16 - n] + footer + len(footer).to_bytes(8, "little") + ke.TENSOR_FILE_MAGIC
-    fd = ke._memfd("damaged")
-    os.write(fd, bytes(data))
-    with pytest.raises(ValueError):
-        ke.read_tensor_sets(fd, 1 << 20)
-    os.close(fd)
-
-
-def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tmp_path):
-    import torch.utils.cpp_extension as ce
-    import functools
-    calls = []
-    fake = functools.wraps(ce.load_inline)(lambda **kw: calls.append(kw) or kw["build_directory"])
-    monkeypatch.setattr(ce, "load_inline", fake)  # keeps the real signature for the wrapper to bind
-    monkeypatch.setattr(ce, "load", ce.load)
-    monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
-    monkeypatch.setattr(ce, "_check_and_build_extension_h_precompiler_headers", lambda *a, **k: None)
-    monkeypatch.setattr(ke, "PCH_LOCK_DIR", str(tmp_path))
-    ke._patch_cpp_extension(str(tmp_path), "", ["-O3"], use_pch=True, fast_load=False)
-    dir_a = ce.load_inline("ext", "int a;", functions=["f"])
-    dir_b = ce.load_inline("ext", "int b;", functions=["f"])
-    open(os.path.join(dir_a, "lock"), "w").close()  # torch's baton, left by a killed build
-    dir_a2 = ce.load_inline("ext", "int a;", functions=["f"])
-    assert not os.path.exists(os.path.join(dir_a, "lock"))
-    assert dir_a != dir_b and dir_a == dir_a2  # same name, different code: never the same library
-    assert calls[0]["extra_cflags"] == ["-O3"] and calls[0]["use_pch"] is True
-    ce.load_inline("ext", "int a;", extra_cflags=["-O1", "-march=native"])
-    assert calls[-1]["extra_cflags"] == ["-O1", "-march=native"] and calls[-1]["use_pch"] is False
-    ce.load_inline("ext", "int a;", cuda_sources="__global__ void k() {}")
-    assert "-O3" in calls[-1]["extra_cuda_cflags"] and calls[-1]["use_pch"] is False
-
-
-def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
-    import functools
-    import torch.utils.cpp_extension as ce
-    calls = []
-
-    def fake(**kw):
-        calls.append(kw)
-        unit = "".join(kw["cuda_sources"]) if kw.get("no_implicit_headers") else ""
-        if "needs_aten" in unit and "ATen/ATen.h" not in unit or "needs_full_header" in unit:
-            raise RuntimeError("error: 'torch::nn' has not been declared")
-        return kw["build_directory"]
-
-    monkeypatch.setattr(ce, "load_inline", functools.wraps(ce.load_inline)(fake))
-    monkeypatch.setattr(ce, "load", ce.load)
-    monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
-    monkeypatch.setattr(ke, "PCH_LOCK_DIR", str(tmp_path))
-    ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=True, fast_load=False,
-                            cuda_header_tiers=("slim", "light"))
-    ce.load_inline("ext", "#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x);",
-                   cuda_sources="#include <torch/extension.h>\n#include <ATen/cuda/CUDAContext.h>\n__global__ void k() {}\n"
-                                "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x); return at::zeros_like(y); }")
-    assert len(calls) == 1 and calls[0]["no_implicit_headers"]  # built on the slim tier
-    cu, cpp = "".join(calls[0]["cuda_sources"]), "".join(calls[0]["cpp_sources"])
-    assert "torch/extension.h" not in cu + cpp and "ATen/ATen.h" not in cu and "__global__ void k" in cu
-    assert ke.CUDA_CONTEXT_HEADER not in cu and ke.SLIM_CUDA_CONTEXT in cu  # no cuBLAS/cuSPARSE headers
-    # the ops the unit names, and only those, from a lean copy first on the include path
-    assert "ATen/ops/empty_like.h" in cu and "ATen/ops/zeros_like.h" in cu and "ATen/ops/empty.h>" not in cu
-    lean = calls[0]["extra_include_paths"][0]
-    assert sorted(os.listdir(os.path.join(lean, "ATen", "ops"))) == ["empty_like.h", "zeros_like.h"]
-    assert "torch/csrc/Exceptions.h" in cpp and "torch::Tensor f" in cpp and "using namespace at" in cpp
-    ce.load_inline("ext", "", cuda_sources="// needs_aten")
-    assert len(calls) == 3 and "ATen/ATen.h" in "".join(calls[2]["cuda_sources"])  # slim failed, light built
-    light_host = "".join(calls[2]["cpp_sources"])  # torch/extension.h defines torch::kFloat32 itself
-    assert "torch/extension.h" in light_host and "kFloat32" not in light_host
-    assert os.path.exists(os.path.join(calls[1]["build_directory"], "FAILED"))
-    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
-    assert len(calls) == 6 and calls[5]["cuda_sources"] == "#include <torch/extension.h>\n// needs_full_header"
-    assert not calls[5].get("no_implicit_headers")  # fell back to the call as written
-    ce.load_inline("ext", "", cuda_sources="#include <torch/extension.h>\n// needs_full_header")
-    assert len(calls) == 7  # the failed tiers are remembered, not retried
-    with pytest.raises(ValueError, match="cuda_header_tiers"):
-        ke.evaluate(REFERENCE, "x = 1", device="cpu", cache_root=str(tmp_path), cuda_header_tiers=("tiny",))
-
-
-def test_slim_host_units_include_the_shared_header_first(monkeypatch, tmp_path):
-    import functools
-    import torch.utils.cpp_extension as ce
-    calls = []
-    monkeypatch.setattr(ce, "load_inline", functools.wraps(ce.load_inline)(lambda **kw: calls.append(kw) or kw["build_directory"]))
-    monkeypatch.setattr(ce, "load", ce.load)
-    monkeypatch.setattr(ce, "remove_extension_h_precompiler_headers", ce.remove_extension_h_precompiler_headers)
-    ke._patch_cpp_extension(str(tmp_path), "9.0", ["-O3"], use_pch=False, fast_load=False,
-                            cuda_header_tiers=("slim",), host_pch=True)
-    for name in ("ext_a", "ext_b"):
-        ce.load_inline(name, "torch::Tensor f(torch::Tensor x);", cuda_sources="__global__ void k() {}")
-    first_lines = {"".join(c["cpp_sources"]).splitlines()[0] for c in calls}
-    assert len(first_lines) == 1  # one header for every unit of this torch, so one precompiled form
-    header = first_lines.pop().removeprefix('#include "').removesuffix('"')
-    assert header.startswith(str(tmp_path)) and open(header).read() == ke.SLIM_HOST_HEADERS
-    # no build.ninja in these fake builds: nothing to learn the flags from, so no precompiled header
-    assert not os.path.exists(header + ".gch")
-
-
-@pytest.mark.slow
-def test_host_pch_is_built_from_the_units_flags_and_used_by_another_extension(tmp_path):
-    """build_host_pch reads the flags torch wrote for a build and precompiles the header with them;
-    a unit of another extension (another TORCH_EXTENSION_NAME, other -I paths) then reads it."""
-    import shutil
-    import sysconfig
-    import torch.utils.cpp_extension as ce
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler")
-    header = ke.write_host_header(str(tmp_path), torch.__version__)
-    system = [f"-isystem {p}" for p in ce.include_paths()] + [f"-isystem {sysconfig.get_paths()['include']}"]
-    build = tmp_path / "build_a"
-    build.mkdir()
-
-    def ninja(cflags: str) -> None:
-        (build / "build.ninja").write_text(f"ninja_required_version = 1.3\ncxx = c++\n\ncflags = {cflags}\npost_cflags = \n")
-
-    ninja("-DTORCH_EXTENSION_NAME=ext_a -DTORCH_API_INCLUDE_EXTENSION_H -I/no/such/dir -std=c++17 --no-such-flag "
-          + " ".join(system))
-    assert not ke.build_host_pch(header, str(build))  # the compiler refused: nothing written, nothing left
-    assert sorted(os.listdir(os.path.dirname(header))) == ["kernel_eval_host.h", "kernel_eval_host.h.lock"]
-    flags = "-DTORCH_API_INCLUDE_EXTENSION_H " + " ".join(system) + " -fPIC -std=c++17 -O3"
-    ninja("-DTORCH_EXTENSION_NAME=ext_a -I/no/such/dir " + flags)
-    assert ke.build_host_pch(header, str(build))
-    assert not ke.build_host_pch(header, str(build))  # built once
-    unit = tmp_path / "main.cpp"
-    unit.write_text(f'#include "{header}"\n' + ke.TORCH_ALIASES + "torch::Tensor f(torch::Tensor x) { return x; }\n")
-    done = subprocess.run(["c++", "-DTORCH_EXTENSION_NAME=ext_b", f"-I{tmp_path}", *shlex.split(flags),
-                           "-Winvalid-pch", "-H", "-fsyntax-only", str(unit)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"! {header}.gch" in done.stderr.splitlines()  # g++ marks a precompiled header it used with "!"
-
-
-def test_lean_op_headers_drop_only_the_unused_includes_and_compile(tmp_path):
-    import shutil
-    import torch.utils.cpp_extension as ce
-    ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
-    names = ke.op_names(["auto y = torch::empty_like(x); at::zeros({2}, x.options()); torch::nope(x); "
-                         "torch::Tensor(x); at::matmul (x, x);"], ops_dir)
-    assert names == ["empty_like", "matmul", "zeros"]  # no header for nope; Tensor is not an op
-    include_dir = ke.write_lean_op_headers(names, ops_dir, str(tmp_path))
-    assert ke.write_lean_op_headers(names, ops_dir, str(tmp_path)) == include_dir  # same names, same dir
-    for n in names:
-        with open(os.path.join(ops_dir, n + ".h")) as f:
-            full = f.read().splitlines()
-        with open(os.path.join(include_dir, "ATen", "ops", n + ".h")) as f:
-            lean = f.read().splitlines()
-        assert lean == [line for line in full if line.strip() not in ke.LEAN_OP_DROPPED]
-        assert len(full) - len(lean) == len(ke.LEAN_OP_DROPPED)  # each dropped include was there
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler")
-    # the wrappers still compile from the slim host headers alone (g++ parses them as the .cu unit would)
-    src = tmp_path / "unit.cpp"
-    src.write_text(ke.SLIM_HOST_HEADERS + ke.ops_includes(names) + ke.TORCH_ALIASES
-                   + "torch::Tensor f(torch::Tensor x) { auto y = torch::empty_like(x);"
-                   " return torch::matmul(y, torch::zeros({2, 2}, x.options())); }\n")
-    flags = [f"-I{include_dir}"] + [f"-isystem{p}" for p in ce.include_paths()]
-    import sysconfig
-    flags.append(f"-isystem{sysconfig.get_paths()['include']}")
-    done = subprocess.run(["c++", "-std=c++17", "-fsyntax-only", *flags, str(src)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_precheck_rejects_without_compiling(tmp_path):
@@ -574,16 +326,15 @@ def _reference_outputs(session, part: str) -> list:
     torch.manual_seed(session.init_seed)
     model = module.Model(*module.get_init_inputs())
     with torch.no_grad():
-        return [[model(*xs)] for xs in ke.read_tensor_sets(session.files[part], 1 << 30)]
+        return [[model(*xs)] for xs in sandbox.read_tensor_sets(session.files[part], 1 << 30)]
 
 
 def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2)
-    session = ke._ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
-    session.boot()
+    session = ke.ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
     session.ready()
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
-    inputs_before = ke.read_tensor_sets(session.files["check"], 1 << 30)
+    inputs_before = sandbox.read_tensor_sets(session.files["check"], 1 << 30)
     right = _reference_outputs(session, "check")
     assert len(right) == cfg.n_correct_trials
 
@@ -599,171 +350,23 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     wrong[3][0][0, 0] += 1.0
     assert judge(wrong).startswith("trial 4/5: output: 1 of")
     assert "expected 5 output sets" in judge(right[:4])
-    fd = ke._memfd("garbage")
+    fd = sandbox.memfd("garbage")
     os.write(fd, b"not a tensor file" * 10)
     with pytest.raises(ke._Failure, match="unreadable outputs"):
         session.judge(fd, "check", 1 << 30)
     os.close(fd)
     # the reference worker dies (say a candidate's file crashed it): that candidate's verdict is a
     # runtime_error, and the next one gets a fresh worker on the same secret seeds
-    for pid in ke._children_of(session.worker.proc.pid):
+    for pid in sandbox.children_of(session.worker.proc.pid):
         os.kill(pid, 9)
     with pytest.raises(ke._Failure, match="could not be compared"):
         judge(right)
     session.ready()
-    inputs_after = ke.read_tensor_sets(session.files["check"], 1 << 30)
+    inputs_after = sandbox.read_tensor_sets(session.files["check"], 1 << 30)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_after))
     assert judge(right) is None
     session.release()
     assert session.worker is None and session.files == {}
-
-
-def test_workers_die_with_the_harness(tmp_path):
-    """A harness killed without cleanup (kill -9, a crash) must not leave a hung worker behind."""
-    marker = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
-    src = tmp_path / marker / "candidate.py"
-    src.parent.mkdir()
-    src.write_text("import time\ntime.sleep(1000)\n")
-    helper = f"""
-import os, sys
-sys.path.insert(0, {os.path.dirname(os.path.abspath(ke.__file__))!r})
-import kernel_eval as ke
-cfg = ke.EvalConfig(cache_root={str(tmp_path)!r})
-ke.Worker("compile", ke._worker_args({str(src)!r}, "cpu", cfg, ""), {str(tmp_path / "w")!r},
-          ke._build_env("cpu", "", cfg, compiling=True), cfg, cpu=True)
-os._exit(0)  # no cleanup: the supervisor sees it has been reparented
-"""
-    subprocess.run([sys.executable, "-c", helper], check=True, timeout=120)
-    try:
-        deadline = time.monotonic() + 15
-        while leftover_processes(marker.encode()) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert leftover_processes(marker.encode()) == []
-    finally:
-        for pid in leftover_processes(marker.encode()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie has ended
-    except OSError:
-        return False
-
-
-def wait_for_file(path, seconds: float = 60) -> str:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if os.path.exists(path) and open(path).read().endswith("\n"):
-            return open(path).read()
-        time.sleep(0.05)
-    raise AssertionError(f"{path} was not written")
-
-
-def test_compile_zygote_forks_workers_with_torch_loaded_and_their_own_tag(tmp_path):
-    """A forked compile worker has torch already, carries its own evaluation's tag where the sweep
-    looks (/proc/<pid>/environ: the zygote's block, rewritten in place) and in the environment its
-    compiler processes inherit, and is gone when its compile returns."""
-    report = tmp_path / "report"
-    src = f"""
-import os
-initial = dict(e.split("=", 1) for e in open("/proc/self/environ").read().split("\\0") if "=" in e)
-open({str(report)!r}, "w").write(f"{{os.getpid()}} {{initial['{ke.TAG_ENV}']}} {{os.environ['{ke.TAG_ENV}']}}\\n")
-"""
-    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"))
-    zygotes = ke._Zygotes()
-    try:
-        record = ke._compile(src, "cpu", "", cfg, zygotes)
-        assert record["status"] == "ok" and record["torch_preloaded"], record
-        [zygote] = zygotes.all()
-        pid, initial_tag, env_tag = wait_for_file(report).split()
-        assert initial_tag == env_tag != zygote.tag
-        assert not process_alive(int(pid))
-        assert zygote.proc.poll() is None  # still serving the batch
-    finally:
-        zygotes.close()
-    assert zygote.proc.poll() is not None
-
-
-def test_fork_only_escapee_of_a_forked_compile_worker_dies_with_its_evaluation(tmp_path):
-    """The candidate kills its supervisor (no subreaper is left) and leaves a forked, never exec'd
-    grandchild in its own session: only the sweep by tag can find it, and only if a fork carries
-    its own evaluation's tag rather than the zygote's."""
-    report = tmp_path / "escapee"
-    src = f"""
-import os, signal, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        open({str(report)!r}, "w").write(f"{{os.getpid()}}\\n")
-        time.sleep(600)
-    os._exit(0)
-os.kill(os.getppid(), signal.SIGKILL)
-time.sleep(600)
-"""
-    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"), compile_timeout_s=5)
-    zygotes = ke._Zygotes()
-    try:
-        record = ke._compile(src, "cpu", "", cfg, zygotes)
-        assert record["status"] == "timeout", record
-        pid = int(wait_for_file(report))
-        time.sleep(0.2)
-        assert not process_alive(pid)  # killed by its own evaluation, while the zygote still runs
-        assert zygotes.all()[0].proc.poll() is None
-    finally:
-        zygotes.close()
-
-
-def test_compile_zygote_out_of_service_falls_back_to_spawned_workers(tmp_path):
-    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"))
-    zygotes = ke._Zygotes()
-    try:
-        assert ke._compile("x = 1\n", "cpu", "", cfg, zygotes)["torch_preloaded"]
-        [zygote] = zygotes.all()
-        zygote.proc.kill()  # a candidate can do this: same uid
-        zygote.proc.wait()
-        record = ke._compile("x = 2\n", "cpu", "", cfg, zygotes)
-        assert record["status"] == "ok" and not record["torch_preloaded"], record
-        assert "out of service" in zygote.out_of_service
-    finally:
-        zygotes.close()
-
-
-def test_forked_workers_die_with_the_harness(tmp_path):
-    """Harness killed without cleanup: the zygote sees it has been reparented and exits, then each
-    supervisor sees the same and stops its worker."""
-    report = tmp_path / "report"
-    src = tmp_path / "candidate.py"
-    src.write_text(f"import os, time\nopen({str(report)!r}, 'w').write(f'{{os.getpid()}} {{os.getppid()}}\\n')\n"
-                   "time.sleep(1000)\n")
-    helper = f"""
-import os, sys
-sys.path.insert(0, {os.path.dirname(os.path.abspath(ke.__file__))!r})
-import kernel_eval as ke
-cfg = ke.EvalConfig(cache_root={str(tmp_path)!r})
-zygotes = ke._Zygotes()
-ke.Worker("compile", ke._worker_args({str(src)!r}, "cpu", cfg, ""), {str(tmp_path / "w")!r},
-          ke._build_env("cpu", "", cfg, compiling=True), cfg, cpu=True, zygotes=zygotes)
-print(zygotes.all()[0].proc.pid, flush=True)
-import time
-while not os.path.exists({str(report)!r}):
-    time.sleep(0.05)
-os._exit(0)  # no cleanup
-"""
-    out = subprocess.run([sys.executable, "-c", helper], check=True, timeout=120, capture_output=True, text=True)
-    worker, supervisor = map(int, wait_for_file(report).split())
-    pids = [int(out.stdout.split()[0]), supervisor, worker]
-    try:
-        deadline = time.monotonic() + 15
-        while any(map(process_alive, pids)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(map(process_alive, pids))
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, 9)
 
 
 def test_forked_run_workers_see_what_spawned_ones_see(tmp_path):
@@ -792,7 +395,7 @@ class ModelNew(torch.nn.Module):
 """
     seen = {}
     for forked in (True, False):
-        src = f"REPORT, TAG = {str(report) + '.' + str(forked)!r}, {ke.TAG_ENV!r}" + source
+        src = f"REPORT, TAG = {str(report) + '.' + str(forked)!r}, {sandbox.TAG_ENV!r}" + source
         [result] = ke.evaluate_batch([(REFERENCE, src)], device="cpu", cache_root=str(tmp_path / "cache"),
                                      run_zygote=forked, time_candidate=False)
         assert result.status == "incorrect", result.message  # it ran: ModelNew is not the reference
@@ -805,52 +408,79 @@ class ModelNew(torch.nn.Module):
     assert comm_s.startswith("python")
 
 
-@pytest.mark.parametrize("cpus, device, timing_cpus, build_jobs, expected", [
-    (16, "cuda", 2, 2, 7),   # the H200 machine: 14 CPUs for builds, a .cu and a host unit each
-    (16, "cuda", 0, 2, 8),   # no CPUs kept for timing
-    (6, "cuda", 2, 2, 3),    # too few CPUs to keep any (< 4 x timing_cpus): all of them
-    (2, "cuda", 2, 4, 1),    # never none
-    (16, "cpu", 2, 2, 16),   # one C++ unit per build, every core
-])
-def test_default_parallel_compiles_counts_the_cpus_builds_may_use(monkeypatch, cpus, device, timing_cpus,
-                                                                  build_jobs, expected):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(100, 100 + cpus)))
-    cfg = ke.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
-    assert ke.default_parallel_compiles(device, cfg) == expected
+def test_default_parallel_compiles_leaves_the_timing_cpus_to_timing(monkeypatch):
+    """On cpu every core builds; on cuda the builds (build_jobs each) fit in the CPUs not kept for
+    timing windows, where any are kept, and there is always at least one."""
+    for cpus in range(1, 33):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(100, 100 + n)))
+        for timing_cpus, build_jobs in ((2, 2), (0, 2), (1, 3), (2, 4)):
+            cfg = ke.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
+            assert ke.default_parallel_compiles("cpu", cfg) == cpus
+            n = ke.default_parallel_compiles("cuda", cfg)
+            kept = timing_cpus if timing_cpus and cpus >= 4 * timing_cpus else 0
+            assert n >= 1 and (n == 1 or n * build_jobs <= cpus - kept), (cpus, timing_cpus, build_jobs, n)
 
 
-def test_device_lock_shares_checks_and_gives_timing_the_device_alone(tmp_path):
-    import threading
-    root, events, lock = str(tmp_path), [], threading.Lock()
+ALONE_REFERENCE = """
+import torch
+import torch.nn as nn
 
-    def hold(kind, exclusive, seconds, started=None):
-        with ke._DeviceLock(root, "cpu", exclusive=exclusive):
-            with lock:
-                events.append(("in", kind, time.monotonic()))
-            if started:
-                started.set()
-            time.sleep(seconds)
-            with lock:
-                events.append(("out", kind, time.monotonic()))
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0
 
-    first = threading.Event()
-    threads = [threading.Thread(target=hold, args=("check1", False, 0.6, first))]
-    threads[0].start()
-    first.wait()
-    threads.append(threading.Thread(target=hold, args=("check2", False, 0.6)))  # shares with check1
-    threads[1].start()
-    time.sleep(0.1)
-    threads.append(threading.Thread(target=hold, args=("timing", True, 0.3)))  # waits for both checks
-    threads[2].start()
-    time.sleep(0.1)
-    threads.append(threading.Thread(target=hold, args=("check3", False, 0.1)))  # queues behind the timing
-    threads[3].start()
-    for t in threads:
-        t.join()
-    at = {(e, k): t for e, k, t in events}
-    assert at[("in", "check2")] < at[("out", "check1")]  # two checks at once
-    assert at[("in", "timing")] >= max(at[("out", "check1")], at[("out", "check2")])
-    assert at[("in", "check3")] >= at[("out", "timing")]  # did not overtake the waiting timing
+def get_inputs():
+    return [torch.randn(4096)]
+
+def get_init_inputs():
+    return []
+"""
+ALONE_CANDIDATE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+source = """
+torch::Tensor twice(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    const float* in = x.data_ptr<float>();
+    float* out = y.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) out[i] = 2.0f * in[i];
+    return y;
+}
+"""
+ext = load_inline(name="twice", cpp_sources=source, functions=["twice"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.twice(x.contiguous())
+'''
+
+
+@pytest.mark.slow
+def test_kernel_eval_and_the_sandbox_alone_judge_a_cpp_candidate(tmp_path):
+    """kernel_eval.py and kernel_sandbox.py copied alone into an empty folder (no kernel_build.py,
+    nothing of this project importable) judge a C++ candidate correct: plain load_inline, in a
+    build directory of the candidate's own, with every worker, supervisor and zygote started from
+    the copies."""
+    import shutil
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for name in ("kernel_eval.py", "kernel_sandbox.py"):
+        shutil.copy(os.path.join(ROOT, name), alone / name)
+    (tmp_path / "reference.py").write_text(ALONE_REFERENCE)
+    (tmp_path / "candidate.py").write_text(ALONE_CANDIDATE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, str(alone / "kernel_eval.py"), "reference.py", "candidate.py", "--device",
+                           "cpu", "--json", "--trials", "2", "--cache-root", str(cache)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert verdict["status"] == "correct" and verdict["compiled"], verdict
+    assert os.listdir(cache / "build" / "by-source")  # built by plain load_inline, not kernel_build's patch
+    assert sorted(p for p in os.listdir(alone) if p != "__pycache__") == ["kernel_eval.py", "kernel_sandbox.py"]
 
 
 # ----------------------------------------------------------------------------- CPU suite (slow)
@@ -930,23 +560,15 @@ def test_honest_cpp_kernel_keeps_its_speedup_under_load(cpp_results, cache_root)
 
 
 @pytest.mark.slow
-def test_warm_up_is_timed_by_the_parent_when_the_candidate_patches_its_clocks(cache_root, monkeypatch):
+def test_warm_up_is_timed_by_the_parent_when_the_candidate_patches_its_clocks(cache_root):
     """A candidate that freezes every clock in its process still gets a bounded warm-up (rounds of
-    calls until the parent's clock says cpu_warmup_ms) and the verdict its case expects."""
-    sent = []
-    ask = ke._ask
-
-    def counting(worker, who, phase, timeout_s, msg, *a, **kw):
-        sent.append((who, msg.get("cmd")))
-        return ask(worker, who, phase, timeout_s, msg, *a, **kw)
-
-    monkeypatch.setattr(ke, "_ask", counting)
+    calls until the parent's clock says cpu_warmup_ms) and the verdict its case expects: a warm-up
+    timed by the candidate's own clock would never end."""
     path = CPP_CASES["patch_clock"]
     t0 = time.monotonic()
     result = ke.evaluate(REFERENCE, open(path).read(), device="cpu", cache_root=cache_root,
                          **dict(FAST, cpu_warmup_ms=300.0))
     check_expectation("patch_clock", expectation(path), result, ke.EvalConfig(**FAST))
-    assert ("candidate", "warm") in sent and ("reference", "warm") in sent
     assert time.monotonic() - t0 < 150
 
 
@@ -965,7 +587,7 @@ def test_escaped_grandchild_is_killed(cpp_results):
     # No supervisor (and so no worker) left either. Only kernel_eval's own processes count:
     # earlier tests in the session (torch.multiprocessing in test_grpo) leave multiprocessing's
     # resource tracker as a child of this process for the whole run.
-    assert [pid for pid in ke._children_of(os.getpid()) if _is_kernel_eval_process(pid)] == []
+    assert [pid for pid in sandbox.children_of(os.getpid()) if _is_kernel_eval_process(pid)] == []
 
 
 def _is_kernel_eval_process(pid: int) -> bool:
@@ -1035,7 +657,7 @@ def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, mo
     result = judged_without_secrets(open(CPP_CASES["benign"]).read(), "cpu", monkeypatch, cache_root=cache_root, **FAST)
     assert result.status == "correct", result.message
     # control: the probe does see a secret that the allowlist lets through
-    monkeypatch.setattr(ke, "ENV_ALLOWED", ke.ENV_ALLOWED | {"OPENAI_API_KEY"})
+    monkeypatch.setattr(sandbox, "ENV_ALLOWED", sandbox.ENV_ALLOWED | {"OPENAI_API_KEY"})
     leaked = judged_without_secrets(open(CPP_CASES["benign"]).read(), "cpu", monkeypatch, cache_root=cache_root, **FAST)
     assert leaked.status == "runtime_error" and "sees the harness's secret" in leaked.message, leaked.message
 
@@ -1086,8 +708,10 @@ def test_import_hang_times_out_in_compile(cpp_results, cache_root):
 
 @pytest.mark.slow
 def test_repeated_candidate_is_not_rebuilt(cpp_results, cache_root):
-    record = ke._compile(open(CPP_CASES["benign"]).read(), "cpu", "", ke.EvalConfig(cache_root=cache_root))
-    assert record["status"] == "ok" and record["cached"] and record["seconds"] == 0.0
+    result = ke.evaluate(REFERENCE, open(CPP_CASES["benign"]).read(), device="cpu", cache_root=cache_root,
+                         **dict(FAST, time_candidate=False))
+    assert result.status == "correct" and result.seconds["compile"] == 0.0, (result.status, result.seconds)
+    assert not any(k.startswith("compile.") for k in result.seconds)  # no build's profile: nothing built
 
 
 @pytest.mark.slow
@@ -1300,34 +924,6 @@ def test_cuda_timed_calls_run_on_the_kept_cpus_and_nothing_else_does(cache_root,
     assert in_forward == {tuple(allowed[:-1]), (allowed[-1],)}
 
 
-@pytest.mark.gpu
-def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_headers(tmp_path):
-    """A source that includes ATen/cuda/CUDAContext.h and calls its device-property functions and
-    AT_CUDA_CHECK builds on the slim tier (SLIM_CUDA_CONTEXT), and the host headers' precompiled form
-    that its build leaves is valid for the flags torch gives a host unit on this machine."""
-    src = open(CUDA_CASES["benign"]).read().replace('name="ext"', 'name="ext_context"')
-    src = src.replace("#include <c10/cuda/CUDAStream.h>", "#include <ATen/cuda/CUDAContext.h>")
-    src = src.replace("    auto y = torch::empty_like(xc);\n    launch(xc, y, scale, 0, xc.numel(), ",
-                      "    TORCH_CHECK(at::cuda::getCurrentDeviceProperties()->multiProcessorCount > 0);\n"
-                      "    TORCH_CHECK(at::cuda::warp_size() == 32);\n"
-                      "    auto y = torch::empty_like(xc);\n    launch(xc, y, scale, 0, xc.numel(), ", 1)
-    src = src.replace("    return y;\n}\n\n// partial", "    AT_CUDA_CHECK(cudaGetLastError());\n    return y;\n}\n\n// partial", 1)
-    assert src.count("getCurrentDeviceProperties") == 1 and src.count("AT_CUDA_CHECK") == 1
-    cache = str(tmp_path / "cache")
-    result = ke.evaluate(REFERENCE, src, device="cuda", cache_root=cache, gpu_trials=30)
-    assert result.status == "correct", result.message
-    records = [json.load(open(p)) for p in glob.glob(os.path.join(cache, "compiled", "*.json"))]
-    assert [r["header_tier"] for r in records] == ["slim"]
-    [gch] = glob.glob(os.path.join(cache, "host_pch", "*", "kernel_eval_host.h.gch"))
-    [build_dir] = [os.path.dirname(p) for p in glob.glob(os.path.join(cache, "build", "*", "build.ninja"))
-                   if "ext_context" in open(p).read()]
-    ninja = open(os.path.join(build_dir, "build.ninja")).read()
-    cxx, cflags = (re.search(rf"^{v} = (.*)$", ninja, re.M).group(1) for v in ("cxx", "cflags"))
-    done = subprocess.run([*shlex.split(cxx), *shlex.split(cflags), "-Winvalid-pch", "-H", "-fsyntax-only",
-                           os.path.join(build_dir, "main.cpp")], capture_output=True, text=True)
-    assert done.returncode == 0 and f"! {gch}" in done.stderr.splitlines(), done.stderr[-2000:]
-
-
 BROKEN_CPP = """
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
@@ -1357,27 +953,8 @@ def test_compile_error_is_trimmed_and_cached(cache_root):
     assert len(result.message.splitlines()) <= 14 and "c++ -MMD" not in result.message
     # gcc's position is rewritten to the line of the candidate's .py file that holds it
     assert "line 7 (main.cpp:" in result.message and "    7 |     return undefined_thing(x);" in result.message, result.message
-    again = ke._compile(BROKEN_CPP, "cpu", "", ke.EvalConfig(cache_root=cache_root))
-    assert again["status"] == "compile_error" and again["cached"]
-
-
-def test_point_at_source_maps_generated_lines_to_the_candidates_file(tmp_path):
-    build = tmp_path / "build" / "abc"
-    build.mkdir(parents=True)
-    (build / "main.cpp").write_text("#include <torch/extension.h>\ntorch::Tensor f(torch::Tensor x) {\n"
-                                    "    return undefined_thing(x);\n}\n// bindings\n")
-    py = 'import torch\nsrc = """\ntorch::Tensor f(torch::Tensor x) {\n    return undefined_thing(x);\n}\n"""\n'
-    diag = (f"{build}/main.cpp:3:12: error: 'undefined_thing' was not declared in this scope\n"
-            "    3 |     return undefined_thing(x);\n"
-            f"{build}/main.cpp:1:10: fatal error: no such header\n"
-            f"{build}/cuda.cu(7): error: identifier is undefined\n"
-            "/usr/include/torch/x.h:3:1: note: a header's own line is left alone")
-    out = ke.point_at_source(diag, py).splitlines()
-    assert out[0] == "line 4 (main.cpp:3:12): error: 'undefined_thing' was not declared in this scope"
-    assert out[1] == "    4 |     return undefined_thing(x);"  # gcc's quote of the line, renumbered
-    assert out[2] == "main.cpp:1:10: fatal error: no such header"  # the harness's header: no .py line
-    assert out[3] == "cuda.cu:7: error: identifier is undefined"  # no such generated file here
-    assert out[4] == "/usr/include/torch/x.h:3:1: note: a header's own line is left alone"
+    again = ke.evaluate(REFERENCE, BROKEN_CPP, device="cpu", cache_root=cache_root, **FAST)
+    assert again.status == "compile_error" and again.message == result.message and again.seconds["compile"] == 0.0
 
 
 def test_describe_exception_gives_the_line_in_the_code_and_no_harness_frames(tmp_path):

@@ -1,0 +1,408 @@
+"""kernel_build: how a candidate's `load_inline` extension is built, for kernel_eval.
+
+Optional: kernel_eval.py with kernel_sandbox.py judges candidates without this file (plain
+`load_inline`, in a build directory per candidate). With it, every compile and run worker calls
+`patch_load_inline` before the candidate's code runs, and `torch.utils.cpp_extension.load_inline`
+(and `load`) then build:
+
+Fairness (what a verdict depends on)
+- in cache_root/build/<sha256 of the call's sources, flags, torch, python, arch>: two candidates
+  that both name their extension `ext` never load each other's library, and a kernel seen before
+  is never rebuilt (the run worker imports what the compile worker built, skipping ninja);
+- with `-O3` where the call names no -O flag (load_inline alone builds C++ at -O0).
+
+Speed (BuildConfig; a build's result is the same either way)
+- CUDA units try the header tiers first (HEADER_TIERS): "slim" is ATen's tensor class, the
+  dispatch macros, the CUDA stream headers and lean copies of the headers of the ops the source
+  names, instead of torch/extension.h (all of torch's C++ API: parsing it is most of a build);
+  "light" is all of ATen. A source that does not build on a tier falls back to the next, then to
+  the source as written, so a tier costs a failed attempt, never a verdict.
+- the slim tier's host units read their headers from a precompiled header built once per cache
+  (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
+- compiler diagnostics point at the candidate's .py lines (point_at_source).
+Figures: docs/PERFORMANCE.md, "A candidate's latency (p50) on the H200".
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from kernel_sandbox import atomic_write, source_hash
+
+_perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
+
+
+@dataclass
+class BuildConfig:
+    """How candidates' extensions are built (kernel_eval's EvalConfig.build)."""
+    default_cflags: tuple = ("-O3",)  # C++ flags when the call names no -O flag (fairness)
+    # torch's precompiled header is one file per torch install that any other load_inline user
+    # deletes or rebuilds with other flags: turn on only where kernel_eval is the only builder
+    use_pch: bool = False
+    # header sets tried in order for CUDA builds before the source as written; () = as written
+    cuda_header_tiers: tuple = ("slim",)
+    # the slim tier's host units read a precompiled header kept in cache_root (build_host_pch), built
+    # from the first such build with the default flags; units with other flags parse the headers
+    host_pch: bool = True
+
+    def __post_init__(self):
+        tiers = self.cuda_header_tiers
+        if isinstance(tiers, str) or any(t not in HEADER_TIERS for t in tiers):
+            raise ValueError(f"cuda_header_tiers must be a tuple of {HEADER_TIERS}, got {tiers!r}")
+        self.default_cflags, self.cuda_header_tiers = tuple(self.default_cflags), tuple(tiers)
+
+
+def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load: bool) -> dict:
+    """Force load_inline/load into per-hash build dirs; inject -O3, the header tiers and the
+    precompiled headers. `fast_load` (run workers): import what the compile worker built here.
+    Returns the worker's build record: {"builds", "build_error", "header_tier", "build_s"}."""
+    import inspect
+    import torch
+    import torch.utils.cpp_extension as ce
+
+    default_cflags, use_pch, cuda_header_tiers = config.default_cflags, config.use_pch, config.cuda_header_tiers
+    state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0}
+    base_key = (torch.__version__, sys.version_info[:2], arch)
+    host_header = write_host_header(cache_root, torch.__version__) if config.host_pch and cuda_header_tiers else None
+    inline, load = ce.load_inline, ce.load
+
+    def fix_flags(args: dict, cuda: bool) -> None:
+        flags = list(args.get("extra_cflags") or [])
+        if not any(f.startswith("-O") for f in flags):
+            flags = list(default_cflags) + flags
+        args["extra_cflags"] = flags
+        if cuda:
+            cflags = list(args.get("extra_cuda_cflags") or [])
+            if not any(f.startswith("-O") for f in cflags):
+                cflags = ["-O3"] + cflags
+            args["extra_cuda_cflags"] = cflags
+
+    def run(fn, args):
+        t0 = _perf_counter()
+        try:
+            return fn(**args)
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+            state["build_error"] = f"{e}\n{getattr(e, 'output', '') or ''}"
+            raise
+        finally:
+            state["build_s"] += _perf_counter() - t0
+
+    def patched_inline(*a, **kw):
+        args = inspect.signature(inline).bind(*a, **kw).arguments
+        cuda = bool(args.get("cuda_sources"))
+        fix_flags(args, cuda)
+        if (cuda and cuda_header_tiers and not args.get("no_implicit_headers")
+                and "no_implicit_headers" in inspect.signature(inline).parameters):
+            # no_implicit_headers: load_inline would put torch/types.h (autograd, library) at the top
+            # of every .cu unit and torch/extension.h (all of torch's C++ API) in the host unit
+            for tier in cuda_header_tiers:
+                try:
+                    tier_args = header_tier_args(args, tier)
+                    module = build(tier_args, cuda, remember_failure=True)
+                    state["header_tier"] = tier
+                    if (tier == "slim" and host_header and not fast_load
+                            and list(args["extra_cflags"]) == list(default_cflags)):
+                        build_host_pch(host_header, tier_args["build_directory"])
+                    return module
+                except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
+                    state["build_error"] = None  # a heavier tier may still build it: fall back
+        return build(args, cuda)
+
+    def header_tier_args(args: dict, tier: str) -> dict:
+        def sources(key):
+            value = args.get(key) or []
+            return [value] if isinstance(value, str) else list(value)
+        cpp = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cpp_sources")]
+        cu = [s.replace(FULL_HEADER, "").replace(TYPES_HEADER, "") for s in sources("cuda_sources")]
+        include_paths = list(args.get("extra_include_paths") or [])
+        if tier == "slim":
+            ops_dir = os.path.join(ce.include_paths()[0], "ATen", "ops")
+            host_ops, device_ops = op_names(cpp, ops_dir), op_names(cu, ops_dir)
+            # first in the unit, so that g++ may use its precompiled form (build_host_pch)
+            host_headers = f'#include "{host_header}"\n' if host_header else SLIM_HOST_HEADERS
+            host = host_headers + ops_includes(host_ops) + TORCH_ALIASES
+            device = SLIM_CUDA_HEADERS + ops_includes(device_ops)
+            cu = [s.replace(CUDA_CONTEXT_HEADER, SLIM_CUDA_CONTEXT) for s in cu]
+            # lean copies of those ops' headers, first on the include path (-I precedes -isystem)
+            include_paths = [write_lean_op_headers(sorted(set(host_ops + device_ops)), ops_dir,
+                                                   os.path.join(cache_root, "op_headers"))] + include_paths
+        elif tier == "light":
+            host, device = FULL_HEADER + "\n", LIGHT_CUDA_HEADERS  # torch/extension.h has the aliases
+        else:
+            raise ValueError(f"unknown CUDA header tier {tier!r} (known: {', '.join(HEADER_TIERS)})")
+        return dict(args, no_implicit_headers=True, cpp_sources=[host] + cpp,
+                    cuda_sources=[device + TORCH_ALIASES] + cu, extra_include_paths=include_paths)
+
+    def build(args, cuda, remember_failure=False):
+        pch = (use_pch and not cuda and "use_pch" in inspect.signature(inline).parameters
+               and list(args["extra_cflags"]) == list(default_cflags) and not args.get("extra_include_paths"))
+        args["use_pch"] = bool(pch)
+        key = source_hash(base_key, sorted((k, v) for k, v in args.items() if k not in ("build_directory", "verbose")))
+        args["build_directory"] = os.path.join(cache_root, "build", key[:32])
+        os.makedirs(args["build_directory"], exist_ok=True)
+        built = os.path.join(args["build_directory"], args["name"] + ".so")
+        failed_marker = os.path.join(args["build_directory"], "FAILED")
+        if remember_failure and os.path.exists(failed_marker):
+            raise RuntimeError("this build failed before")
+        if fast_load and os.path.exists(built):
+            # the compile phase built exactly these sources here: import, skip ninja and the .gch check
+            return ce._import_module_from_library(args["name"], args["build_directory"], args.get("is_python_module", True))
+        state["builds"] += 1
+        lock = None
+        if pch:
+            # torch keeps one .gch next to its own headers, for every user of this torch install:
+            # (re)build it holding an exclusive lock, then compile holding a shared one so that no
+            # kernel_eval process rewrites it while a build reads it.
+            lock = open(os.path.join(PCH_LOCK_DIR or tempfile.gettempdir(), "kernel_eval-pch-"
+                                     + source_hash(os.path.dirname(torch.__file__))[:16] + ".lock"), "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            run(ce._check_and_build_extension_h_precompiler_headers,
+                {"extra_cflags": args["extra_cflags"], "extra_include_paths": args.get("extra_include_paths")})
+            fcntl.flock(lock, fcntl.LOCK_SH)
+        # torch's own lock in a build dir is a file that a killed build leaves behind, and every later
+        # build of that dir then waits forever; an flock dies with its holder, so hold one instead and
+        # clear a baton left by a build that no longer runs.
+        dir_lock = open(os.path.join(args["build_directory"], ".kernel_eval.lock"), "a")
+        try:
+            fcntl.flock(dir_lock, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(args["build_directory"], "lock"))
+            return run(inline, args)
+        except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
+            if remember_failure:
+                open(failed_marker, "w").close()
+            raise
+        finally:
+            dir_lock.close()
+            if lock is not None:
+                lock.close()
+
+    def patched_load(*a, **kw):
+        args = inspect.signature(load).bind(*a, **kw).arguments
+        sources = args["sources"] if isinstance(args["sources"], list) else [args["sources"]]
+        cuda = any(s.endswith((".cu", ".cuh")) for s in sources)
+        fix_flags(args, cuda)
+        contents = []
+        for s in sources:
+            with open(s, "rb") as f:
+                contents.append(hashlib.sha256(f.read()).hexdigest())
+        key = source_hash(base_key, contents, sorted((k, v) for k, v in args.items()
+                                                     if k not in ("build_directory", "verbose", "sources")))
+        args["build_directory"] = os.path.join(cache_root, "build", key[:32])
+        os.makedirs(args["build_directory"], exist_ok=True)
+        state["builds"] += 1
+        return run(load, args)
+
+    ce.load_inline, ce.load = patched_inline, patched_load
+    # load_inline(use_pch=False) deletes torch's shared .gch, which concurrent builds are using
+    ce.remove_extension_h_precompiler_headers = lambda: None
+    return state
+
+
+
+
+PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)
+FULL_HEADER = "#include <torch/extension.h>"
+TYPES_HEADER = "#include <torch/types.h>"
+# Most of a CUDA build is parsing torch's headers (three times in a .cu unit: nvcc's device and
+# host passes, then the host compiler). torch/extension.h brings all of torch's C++ API (nn, optim,
+# autograd, jit) and pybind11; a kernel's wrapper needs at::Tensor, a few factory functions,
+# AT_DISPATCH, TORCH_CHECK and the current stream. A tier a unit does not build under falls back to
+# the next, then to the source as written, so a lighter tier costs a failed attempt but never a verdict.
+HEADER_TIERS = ("slim", "light")
+# slim: the tensor class, dispatch macros and CUDA stream/guard headers, plus ATen/ops/<name>.h for
+# every torch::name( / at::name( the unit calls (op_names), lean (LEAN_OP_DROPPED); tensor
+# operators (+, *) and torch::nn are not in it.
+SLIM_CUDA_HEADERS = """#include <cuda.h>
+#include <cuda_runtime.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
+"""
+# Every ATen/ops/<name>.h opens with these includes, which its inline wrappers do not use;
+# ATen/DeviceGuard.h alone pulls in IValue. A source that needed them falls back to the source as
+# written.
+LEAN_OP_DROPPED = frozenset({"#include <ATen/Context.h>", "#include <ATen/DeviceGuard.h>",
+                             "#include <ATen/TensorUtils.h>", "#include <ATen/TracerMode.h>"})
+# the host unit only binds the functions: pybind11 with torch's Tensor caster and
+# torch::wrap_pybind_function (which load_inline's generated bindings call)
+SLIM_HOST_HEADERS = """#include <torch/csrc/Exceptions.h>
+#include <ATen/core/Tensor.h>
+"""
+# A slim .cu unit gets this for ATen/cuda/CUDAContext.h: its device-property calls and AT_CUDA_CHECK
+# without cuBLAS, cuSPARSE, cuSOLVER and ATen/Context.h (at::cuda:: already names c10::cuda's streams
+# and guards); a source that needs the rest falls back to the next tier.
+CUDA_CONTEXT_HEADER = "#include <ATen/cuda/CUDAContext.h>"
+SLIM_CUDA_CONTEXT = """#include <c10/cuda/CUDAFunctions.h>
+#include <c10/core/Allocator.h>
+namespace at::cuda {
+TORCH_CUDA_CPP_API cudaDeviceProp* getCurrentDeviceProperties();
+TORCH_CUDA_CPP_API int warp_size();
+TORCH_CUDA_CPP_API cudaDeviceProp* getDeviceProperties(c10::DeviceIndex device);
+TORCH_CUDA_CPP_API c10::Allocator* getCUDADeviceAllocator();
+}
+#ifndef AT_CUDA_CHECK
+#define AT_CUDA_CHECK(EXPR) C10_CUDA_CHECK(EXPR)
+#endif
+"""
+# light: all of ATen (every operator) in the .cu unit, torch/extension.h in the host unit
+LIGHT_CUDA_HEADERS = """#include <cuda.h>
+#include <cuda_runtime.h>
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+"""
+# the torch:: names torch/types.h would give a unit
+TORCH_ALIASES = """namespace torch {
+using namespace at;
+using Dtype = at::ScalarType;
+constexpr auto kUInt8 = at::kByte;
+constexpr auto kInt8 = at::kChar;
+constexpr auto kInt16 = at::kShort;
+constexpr auto kInt32 = at::kInt;
+constexpr auto kInt64 = at::kLong;
+constexpr auto kFloat16 = at::kHalf;
+constexpr auto kFloat32 = at::kFloat;
+constexpr auto kFloat64 = at::kDouble;
+}
+"""
+
+
+def op_names(sources: list, ops_dir: str) -> list:
+    """The ATen operators the sources call as torch::name( or at::name( that have a header ATen/ops/<name>.h."""
+    names = sorted({m for src in sources for m in re.findall(r"\b(?:torch|at)::(\w+)\s*\(", src)})
+    return [n for n in names if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h"))]
+
+
+def ops_includes(names: list) -> str:
+    return "".join(f"#include <ATen/ops/{n}.h>\n" for n in names)
+
+
+def write_lean_op_headers(names: list, ops_dir: str, root: str) -> str:
+    """An include dir holding ATen/ops/<name>.h for `names`: torch's headers without LEAN_OP_DROPPED.
+    Keyed by the torch headers and the names, so every build of one source sees the same files
+    (and a header another candidate's source needed can never change this one's build)."""
+    texts = {}
+    for n in names:
+        with open(os.path.join(ops_dir, n + ".h")) as f:
+            texts[n] = "".join(line for line in f if line.strip() not in LEAN_OP_DROPPED)
+    include_dir = os.path.join(root, source_hash(sorted(texts.items()))[:24])
+    target = os.path.join(include_dir, "ATen", "ops")
+    os.makedirs(target, exist_ok=True)
+    for n, text in texts.items():
+        path = os.path.join(target, n + ".h")
+        if not os.path.exists(path):
+            atomic_write(path, text)
+    return include_dir
+
+
+def write_host_header(cache_root: str, torch_version: str) -> str:
+    """SLIM_HOST_HEADERS as a file of their own under cache_root, which the slim tier's host units
+    include first: g++ then reads its precompiled form (<file>.gch, build_host_pch) where one is valid
+    for the unit's flags, and parses the headers where none is (same unit either way)."""
+    path = os.path.join(cache_root, "host_pch", source_hash(SLIM_HOST_HEADERS, torch_version)[:24],
+                        "kernel_eval_host.h")
+    if not os.path.exists(path):
+        atomic_write(path, SLIM_HOST_HEADERS)
+    return path
+
+
+def build_host_pch(header: str, build_dir: str, timeout_s: float = 300.0) -> bool:
+    """Precompile `header` once per cache with the host flags of a build that used it: torch's own
+    (read from that build's build.ninja, so they match whatever this torch writes) less the
+    extension's name and -I paths, which g++ does not require to match. Returns whether a new one
+    was written; a failed or concurrent attempt leaves none, and the units parse the headers."""
+    gch = header + ".gch"
+    try:
+        with open(os.path.join(build_dir, "build.ninja")) as f:
+            ninja = f.read()
+    except OSError:
+        return False
+    variables = dict(re.findall(r"^(cxx|cflags|post_cflags) = (.*)$", ninja, re.M))
+    if os.path.exists(gch) or "cxx" not in variables or "cflags" not in variables:
+        return False
+    flags = [f for f in shlex.split(variables["cflags"] + " " + variables.get("post_cflags", ""))
+             if not f.startswith(("-DTORCH_EXTENSION_NAME=", "-I"))]
+    with open(header + ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # another build is writing it
+        if os.path.exists(gch):
+            return False
+        tmp = f"{gch}.{os.getpid()}.tmp"
+        try:
+            done = subprocess.run(shlex.split(variables["cxx"]) + ["-x", "c++-header", header, "-o", tmp] + flags,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s)
+            if done.returncode == 0:
+                os.replace(tmp, gch)
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        return False
+
+
+
+
+# a compiler's position in a generated source: gcc "/x/main.cpp:12:5:", nvcc "/x/cuda.cu(12):"
+# (load_inline's generated files only: a line of torch's headers is never the candidate's)
+_DIAGNOSTIC_AT = re.compile(r"(/[^\s:()]+/(main\.cpp|cuda\.cu))(?::(\d+)(?::(\d+))?|\((\d+)\))")
+
+
+def point_at_source(diagnostics: str, py_src: str) -> str:
+    """Compiler diagnostics with positions in load_inline's generated files (main.cpp, cuda.cu:
+    headers, then the C++/CUDA strings, then bindings) rewritten to the candidate's .py lines:
+    "main.cpp:12:5: error" -> "line 40 (main.cpp:12:5): error". A generated line is found in the
+    .py by its text and its neighbours (a string literal is copied verbatim); a line not found
+    (a string built at run time, the harness's own headers) keeps the generated file's name."""
+    py = [ln.rstrip() for ln in py_src.splitlines()]
+    cache: dict = {}
+
+    def where(path: str, name: str, line: int, col: str | None) -> str:
+        if path not in cache:
+            try:
+                with open(path, errors="replace") as f:
+                    cache[path] = [ln.rstrip() for ln in f.read().splitlines()]
+            except OSError:
+                cache[path] = None
+        generated, at = cache[path], f"{name}:{line}" + (f":{col}" if col else "")
+        if not generated or not 0 < line <= len(generated) or not generated[line - 1].strip():
+            return at
+        best, best_score, tie = None, -1, False
+        for k, text in enumerate(py):
+            if text != generated[line - 1]:
+                continue
+            score = sum(1 for d in range(-3, 4) if 0 <= k + d < len(py) and 0 < line + d <= len(generated)
+                        and py[k + d] == generated[line - 1 + d])
+            best, best_score, tie = (k, score, False) if score > best_score else (best, best_score, tie or score == best_score)
+        return at if best is None or tie else f"line {best + 1} ({at})"
+
+    moved = {}  # generated line -> .py line, for gcc's quoted source lines ("    4 |   return y;")
+
+    def rewrite(m: re.Match) -> str:
+        line = int(m.group(3) or m.group(5))
+        at = where(m.group(1), m.group(2), line, m.group(4))
+        if at.startswith("line "):
+            moved[line] = int(at.split()[1])
+        return at
+
+    def quoted(m: re.Match) -> str:
+        line = int(m.group(2))
+        return f"{m.group(1)}{moved[line]:>{len(m.group(2))}} |" if line in moved else m.group(0)
+
+    out = [_DIAGNOSTIC_AT.sub(rewrite, ln) if "/" in ln else ln for ln in diagnostics.splitlines()]
+    return "\n".join(re.sub(r"^(\s*)(\d+) \|", quoted, ln) for ln in out)
