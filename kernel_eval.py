@@ -38,7 +38,9 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 6. isolation (kernel_sandbox.py): every worker runs in its own session under a subreaper
    supervisor, with an allowlisted environment and limits; phase timeouts are enforced from the
    parent; on timeout, exit or crash the worker's process group, its orphans and whatever
-   carries its tag are killed.
+   carries its tag are killed. A candidate's check and timing requests may each take a multiple
+   of the reference's seconds for the same request plus a slack, under the phase's fixed limit
+   (run_limit): a hung kernel holds the device (and so the batch's timing windows) for seconds.
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
