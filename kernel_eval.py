@@ -38,7 +38,9 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 6. isolation (kernel_sandbox.py): every worker runs in its own session under a subreaper
    supervisor, with an allowlisted environment and limits; phase timeouts are enforced from the
    parent; on timeout, exit or crash the worker's process group, its orphans and whatever
-   carries its tag are killed.
+   carries its tag are killed. A candidate's check and timing requests may each take a multiple
+   of the reference's seconds for the same request plus a slack, under the phase's fixed limit
+   (run_limit): a hung kernel holds the device (and so the batch's timing windows) for seconds.
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
@@ -150,8 +152,15 @@ class EvalConfig:
     timing_cpus: int = 2
     compile_timeout_s: float = 600.0
     load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
-    check_timeout_s: float = 120.0
-    time_timeout_s: float = 300.0
+    check_timeout_s: float = 120.0  # the ceiling of a candidate's check request (run_limit)
+    time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
+    # a candidate's check and timing requests may take run_timeout_multiple x the reference's seconds for
+    # the same request (the same inputs, the same number of calls) + run_timeout_slack_s, under the
+    # ceilings above (run_limit): a hung kernel costs seconds, not minutes. A candidate 10x slower than
+    # the reference earns ~0 anyway; the slack covers what the reference has already paid and the
+    # candidate has not: a first call's lazy init, cuDNN/cuBLAS setup, a busy machine.
+    run_timeout_multiple: float = 10.0
+    run_timeout_slack_s: float = 5.0
     # memory (plan_copies, MemoryBudget): the share of the device's free memory (the host's available
     # memory on cpu and for the input files) the workers of a batch may hold, after context_bytes per
     # live CUDA worker; memory_capacity_bytes None: measured
@@ -200,6 +209,7 @@ class EvalResult:
     alone: bool = False  # judged again with the device to itself, after running out of memory beside others
     trials: int = 0  # correctness trials run (plan_copies: fewer than n_correct_trials for a large task)
     seconds: dict = field(default_factory=dict)  # per phase
+    timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -349,6 +359,7 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
         return result
     if compile_record["status"] == "timeout":
         result.status, result.message = "timeout", compile_record["message"]
+        result.timeout_seconds = compile_record.get("seconds", 0.0)
         return result
     # cached records from before "builds" was kept count as built
     result.compiled = compile_record["status"] == "ok" and compile_record.get("builds", 1) > 0
@@ -363,6 +374,8 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
             result.message = "correct (not timed)"
     except _Failure as f:
         result.status, result.message, result.correct, result.speedup = f.status, f.message, False, 0.0
+        if f.status == "timeout":
+            result.timeout_seconds = f.waited_s
     if result.status != "correct":
         result.speedup, result.correct = 0.0, False
     result.message = _cut(result.message, cfg.message_chars)
@@ -387,11 +400,12 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         t2 = time.monotonic()
         _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
         check_limit = session.output_limit("check")
+        limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
         out_fd = sandbox.memfd("kernel_eval-candidate-outputs")
         try:
-            reply, _ = _ask(cand, "candidate", "check", cfg.check_timeout_s,
+            reply, _ = _ask(cand, "candidate", "check", limit_s,
                             {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
-                            fds=(session.files["check"], out_fd))
+                            fds=(session.files["check"], out_fd), limit_note=limit_note)
             _seal_output(out_fd, check_limit)
             ops, changed = reply.get("ops", []), reply.get("changed")
             if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
@@ -424,12 +438,22 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
             result.seconds["device_wait"] += time.monotonic() - t_wait
             t3 = time.monotonic()
             deadline = time.monotonic() + cfg.time_timeout_s
+
+            def cand_ask(msg, fds=()):
+                """Within run_limit of the reference's seconds for the same request (it asks first),
+                and within the window's deadline."""
+                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
+                left = deadline - time.monotonic()
+                if left < limit_s:
+                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
+                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
+                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
+
             ref_blocks, cand_blocks = _paired_timing(
-                lambda msg, fds=(): session.ask_time(msg, fds, deadline),
-                lambda msg, fds=(): _ask(cand, "candidate", "time", cfg.time_timeout_s, msg, fds=fds, deadline=deadline)[0],
+                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
                 lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline,
                 plan["buffers"])
-            _ask(cand, "candidate", "time", cfg.time_timeout_s, {"cmd": "time_outputs"}, fds=(out_fd,), deadline=deadline)
+            cand_ask({"cmd": "time_outputs"}, (out_fd,))
         _seal_output(out_fd, time_limit)
         with _device_lock(cfg, device, exclusive=False):
             reason = session.judge(out_fd, "time", time_limit)
@@ -454,6 +478,29 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
                           f"candidate ({result.speedup:.3g}x), timed in turn in one window"
                           + (f" ({verdict['note']})" if verdict["note"] else ""))
+
+
+def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> tuple:
+    """(seconds, how they were derived): what a candidate may take for a run request (its check, a
+    timing request) that took the reference `ref_seconds` for the same work: run_timeout_multiple x
+    that + run_timeout_slack_s, at most `ceiling_s` (the phase's fixed limit); None: not measured."""
+    if ref_seconds is None:
+        return ceiling_s, "the fixed ceiling: the reference's time for this request is unknown"
+    how = (f"{cfg.run_timeout_multiple:g} x the reference's {ref_seconds:.2g} s"
+           f" + {cfg.run_timeout_slack_s:g} s")
+    derived = cfg.run_timeout_multiple * ref_seconds + cfg.run_timeout_slack_s
+    if derived >= ceiling_s:
+        return ceiling_s, f"the fixed ceiling, under {how}"
+    return derived, how
+
+
+def _request_key(msg: dict) -> tuple | str:
+    """Which of the reference's measured requests (ReferenceSession.seconds) a candidate's request
+    matches: a timing request with the same number of calls; time_outputs writes the last outputs,
+    less work than the reference's generation of every input set and output ("check")."""
+    if msg["cmd"] == "time_outputs":
+        return "check"
+    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
 
 
 def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
@@ -499,7 +546,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
             raise _Failure("runtime_error", "candidate returned a malformed timing reply")
         blocks[side].append(([float(x) for x in times], wall))
         if time.monotonic() > deadline:
-            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s")
+            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
+                           waited_s=cfg.time_timeout_s)
     return blocks["ref"], blocks["cand"]
 
 
@@ -657,9 +705,10 @@ def flag_ops(ops: list) -> list:
 
 
 class _Failure(Exception):
-    def __init__(self, status: str, message: str):
+    def __init__(self, status: str, message: str, waited_s: float = 0.0):
         super().__init__(message)
         self.status, self.message = status, message
+        self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
 
 
 def _reference_failure(f: _Failure) -> _Failure:
@@ -870,6 +919,10 @@ class ReferenceSession:
         self.worker = self.scratch = self.failure = None
         self.files = {}  # part -> sealed memory file of input sets
         self.generated, self.init_bytes = False, b""
+        # the worker's seconds per request, on the parent's clock: "check" (drawing every input set and
+        # computing its outputs: the work of a candidate's check, and more), and each timing request
+        # by _request_key; a candidate's limit for the same request follows (run_limit)
+        self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
             "footprint", ref_src, device == "cpu", arch, torch.__version__)[:32] + ".json")
@@ -938,8 +991,10 @@ class ReferenceSession:
         plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
         self.files = {part: sandbox.memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
+        t = time.monotonic()
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
                               fds=(self.files["check"], self.files["time"]))
+        self.seconds["check"] = time.monotonic() - t
         for fd in self.files.values():
             sandbox.seal(fd)
         self.out_bytes, self.generated = reply["out_bytes"], True
@@ -962,7 +1017,10 @@ class ReferenceSession:
         every candidate of the task. Hold the device lock (exclusive)."""
         with self.lock:
             self._ready()  # a judge may have stopped the worker since: back on the same seeds
-            return self._call("time", self.cfg.time_timeout_s, msg, fds, deadline)[0]
+            t = time.monotonic()
+            reply = self._call("time", self.cfg.time_timeout_s, msg, fds, deadline)[0]
+            self.seconds[_request_key(msg)] = time.monotonic() - t
+            return reply
 
     def output_limit(self, part: str) -> int:
         """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
@@ -1057,10 +1115,12 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
 
 
 def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
-         deadline: float | None = None, fds: tuple = ()) -> tuple:
+         deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
     """Send a command (and file descriptors), wait for the reply with the same nonce; failures
-    become _Failure. With an empty `msg`, wait for the worker's next message (its boot)."""
-    deadline = deadline or time.monotonic() + timeout_s
+    become _Failure. With an empty `msg`, wait for the worker's next message (its boot).
+    `limit_note`: how timeout_s was derived, for the timeout's message."""
+    start = time.monotonic()
+    deadline = deadline or start + timeout_s
     nonce = secrets.token_hex(8)
     try:
         if msg:
@@ -1074,7 +1134,9 @@ def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: di
             if not msg or reply.get("nonce") == nonce:
                 return reply, data
     except sandbox.ChannelTimeout as e:
-        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.0f} s)") from e
+        note = f": {limit_note}" if limit_note else ""
+        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.3g} s{note})",
+                       waited_s=time.monotonic() - start) from e
     except sandbox.ChannelError as e:
         if str(e) != "closed":
             raise _Failure("runtime_error", f"{who} wrote malformed data on the result channel during {phase} ({e})") from e

@@ -132,6 +132,7 @@ class _Turn:
     candidate_ms: float = 0.0
     timing_ok: bool = False
     message: str = ""
+    timeout_seconds: float = 0.0  # seconds the harness waited on this candidate's phase that timed out
 
 
 @dataclass
@@ -287,7 +288,8 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                            ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
                            candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
                            timing_ok=bool(verdict.get("timing_ok", True)),
-                           message=str(verdict.get("message", "") or "")))
+                           message=str(verdict.get("message", "") or ""),
+                           timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0)))
     return turns
 
 
@@ -307,6 +309,7 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "max_response_tokens": max(lengths, default=0),
         "truncated_rate": sum(t.completion.finish_reason == "length" for t in turns) / n,
         "not_okay_ratio": sum(not t.thinking_opens_as_expected for t in turns) / n,
+        "timeout_seconds": sum(t.timeout_seconds for t in turns),
     }
 
 

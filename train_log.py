@@ -4,7 +4,8 @@ Every rank summarises its own samples (`rank_summary`); rank 0 gathers the summa
 them into one metrics.jsonl line (`step_record`): reward, correct rate (overall and per turn),
 best speedup, status counts, response length, truncation, Kevin's "not okay" ratio (a response
 that does not open its thinking as the template expects), the candidates the harness could not
-judge (harness_errors: no verdict, so no sample and no reward), the loss's clip fraction, approx KL
+judge (harness_errors: no verdict, so no sample and no reward), the seconds the harness waited on
+candidates that timed out (timeout_seconds), the loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
 norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
 `plot_curves` redraws plots/curves.png from metrics.jsonl: a grid of panels against the step.
@@ -81,6 +82,8 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             # candidates the harness could not judge (harness_error): no verdict, so no sample (the rows
             # above) and no reward, neither 0 nor a dropped task; counted from the rollout's turn stats
             "harness_errors": sum(turn["status_counts"].get("harness_error", 0) for turn in turns),
+            # seconds the harness waited on candidates' phases that timed out (EvalResult.timeout_seconds)
+            "timeout_seconds": sum(turn.get("timeout_seconds", 0.0) for turn in turns),
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
 
 

@@ -421,6 +421,88 @@ def test_default_parallel_compiles_leaves_the_timing_cpus_to_timing(monkeypatch)
             assert n >= 1 and (n == 1 or n * build_jobs <= cpus - kept), (cpus, timing_cpus, build_jobs, n)
 
 
+def test_run_limit_is_a_multiple_of_the_reference_plus_slack_under_the_fixed_ceiling():
+    cfg = ke.EvalConfig(run_timeout_multiple=10, run_timeout_slack_s=5)
+    assert ke.run_limit(cfg, 0.12, 120.0) == (pytest.approx(6.2), "10 x the reference's 0.12 s + 5 s")
+    limit, how = ke.run_limit(cfg, 30.0, 120.0)  # 305 s derived: the ceiling
+    assert limit == 120.0 and how.startswith("the fixed ceiling") and "30 s" in how
+    limit, how = ke.run_limit(cfg, None, 300.0)  # not measured: the ceiling
+    assert limit == 300.0 and "unknown" in how
+
+
+# a reference that takes SPIN_S of CPU per call, and candidates that are honest, honest and 3x
+# slower, hung in their check, or hung once timing starts (after the check's n_correct_trials calls)
+SPIN_REFERENCE = """
+import time
+import torch
+import torch.nn as nn
+SPIN_S = 0.05
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+class Model(nn.Module):
+    def forward(self, x):
+        spin(SPIN_S)
+        return x * 2.0
+
+def get_inputs():
+    return [torch.randn(64)]
+
+def get_init_inputs():
+    return []
+"""
+SPIN_CANDIDATE = """
+import time
+import torch
+import torch.nn as nn
+CALLS = [0]
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        CALLS[0] += 1
+        if HANG_AFTER is not None and CALLS[0] > HANG_AFTER:
+            while True:
+                time.sleep(1.0)
+        spin(FACTOR * 0.05)
+        return x * 2.0
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_candidate_times_out_at_a_limit_derived_from_the_reference(tmp_path):
+    """A candidate hung in its check, or once timing starts, is a timeout within ~10x the
+    reference's time for the same request + the slack, far below the fixed 120 s / 300 s, and
+    says so; an honest candidate 3x slower than the reference stays correct."""
+    cfg = dict(cache_root=str(tmp_path), op_check=False, cpu_trials=2)  # the default limits
+    n = ke.EvalConfig().n_correct_trials
+    variants = {"honest": (1, None), "slower_3x": (3, None), "hung_in_check": (1, 0), "hung_in_timing": (1, n)}
+    srcs = {name: SPIN_CANDIDATE + f"FACTOR, HANG_AFTER = {factor}, {hang}\n"
+            for name, (factor, hang) in variants.items()}
+    t0 = time.monotonic()
+    results = dict(zip(srcs, ke.evaluate_batch([(SPIN_REFERENCE, s) for s in srcs.values()], device="cpu", **cfg)))
+    elapsed = time.monotonic() - t0
+    info = {k: (r.status, r.message, r.timeout_seconds) for k, r in results.items()}
+    assert results["honest"].status == "correct" and results["slower_3x"].status == "correct", info
+    assert results["honest"].timeout_seconds == 0.0, info
+    for name, phase in (("hung_in_check", "check"), ("hung_in_timing", "time")):
+        r = results[name]
+        m = re.search(rf"candidate timed out during {phase} \(limit ([\d.]+) s: 10 x the reference's ([\d.e-]+) s "
+                      r"\+ 5 s\)", r.message)
+        assert r.status == "timeout" and m, info
+        limit, ref_s = float(m.group(1)), float(m.group(2))
+        assert limit == pytest.approx(10 * ref_s + 5, rel=0.06, abs=0.06), info  # both printed rounded
+        assert 5 <= limit < 30 and limit * 0.95 <= r.timeout_seconds < limit + 5, info
+    assert elapsed < 120, elapsed  # both hangs together cost less than the old check limit alone
+
+
 ALONE_REFERENCE = """
 import torch
 import torch.nn as nn

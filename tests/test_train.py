@@ -306,6 +306,27 @@ def test_candidates_the_harness_could_not_judge_are_counted_apart_in_the_metrics
     assert "harness_error 2 (no verdict)" in capsys.readouterr().out
 
 
+def test_seconds_lost_to_timeouts_are_summed_in_the_metrics(tmp_path, monkeypatch):
+    """metrics.jsonl's timeout_seconds is the sum of the verdicts' timeout_seconds (the stand-in
+    harness: every other candidate a timeout that waited 6.5 s, the rest correct)."""
+    import kernel_eval
+    n = [0]
+
+    def every_other_timed_out(pairs, **_):
+        verdicts = []
+        for _ in pairs:
+            n[0] += 1
+            verdicts.append(kernel_eval.EvalResult(status="correct", compiled=True, correct=True, speedup=1.0)
+                            if n[0] % 2 else kernel_eval.EvalResult(status="timeout", compiled=True, timeout_seconds=6.5,
+                                                                     message="candidate timed out during check"))
+        return verdicts
+    monkeypatch.setattr(kernel_eval, "evaluate_batch", every_other_timed_out)
+    train.main(["--oracle-share", "1", "--steps", "1", "--turns", "1", "--trajectories", "4", "--task-ids",
+                "builtin/level1/01_relu", "--tasks-per-step", "1", "--max-new-tokens", "1100", "--out", str(tmp_path)])
+    (record,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert record["status_counts"] == {"correct": 2, "timeout": 2} and record["timeout_seconds"] == 13.0
+
+
 def test_reuse_verdicts_is_refused_when_kernels_are_timed():
     with pytest.raises(SystemExit, match="--reuse-verdicts needs --no-time-kernels"):
         train.main(["--reuse-verdicts"])

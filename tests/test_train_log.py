@@ -18,7 +18,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False), ("b", 1, "correct", 0.9, 3.0, 200, False)],
                      [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5},
                      # b's third candidate got no verdict (harness_error): no row, counted apart
-                     [{"n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"],
+                     [{"n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"], "timeout_seconds": 8.5,
                        "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1}}], 2e12)
     update_out = {"loss": [0.25, -0.5], "grad_norm": [0.2, 0.1], "lr": 1e-5}
     record = train_log.step_record(4, [rank0, rank1], update_out, n_turns=2)
@@ -29,6 +29,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["status_counts"] == {"correct": 2, "format_error": 1, "incorrect": 1}   # the rows trained on
     assert record["response_tokens_mean"] == 200 and record["truncated_rate"] == 0.25
     assert record["not_okay_ratio"] == (0.5 * 2 + 0.0 * 3) / 5 and record["harness_errors"] == 1
+    assert record["timeout_seconds"] == 8.5  # rank 0's turn stats name none: 0
     assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
     assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
     assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
