@@ -29,6 +29,8 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    blocks on GPU, MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's
    outputs as raw bytes to a memory file of its own, which the parent seals and hands to the
    reference worker to compare (compare_outputs). A compute operator (flag_ops) -> incorrect.
+   Outputs are exactly torch.Tensor, and forward leaves no torch mode active (OutputCheck), here and
+   in every timed call, else runtime_error: no work can wait for an output's first use.
 5. time (_paired_timing, the device held alone): the timing sets reach the candidate only now;
    reference and candidate warm up, then run in blocks R C C R R C C R on the same input sets,
    rotated through copies of the input buffers, in the same loop (TimingLoop: an L2 flush and
@@ -1382,6 +1384,10 @@ class _TaskWorker:
             torch.empty(1, device=self.dev)  # create the context now: this boot overlaps the compile
         _install_builder(job, fast_load=True)
         self.module = self.cls = self.model = self.flush = self.timing = None
+        # bound now, before the task's code runs: a candidate that rebinds torch.Tensor or the mode
+        # stacks' accessors later does not change what this checks
+        self.output_problem = OutputCheck(torch)
+        self.refuse_outputs = False  # the candidate's worker refuses what output_problem finds
 
     def serve(self, commands: dict) -> None:
         """Report the boot (its CPU time: a fork's starts at zero; the device's free memory: the
@@ -1432,7 +1438,7 @@ class _TaskWorker:
             if self.cuda and self.flush is None:
                 self.flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=self.dev)
             self.timing = TimingLoop(self.model, sets, self.flush, self.cuda, self.sync, msg["buffers"],
-                                     msg["buffer_bytes"])
+                                     msg["buffer_bytes"], self.output_problem, self.refuse_outputs)
             self.timing.run(msg["warmup"])
             return {}
 
@@ -1563,6 +1569,9 @@ def _candidate_worker(w: _TaskWorker) -> None:
             recorder = OpRecorder() if msg.get("op_check") else contextlib.nullcontext()
             with torch.no_grad(), recorder:
                 out = _as_list(w.model(*call))
+            problem = w.output_problem(out)  # before anything touches the outputs (writing them would)
+            if problem:
+                raise sandbox.Refusal(problem)
             ops |= getattr(recorder, "ops", set())
             changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
                             if isinstance(p, torch.Tensor) and not torch.equal(p, c)])
@@ -1574,6 +1583,7 @@ def _candidate_worker(w: _TaskWorker) -> None:
         sandbox.write_tensor_sets(fds[0], w.timing.last)
         return {}
 
+    w.refuse_outputs = True
     w.serve({"load": lambda msg, fds, payload: w.load("ModelNew", "candidate_module"), "init": init,
              "run": run, "time_outputs": time_outputs})
 
@@ -1583,11 +1593,17 @@ class TimingLoop:
     refilled from alternating input sets; `run` returns per-call times (ms) and keeps each set's last
     output. Call k takes set k mod sets into copy (k div sets) mod copies: every copy holds each set in
     turn. On GPU each call is preceded by an L2 flush and ends with a device-wide sync before the end
-    event, so work left on other streams is counted."""
+    event, so work left on other streams is counted.
 
-    def __init__(self, model, sets: list, flush, cuda: bool, sync, buffers: int = 1, buffer_bytes: int = 0):
+    Every call's outputs, warm-up included, go through `output_problem` (OutputCheck) right after its
+    timed interval, before anything touches them; with `refuse` (the candidate's side) a problem ends
+    the run with a sandbox.Refusal. Both sides pay the check, so the loop costs the same on both."""
+
+    def __init__(self, model, sets: list, flush, cuda: bool, sync, buffers: int = 1, buffer_bytes: int = 0,
+                 output_problem=None, refuse: bool = False):
         import torch
         self.model, self.sets, self.flush, self.cuda, self.sync = model, sets, flush, cuda, sync
+        self.output_problem, self.refuse = output_problem or OutputCheck(torch), refuse
         size = sum(x.numel() * x.element_size() for x in sets[0] if isinstance(x, torch.Tensor))
         copies = max(1, min(buffers, buffer_bytes // size if size else buffers))
         self.bufs = [[x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]] for _ in range(copies)]
@@ -1619,10 +1635,55 @@ class TimingLoop:
                     t0 = _process_time()
                     out = self.model(*bufs)
                     times.append((_process_time() - t0) * 1e3)
+                out = _as_list(out)
+                problem = self.output_problem(out)
+                if problem and self.refuse:
+                    raise sandbox.Refusal(f"a timed call: {problem}")
                 if n - k <= len(self.sets):  # a run's last call of each set: a clone per call is overhead
-                    self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in _as_list(out)]
+                    self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in out]
             self.sync()
         return times
+
+
+class OutputCheck:
+    """Why a forward's outputs (a list) are not what the harness accepts from a candidate, or None.
+
+    Each output must be exactly a torch.Tensor: not a subclass (whose __torch_function__ or
+    __torch_dispatch__ could compute its values on first use, after the timed call, when the harness
+    writes or clones it), not a tensor-like object, and without the Python dispatch key (a subclass
+    disguised by assigning __class__). And the forward must leave no torch function or dispatch mode
+    active: a mode runs on every later operation, the harness's reads of a plain output included,
+    and could do the work there (torch's own DeviceContext, which torch.set_default_device leaves,
+    only fills in the device of factory calls: allowed). A plain tensor holds its values in its storage when the call
+    returns (on GPU, after the device-wide sync that ends a timed call), so no work can wait for its
+    first use. An output that aliases an input is not refused: the inputs are checked unchanged, and
+    an identity-like task's honest answer may be a view."""
+
+    def __init__(self, torch):
+        import torch.utils._device
+        self.tensor = torch.Tensor
+        self.dispatch_keys, self.python_key = torch._C._dispatch_keys, torch._C.DispatchKey.Python
+        self.function_modes, self.function_mode_at = torch._C._len_torch_function_stack, torch._C._get_function_stack_at
+        self.dispatch_modes, self.default_device = torch._C._len_torch_dispatch_stack, torch.utils._device.DeviceContext
+
+    def __call__(self, outputs: list) -> str | None:
+        for k, o in enumerate(outputs):
+            name = f"output {k}" if len(outputs) > 1 else "output"
+            kind = type(o)
+            if kind is not self.tensor:
+                what = "a torch.Tensor subclass" if issubclass(kind, self.tensor) else "not a tensor"
+                return f"{name} is {_type_name(kind)} ({what}); forward must return plain torch.Tensor outputs"
+            if self.dispatch_keys(o).has(self.python_key):
+                return f"{name} is a torch.Tensor with Python dispatch (a disguised subclass); forward must return plain tensors"
+        if self.dispatch_modes() or any(type(self.function_mode_at(i)) is not self.default_device
+                                        for i in range(self.function_modes())):
+            return "forward left a torch function or dispatch mode active; it must return plain tensors and no hooks"
+        return None
+
+
+def _type_name(kind: type) -> str:
+    module, name = getattr(kind, "__module__", None), getattr(kind, "__qualname__", "?")
+    return name if module in (None, "builtins") else f"{module}.{name}"
 
 
 def _import_source(path: str, module_name: str):
