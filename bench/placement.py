@@ -2,12 +2,13 @@
 timing noise (issue 17): on the H200 the reference's per-call time switched between levels 10-25%
 apart, between windows and inside one, while the candidate timed beside it stayed within 2%.
 
-For each built-in task named, its reference runs in kernel_eval's own timing loop (TimingLoop: L2
-flush, device-wide sync, CUDA events) on `--copies` copies of one input set, each copy allocated
-after a spacer of random size (its own place in memory), in `--rounds` round-robin rounds. If the
-time follows the copy (the same copy agrees with itself across rounds, copies disagree), placement
-is the cause; if it follows the round, something in time is. Then the same with one copy and a
-spacer allocated between rounds, which moves where the reference's outputs land.
+For each built-in task named, its reference runs in the harness's own timing loop
+(kernel_worker.TimingLoop: L2 flush, device-wide sync, CUDA events) on `--copies` copies of one
+input set, each copy allocated after a spacer of random size (its own place in memory), in
+`--rounds` round-robin rounds. If the time follows the copy (the same copy agrees with itself
+across rounds, copies disagree), placement is the cause; if it follows the round, something in
+time is. Then the same with one copy and a spacer allocated between rounds, which moves where the
+reference's outputs land.
 
     python bench/placement.py --tasks level1/07_row_sum level1/08_max_over_dim      # H200, ~1 min
 """
@@ -24,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import kernel_eval  # noqa: E402
+import kernel_worker  # noqa: E402
 import tasks  # noqa: E402
 from harness import spread  # noqa: E402  (bench/, this script's own directory)
 
@@ -61,7 +63,7 @@ def main() -> None:
         for _ in range(a.copies):
             spacer()
             copies.append([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
-        loops = [kernel_eval.TimingLoop(model, [c], flush, True, torch.cuda.synchronize) for c in copies]
+        loops = [kernel_worker.TimingLoop(model, [c], flush, True, torch.cuda.synchronize) for c in copies]
         for loop in loops:
             loop.run(10)
         table = [[statistics.median(loop.run(a.calls)) * 1e3 for loop in loops] for _ in range(a.rounds)]
