@@ -1,43 +1,39 @@
-"""The kernel gate: what a candidate may call, and the static check that decides, before any
-compiling, whether a source may be judged at all.
+"""The kernel gate: what a candidate may call, and the static check that decides, before any compiling,
+whether a source may be judged at all.
 
-Kevin-32B (Cognition, 2025) pays 0 for a turn whose code breaks its rules, and so does this
-project (rewards.turn_score): the code uses torch.nn beyond Module/Parameter/containers/init, its
-forward pass does the work with torch compute instead of its own kernel, it contains try/except
-or `pass`, or it has no kernel at all. The gate also refuses what only an attacker needs (other
-imports, exec/eval, dunder tricks, patching torch, CUDA streams and graphs). It is a cheap first
-filter and the reward rule, not the security boundary: kernel_eval.py is.
+Kevin-32B (Cognition, 2025) pays 0 for a turn whose code breaks its rules, and so does this project
+(rewards.turn_score): the code uses torch.nn beyond Module/Parameter/containers/init, its forward pass
+does the work with torch compute instead of its own kernel, it contains try/except or `pass`, or it
+has no kernel at all. The gate also refuses what only an attacker needs (other imports, exec/eval,
+dunder tricks, patching torch, CUDA streams and graphs). It is a cheap first filter and the reward
+rule, not the security boundary: kernel_eval.py is.
 
-One rule of what a kernel may call, written once as the table CALLS (as Kevin's rule: the
-compute happens in the kernel): allocation, views, transposes, copies, casts and sizes are glue
-around the kernel and are allowed, in forward and in the C++ host code alike; torch compute and
-data-building operators are the task's work and are not. Each row says why. Three readers
-follow it:
+One rule of what a kernel may call, written once as the table CALLS, a reason per row (as Kevin's
+rule: the compute happens in the kernel): allocation, views, transposes, copies, casts and sizes are
+glue around the kernel, allowed in forward and in the C++ host code alike; torch compute and
+data-building operators are the task's work and are not. Three readers follow it:
   - the prompt: describe_calls() states the table; summarize.CALL_RULES is a copy of that text
     (summarize imports no project module), held equal by tests/test_summarize.py;
   - the gate: check_format's allow- and denylists below are made from the table;
-  - the harness: kernel_eval's op check accepts the aten operators of the allowed rows and no
-    others (kernel_eval.ALLOWED_ATEN_OPS, a copy of ALLOWED_ATEN_OPS since kernel_eval does not
-    import this file), held equal by tests/test_kernel_gate.py, which also runs every row
-    through the gate and through the harness on the CPU.
+  - the harness: kernel_eval's op check accepts the aten operators of the allowed rows and no others
+    (kernel_eval.ALLOWED_ATEN_OPS, a copy, held equal by tests/test_kernel_gate.py, which also runs
+    every row through the gate and through the harness on the CPU).
 
 How the gate finds torch compute in the forward pass (and every helper it reaches):
-  - a torch.* function or tensor method outside the allowed rows, any torch.nn.functional
-    name or torch.nn layer;
-  - Python operators with a tensor operand (x + y, x @ w, -x, x > 0, out[i] = v, x[mask]):
-    they run torch kernels. Arithmetic on sizes (n * 2, (n + 255) // 256) stays allowed: a
-    small flow-insensitive type inference tells tensors (forward's arguments, parameters,
-    buffers, kernel outputs, anything derived from them) from sizes (x.size(0), x.shape[1],
-    constants). A value it cannot place is let through: a determined attacker can launder a
-    tensor past this inference, and the harness then judges the result;
-  - in the kernel's C++: torch::/at:: namespace calls outside the allowed rows, and the tensor
-    methods of the refused rows (C++ strings and vectors have methods too, so there the
-    methods are a denylist).
-__init__ (and helpers reached only from it) may use torch freely to build parameters, as
-KernelBench references do. The gate is a list of small rules (RULES), each returning the reason
-for the first place that breaks it, over facts derived once per candidate (_Candidate, _Types).
-
-Standard library only, so the file can be copied alone.
+  - a torch.* function or tensor method outside the allowed rows, any torch.nn.functional name or
+    torch.nn layer;
+  - Python operators with a tensor operand (x + y, x @ w, -x, x > 0, out[i] = v, x[mask]): they run
+    torch kernels. Arithmetic on sizes (n * 2, (n + 255) // 256) stays allowed: a small
+    flow-insensitive type inference tells tensors (forward's arguments, parameters, buffers, kernel
+    outputs, anything derived from them) from sizes (x.size(0), x.shape[1], constants). A value it
+    cannot place is let through: a determined attacker can launder a tensor past this inference,
+    and the harness then judges the result;
+  - in the kernel's C++: torch::/at:: namespace calls outside the allowed rows, and the tensor methods
+    of the refused rows (C++ strings and vectors have methods too, so there they are a denylist).
+__init__ (and helpers reached only from it) may use torch freely to build parameters, as KernelBench
+references do. The gate is a list of small rules (RULES), each returning the reason for the first
+place that breaks it, over facts derived once per candidate (_Candidate, _Types). Standard library
+only, so the file can be copied alone.
 """
 from __future__ import annotations
 
@@ -50,14 +46,12 @@ from functools import cached_property
 # =========================================================================== what a kernel may call
 @dataclass(frozen=True)
 class Call:
-    """One row of what a candidate may call around its kernel, and why.
-
-    Spellings: in Python `torch.f` (a function) and `x.m()` / `x.a` (a tensor method or
-    attribute); in C++ `torch::f` / `at::f` (a namespace call) and `x.m()`. Allowed rows list
-    every spelling the gate lets through. Refused rows give Python examples (the forward pass
-    is allowlisted: what no allowed row names is refused there) and, in C++, every tensor
-    method the gate refuses (a denylist; the harness's op check catches the rest).
-    """
+    """One row of what a candidate may call around its kernel, and why. Spellings: in Python `torch.f`
+    (a function) and `x.m()` / `x.a` (a tensor method or attribute); in C++ `torch::f` / `at::f` (a
+    namespace call) and `x.m()`. Allowed rows list every spelling the gate lets through. Refused rows
+    give Python examples (the forward pass is allowlisted: what no allowed row names is refused there)
+    and, in C++, every tensor method the gate refuses (a denylist; the harness's op check catches the
+    rest)."""
     what: str
     python: tuple[str, ...]
     cpp: tuple[str, ...]
@@ -86,72 +80,60 @@ CALLS = (
          cpp=(*_cpp("empty empty_like empty_strided zeros zeros_like from_blob"),
               *_methods("zero_ resize_")),
          aten=tuple("empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros "
-                    "zeros_like zero_ resize_".split()),
-         forward=True, host=True,
+                    "zeros_like zero_ resize_".split()), forward=True, host=True,
          why="Output and scratch buffers are memory, not arithmetic: the kernel fills them."),
     Call("constant fills",
          python=(*_torch("ones ones_like full full_like"), *_methods("new_ones new_full fill_")),
          cpp=(*_cpp("ones ones_like full full_like"), *_methods("new_ones new_full fill_")),
-         aten=tuple("ones ones_like full full_like new_ones new_full fill_".split()),
-         forward=True, host=True,
+         aten=tuple("ones ones_like full full_like new_ones new_full fill_".split()), forward=True, host=True,
          why="A buffer of one constant reads no input: allocation, like torch.zeros (an "
              "accumulator that starts at 1 or -inf)."),
     Call("views",
          python=(*_torch("reshape flatten squeeze unsqueeze narrow select split chunk unbind"),
-                 *_methods("view view_as reshape reshape_as flatten unflatten squeeze unsqueeze "
-                           "expand expand_as narrow select split chunk unbind detach "
-                           "requires_grad_"), "x.data"),
+                 *_methods("view view_as reshape reshape_as flatten unflatten squeeze unsqueeze expand expand_as "
+                           "narrow select split chunk unbind detach requires_grad_"), "x.data"),
          cpp=(*_cpp("reshape flatten squeeze unsqueeze narrow select split chunk unbind"),
               *_methods("view view_as reshape flatten squeeze unsqueeze expand expand_as narrow "
                         "select slice split chunk unbind detach as_strided set_")),
          aten=tuple("view _unsafe_view reshape _reshape_alias view_as as_strided expand expand_as "
                     "unsqueeze squeeze select slice narrow detach alias split split_with_sizes "
-                    "unsafe_split chunk unbind flatten set_".split()),
-         forward=True, host=True,
-         why="The same memory under other sizes and strides, as indexing with ints and slices "
-             "(x[0], x[:, 1:]) gives: no value is read or computed. A reshape that cannot be a "
-             "view copies, as .contiguous() does."),
+                    "unsafe_split chunk unbind flatten set_".split()), forward=True, host=True,
+         why="The same memory under other sizes and strides, as indexing with ints and slices (x[0], x[:, 1:]) "
+             "gives: no value is read or computed. A reshape that cannot be a view copies, as .contiguous() does."),
     Call("transposes",
          python=(*_torch("t transpose permute"), *_methods("t transpose permute"), "x.T", "x.mT"),
          cpp=(*_cpp("t transpose permute"), *_methods("t transpose permute")),
-         aten=("t", "transpose", "permute"),
-         forward=True, host=True,
+         aten=("t", "transpose", "permute"), forward=True, host=True,
          why="Layout glue: a view with its strides swapped, no value changes. References use "
              "them to lay out operands (A.T @ B); the kernel, or .contiguous(), moves the data."),
     Call("copies",
          python=("torch.clone", *_methods("contiguous clone copy_")),
          cpp=("torch::clone", *_methods("contiguous clone copy_")),
-         aten=("contiguous", "clone", "copy_"),
-         forward=True, host=True,
+         aten=("contiguous", "clone", "copy_"), forward=True, host=True,
          why="A copy moves values unchanged into a layout the kernel can index: .contiguous() "
              "of a transposed view is such a copy, and clone and copy_ are the same thing."),
     Call("casts and device moves",
          python=_methods("to type_as half float double bfloat16 int long cuda cpu"),
          cpp=_methods("to toType cuda cpu"),
-         aten=("_to_copy", "to"),
-         forward=True, host=True,
+         aten=("_to_copy", "to"), forward=True, host=True,
          why="A cast converts each value on its own and does none of the task's arithmetic; "
              "its time counts against the candidate, and the tolerance judges the precision it "
              "loses. The harness sees a cast and a device move as one operator (_to_copy)."),
     Call("sizes and metadata",
          python=(*_methods("size dim numel stride item data_ptr element_size is_contiguous "
                            "get_device storage_offset nelement ndimension"),
-                 *(f"x.{a}" for a in "shape dtype device ndim is_cuda layout requires_grad "
-                                     "is_leaf".split())),
+                 *(f"x.{a}" for a in "shape dtype device ndim is_cuda layout requires_grad is_leaf".split())),
          cpp=_methods("size sizes dim numel stride strides item data_ptr element_size "
                       "is_contiguous scalar_type options device is_cuda is_nonzero"),
          aten=tuple("_local_scalar_dense item is_nonzero is_same_size sym_size sym_stride "
                     "sym_numel sym_storage_offset dim size stride numel is_contiguous "
-                    "_has_compatible_shallow_copy_type".split()),
-         forward=True, host=True,
-         why="Numbers about a tensor, not its values; .item() copies one value to the host "
-             "(a sync, no arithmetic)."),
+                    "_has_compatible_shallow_copy_type".split()), forward=True, host=True,
+         why="Numbers about a tensor, not its values; .item() copies one value to the host (a sync, no arithmetic)."),
     Call("options, dtypes and devices",
          python=_torch("Size device get_default_dtype is_tensor"),
          cpp=_cpp("TensorOptions Device Scalar IntArrayRef dtype device Tensor ScalarType Half "
                   "BFloat16 optional check requires_grad layout MemoryFormat"),
-         aten=(),
-         forward=True, host=True,
+         aten=(), forward=True, host=True,
          why="They describe tensors (shape, dtype, device, options) and touch no values."),
     Call("the device, its current stream and the CPU threads",
          python=_torch("no_grad inference_mode cuda.is_available cuda.current_device "
@@ -161,22 +143,19 @@ CALLS = (
                     "current_device CUDAGuard OptionalCUDAGuard", "at::cuda"),
               *_cpp("DeviceGuard OptionalDeviceGuard parallel_for get_num_threads ceil_div", "at"),
               "x.record_stream()"),
-         aten=("record_stream",),
-         forward=True, host=True,
+         aten=("record_stream",), forward=True, host=True,
          why="Where and how the kernel runs: the device, the current stream (which the timing "
              "sees; other streams are refused), the CPU thread pool, the compiler."),
     Call("torch compute operators and Python operators on tensors such as x + y, x > 0 or x[mask]",
          python=("torch.relu", "torch.nn.functional.relu", "x.sum()", "x.matmul()", "torch.matmul",
                  "torch.nn.functional.conv2d", *_methods("relu exp clamp add_ mul_")),
          cpp=("torch::matmul", "at::relu", *_methods(
-             "add add_ sub sub_ mul mul_ div div_ matmul mm bmm addmm baddbmm mv dot einsum sum "
-             "mean prod amax amin argmax argmin relu relu_ gelu silu sigmoid tanh exp log softmax "
-             "log_softmax clamp clamp_ clamp_min clamp_max pow sqrt rsqrt abs neg cumsum norm var "
-             "std topk sort conv1d conv2d conv3d linear layer_norm batch_norm group_norm "
-             "max_pool2d avg_pool2d mish hardtanh leaky_relu elu softplus maximum minimum lerp "
+             "add add_ sub sub_ mul mul_ div div_ matmul mm bmm addmm baddbmm mv dot einsum sum mean prod amax amin "
+             "argmax argmin relu relu_ gelu silu sigmoid tanh exp log softmax log_softmax clamp clamp_ clamp_min "
+             "clamp_max pow sqrt rsqrt abs neg cumsum norm var std topk sort conv1d conv2d conv3d linear layer_norm "
+             "batch_norm group_norm max_pool2d avg_pool2d mish hardtanh leaky_relu elu softplus maximum minimum lerp "
              "addcmul addcdiv bincount histc")),
-         aten=(),
-         forward=False, host=False,
+         aten=(), forward=False, host=False,
          why="The task's arithmetic: done by torch, the reward would pay for torch's kernels."),
     Call("data-building operators",
          python=("torch.cat", "torch.where", "x.gather()", "x.repeat()", "torch.stack",
@@ -184,16 +163,14 @@ CALLS = (
          cpp=(*_cpp("cat stack"), *_methods(
              "index_select gather scatter scatter_add masked_fill where fill_diagonal_ tril triu "
              "flip roll cat stack repeat index index_put_ masked_select nonzero unique")),
-         aten=(),
-         forward=False, host=False,
+         aten=(), forward=False, host=False,
          why="They compute a tensor from several inputs, indices or conditions (DenseNet's "
              "concatenation, a gather, a mask): part of the model's work. In C++ x.index() "
              "cannot be told from a gather; x.select(), x.slice() and x.narrow() are views."),
     Call("new values on every call",
          python=_torch("tensor arange randn linspace rand"),
          cpp=_cpp("tensor arange randn linspace rand"),
-         aten=(),
-         forward=False, host=False,
+         aten=(), forward=False, host=False,
          why="Constants belong in __init__ (nn.Parameter, register_buffer); index ranges and "
              "random numbers are the kernel's to compute."),
 )
@@ -201,9 +178,8 @@ CALLS = (
 
 _FORWARD = [s for row in CALLS if row.forward for s in row.python]
 _SIZES = next(row for row in CALLS if row.what == "sizes and metadata")
-_DTYPES = {"float32", "float", "float16", "half", "bfloat16", "float64", "double",
-           "int8", "uint8", "int16", "short", "int32", "int", "int64", "long", "bool",
-           "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"}
+_DTYPES = {"float32", "float", "float16", "half", "bfloat16", "float64", "double", "int8", "uint8", "int16", "short",
+           "int32", "int", "int64", "long", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"}
 # The gate's lists, from the table. torch names that are values, never called for work (dtypes,
 # layouts, the Tensor type), are allowed beside the table's calls.
 TORCH_ALLOWED = {f"torch.{n}" for n in _DTYPES} | {s for s in _FORWARD if s.startswith("torch.")} | {
@@ -212,10 +188,8 @@ TENSOR_METHODS_ALLOWED = {s[2:-2] for s in _FORWARD if s.startswith("x.") and s.
 TENSOR_NAMES_ALLOWED = {s[2:].removesuffix("()") for s in _FORWARD if s.startswith("x.")}
 TENSOR_SCALAR_METHODS = {s[2:-2] for s in _SIZES.python if s.endswith("()")}  # give sizes,
 TENSOR_SCALAR_ATTRS = {s[2:] for s in _SIZES.python if not s.endswith("()")}   # not tensors
-CPP_TORCH_CALLS_ALLOWED = {s.rsplit("::", 1)[1] for row in CALLS if row.host for s in row.cpp
-                           if "::" in s}
-CPP_TENSOR_METHODS_DENIED = {s[2:-2] for row in CALLS if not row.host for s in row.cpp
-                             if s.startswith("x.")}
+CPP_TORCH_CALLS_ALLOWED = {s.rsplit("::", 1)[1] for row in CALLS if row.host for s in row.cpp if "::" in s}
+CPP_TENSOR_METHODS_DENIED = {s[2:-2] for row in CALLS if not row.host for s in row.cpp if s.startswith("x.")}
 # what the harness's op check accepts (kernel_eval.ALLOWED_ATEN_OPS is a copy)
 ALLOWED_ATEN_OPS = frozenset(op for row in CALLS if row.forward or row.host for op in row.aten)
 _ALLOWED_WHAT = "allocation, views, transposes, copies, casts and sizes"  # the table, in short
@@ -238,12 +212,9 @@ def describe_calls() -> str:
 
 # =========================================================================== the gate
 def check_format(code: str, language: str = "cuda", max_code_chars: int = 100_000) -> str | None:
-    """Why `code` breaks the submission rules (a sentence a model can act on), or None.
-
-    The rules (RULES, in order) each return the reason for the first place that breaks them.
-    Code longer than max_code_chars is refused outright: the checks cost about a millisecond
-    per 20 lines, and no kernel submission needs thousands of lines.
-    """
+    """Why `code` breaks the submission rules (a sentence a model can act on), or None. The rules
+    (RULES, in order) each return the reason for the first place that breaks them. Code longer than
+    max_code_chars is refused outright: no kernel submission needs thousands of lines."""
     if language not in ("cuda", "cpp"):
         raise ValueError(f"language must be 'cuda' or 'cpp', got {language!r}")
     if not isinstance(code, str) or not code.strip():
@@ -268,13 +239,9 @@ def check_format(code: str, language: str = "cuda", max_code_chars: int = 100_00
     return None
 
 
-ALLOWED_IMPORTS = ("torch", "math", "typing", "typing_extensions", "__future__")
-FORBIDDEN_MODULES = {"os", "sys", "subprocess", "threading", "inspect", "gc", "ctypes",
-                     "importlib", "builtins", "multiprocessing", "signal", "socket",
-                     "shutil", "pathlib", "pickle", "time", "cffi", "numpy", "triton"}
-BANNED_NAMES = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "open",
-                "setattr", "delattr", "breakpoint", "input", "__builtins__", "memoryview",
-                "help", "exit", "quit"}
+ALLOWED_IMPORTS = ("torch", "math", "typing", "typing_extensions", "__future__")  # any other import is refused
+BANNED_NAMES = {"exec", "eval", "compile", "__import__", "globals", "locals", "vars", "open", "setattr", "delattr",
+                "breakpoint", "input", "__builtins__", "memoryview", "help", "exit", "quit"}
 # torch.nn names a candidate may use: the module system itself, never a layer.
 NN_ALLOWED = {"Module", "Parameter", "ModuleList", "ModuleDict", "ParameterList",
               "ParameterDict", "Sequential", "init", "parameter"}
@@ -284,18 +251,15 @@ TORCH_MODULES = {"torch", "torch.nn", "torch.nn.init", "torch.nn.functional", "t
                  "torch.utils", "torch.utils.cpp_extension", "torch.nn.parameter"}
 # Anywhere in the file: namespaces that reach the runtime, files, compilers, other
 # processes or the timing machinery.
-TORCH_DENIED_PREFIXES = ("torch.ops", "torch.library", "torch.jit", "torch.compile",
-                         "torch.fx", "torch.export", "torch.hub", "torch.load", "torch.save",
-                         "torch.distributed", "torch.multiprocessing", "torch.backends",
-                         "torch.classes", "torch.profiler", "torch.autograd",
-                         "torch.testing", "torch.set_", "torch.use_deterministic",
-                         "torch.overrides", "torch.storage", "torch.package")
+TORCH_DENIED_PREFIXES = ("torch.ops", "torch.library", "torch.jit", "torch.compile", "torch.fx", "torch.export",
+                         "torch.hub", "torch.load", "torch.save", "torch.distributed", "torch.multiprocessing",
+                         "torch.backends", "torch.classes", "torch.profiler", "torch.autograd", "torch.testing",
+                         "torch.set_", "torch.use_deterministic", "torch.overrides", "torch.storage", "torch.package")
 # Methods of Python's own containers and strings, allowed on values of unknown type.
-PYTHON_METHODS = {"append", "extend", "insert", "pop", "items", "keys", "values", "get",
-                  "setdefault", "update", "format", "join", "strip", "startswith",
-                  "endswith", "lower", "upper", "replace", "register_buffer",
-                  "register_parameter", "parameters", "named_parameters", "buffers",
-                  "modules", "children", "add_module", "forward"}
+PYTHON_METHODS = {"append", "extend", "insert", "pop", "items", "keys", "values", "get", "setdefault", "update",
+                  "format", "join", "strip", "startswith", "endswith", "lower", "upper", "replace", "register_buffer",
+                  "register_parameter", "parameters", "named_parameters", "buffers", "modules", "children",
+                  "add_module", "forward"}
 # Builtins that call a tensor's operators when handed one.
 BUILTINS_ON_TENSORS = {"abs", "sum", "max", "min", "pow", "round", "divmod", "sorted", "any",
                        "all", "map", "filter", "reversed", "iter", "next"}
@@ -340,8 +304,7 @@ def _is_const_getattr(node: ast.AST) -> bool:
 def no_try_except(c: _Candidate) -> str | None:
     for node in c.nodes:
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            return _at(node, "try/except is not allowed; let errors surface so the harness can "
-                             "report them.")
+            return _at(node, "try/except is not allowed; let errors surface so the harness can report them.")
 
 
 def no_pass(c: _Candidate) -> str | None:
@@ -355,11 +318,10 @@ def imports_only_torch_math_typing(c: _Candidate) -> str | None:
         if isinstance(node, ast.ImportFrom) and node.level:
             return _at(node, "relative imports are not allowed; import torch and math only.")
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [
-                a.name for a in node.names]
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             for name in names:
                 root = name.split(".")[0]
-                if root in FORBIDDEN_MODULES or root not in ALLOWED_IMPORTS:
+                if root not in ALLOWED_IMPORTS:
                     return _at(node, f"importing `{name}` is not allowed; only torch (with "
                                      "torch.nn and torch.utils.cpp_extension), math and typing.")
 
@@ -372,8 +334,7 @@ def no_import_star(c: _Candidate) -> str | None:
 
 def no_exec_eval_or_dunder_names(c: _Candidate) -> str | None:
     for node in c.nodes:
-        if isinstance(node, ast.Name) and (node.id in BANNED_NAMES or
-                                           (_is_dunder(node.id) and node.id != "__name__")):
+        if isinstance(node, ast.Name) and (node.id in BANNED_NAMES or (_is_dunder(node.id) and node.id != "__name__")):
             return _at(node, f"`{node.id}` is not allowed in a kernel submission.")
 
 
@@ -434,8 +395,7 @@ def kernel_source_calls_only_allowed_torch(c: _Candidate) -> str | None:
         for m in _CPP_TORCH_CALL.finditer(code):
             if m.group(1) not in CPP_TORCH_CALLS_ALLOWED:
                 return (f"the kernel source calls {m.group(0).rstrip('( ')}(), a torch compute "
-                        "operator; compute it in your own kernel (allocation such as "
-                        "torch::empty is fine).")
+                        "operator; compute it in your own kernel (allocation such as torch::empty is fine).")
         for m in _CPP_METHOD_CALL.finditer(code):
             if m.group(1) in CPP_TENSOR_METHODS_DENIED:
                 return (f"the kernel source calls .{m.group(1)}(), a torch tensor operator; "
@@ -464,8 +424,7 @@ def compiles_a_kernel_inline(c: _Candidate) -> str | None:
         return _at(calls[0], "load_inline has no cpp_sources=; pass your C++ code there.")
     cpp = [s for call in calls for s in c.source_strings(call, "cpp_sources", 1)]
     if not any(_CPP_FUNCTION.search(s) for s in cpp):
-        return _at(calls[0], "no C++ function definition found in the source passed as "
-                             "cpp_sources.")
+        return _at(calls[0], "no C++ function definition found in the source passed as cpp_sources.")
 
 
 # --------------------------------------------------------------------------- rules: torch names
@@ -492,12 +451,10 @@ def nn_is_only_the_module_system(c: _Candidate) -> str | None:
             continue
         if parts[2] == "functional":
             shown = path.replace("torch.nn.functional", "F")
-            return _at(node, f"`{shown}` is a torch compute operator; do the work in your own "
-                             "kernel.")
+            return _at(node, f"`{shown}` is a torch compute operator; do the work in your own kernel.")
         if parts[2] not in NN_ALLOWED:
-            return _at(node, f"`{path}` is a torch.nn layer; only nn.Module, nn.Parameter, "
-                             "containers and nn.init may be used. Hold weights in nn.Parameter "
-                             "and compute with your kernel.")
+            return _at(node, f"`{path}` is a torch.nn layer; only nn.Module, nn.Parameter, containers and nn.init "
+                             "may be used. Hold weights in nn.Parameter and compute with your kernel.")
         if parts[2] == "init" and c.in_forward(node):
             return _at(node, f"`{path}` belongs in __init__, not in the forward pass.")
 
@@ -509,8 +466,7 @@ def forward_calls_only_allowed_torch_functions(c: _Candidate) -> str | None:
             continue
         if c.in_forward(node):
             return _at(node, f"`{path}` is a torch compute operator, used in the forward pass; "
-                             f"only {_ALLOWED_WHAT} are allowed there. Do the work in your own "
-                             "kernel.")
+                             f"only {_ALLOWED_WHAT} are allowed there. Do the work in your own kernel.")
         if not c.is_call_target(node):
             return _at(node, f"`{path}` may only be called (in __init__), not stored.")
 
@@ -524,14 +480,12 @@ def forward_applies_no_operators_to_tensors(c: _Candidate) -> str | None:
             return _at(node, f"`{_code(node)}` applies a torch operator to a tensor in the forward "
                              "pass; compute it in your kernel (arithmetic on sizes is fine).")
         if isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not) and tensor(node.operand):
-            return _at(node, f"`{_code(node)}` applies a torch operator to a tensor in the forward "
-                             "pass.")
+            return _at(node, f"`{_code(node)}` applies a torch operator to a tensor in the forward pass.")
         if isinstance(node, ast.Compare) and not all(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops) \
                 and any(tensor(x) for x in [node.left, *node.comparators]):
             return _at(node, f"`{_code(node)}` compares tensors with torch in the forward pass.")
         if isinstance(node, ast.AugAssign) and (tensor(node.target) or tensor(node.value)):
-            return _at(node, f"`{_code(node)}` updates a tensor with a torch operator in the "
-                             "forward pass.")
+            return _at(node, f"`{_code(node)}` updates a tensor with a torch operator in the forward pass.")
         if isinstance(node, (ast.Assign, ast.AugAssign)):
             for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
                 if isinstance(t, ast.Subscript) and tensor(t.value):
@@ -543,16 +497,14 @@ def forward_applies_no_operators_to_tensors(c: _Candidate) -> str | None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
                 node.func.id in BUILTINS_ON_TENSORS and node.func.id not in c.defs and \
                 any(tensor(a) for a in [*node.args, *(k.value for k in node.keywords)]):
-            return _at(node, f"`{_code(node)}` runs torch operators through the builtin "
-                             f"{node.func.id}().")
+            return _at(node, f"`{_code(node)}` runs torch operators through the builtin {node.func.id}().")
 
 
 def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
     """The forward column of CALLS for tensor methods and attributes."""
     types = c.types
     for node in c.forward_nodes:
-        if isinstance(node, ast.Attribute) and types.is_tensor(node.value) and \
-                node.attr not in TENSOR_NAMES_ALLOWED:
+        if isinstance(node, ast.Attribute) and types.is_tensor(node.value) and node.attr not in TENSOR_NAMES_ALLOWED:
             return _at(node, f"`.{node.attr}` on a tensor in the forward pass is torch compute; "
                              f"only {_ALLOWED_WHAT} are allowed there.")
         if _is_const_getattr(node) and c.dotted(node) is None and \
@@ -560,8 +512,7 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
                 not types.is_self(node.args[0]) and node.args[1].value not in TENSOR_NAMES_ALLOWED:
             return _at(node, f"`{_code(node)}` reaches `.{node.args[1].value}` on a possible tensor "
                              "in the forward pass; that is torch compute.")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                c.dotted(node.func) is None:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and c.dotted(node.func) is None:
             func = node.func
             if types.kind(func.value) in (_EXT, _TENSOR, _SCALAR) or types.is_self(func.value):
                 continue  # tensors were judged by attribute; ext and scalars may call anything
@@ -569,9 +520,8 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
                     func.value.func.id == "super":
                 continue
             if func.attr not in TENSOR_METHODS_ALLOWED | PYTHON_METHODS:
-                return _at(node, f"`{_code(node)}`: `.{func.attr}()` may be a torch tensor "
-                                 "operator; in the forward pass call only your compiled "
-                                 "extension's functions and the allowed calls.")
+                return _at(node, f"`{_code(node)}`: `.{func.attr}()` may be a torch tensor operator; in the forward "
+                                 "pass call only your compiled extension's functions and the allowed calls.")
 
 
 RULES = (
@@ -605,8 +555,7 @@ class _Candidate:
         for node in self.nodes:
             if isinstance(node, ast.Import):
                 for a in node.names:
-                    self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else \
-                        a.name.split(".")[0]
+                    self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for a in node.names:
                     if a.name != "*":
@@ -656,11 +605,9 @@ class _Candidate:
         return [n.value for n in self.nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
     def source_strings(self, call: ast.Call, keyword: str, position: int) -> list[str]:
-        """The string literals that reach one load_inline argument, comments removed.
-
-        Follows names to their assignments (`cuda_sources=[src]`, `src = HEAD + r\"\"\"...\"\"\"`),
-        so a kernel named only in a docstring or comment does not count.
-        """
+        """The string literals that reach one load_inline argument, comments removed. Follows names to
+        their assignments (`cuda_sources=[src]`, `src = HEAD + r\"\"\"...\"\"\"`), so a kernel named only in
+        a docstring or comment does not count."""
         args = [k.value for k in call.keywords if k.arg == keyword]
         if not args and len(call.args) > position:
             args = [call.args[position]]
@@ -701,12 +648,10 @@ class _Candidate:
 
     @cached_property
     def forward_scope(self) -> tuple[set[ast.AST], set[ast.AST]]:
-        """(functions whose torch use counts as the forward pass's work, their roots).
-
-        Roots: forward/backward and other implicitly called dunder methods, decorated
-        functions, lambdas, and any function referred to other than by a direct call
-        (stored, passed, returned). Then everything those call, transitively.
-        """
+        """(functions whose torch use counts as the forward pass's work, their roots). Roots:
+        forward/backward and other implicitly called dunder methods, decorated functions, lambdas, and
+        any function referred to other than by a direct call (stored, passed, returned); then
+        everything those call, transitively."""
         scope: set[ast.AST] = set()
         for node in self.nodes:
             if isinstance(node, ast.Lambda):
@@ -714,14 +659,12 @@ class _Candidate:
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 plain = all(isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod")
                             for d in node.decorator_list)
-                implicit = node.name in ("forward", "backward") or (
-                    _is_dunder(node.name) and node.name != "__init__")
+                implicit = node.name in ("forward", "backward") or (_is_dunder(node.name) and node.name != "__init__")
                 if implicit or not plain:
                     scope.add(node)
             elif isinstance(node, ast.Name) and node.id in self.defs and not self.is_call_target(node):
                 scope.update(self.defs[node.id])
-            elif isinstance(node, ast.Attribute) and node.attr in self.defs and \
-                    not self.is_call_target(node):
+            elif isinstance(node, ast.Attribute) and node.attr in self.defs and not self.is_call_target(node):
                 scope.update(self.defs[node.attr])
             elif _is_const_getattr(node) and node.args[1].value in self.defs:
                 scope.update(self.defs[node.args[1].value])
@@ -774,13 +717,11 @@ def _join(a: str | None, b: str) -> str:
 
 
 class _Types:
-    """Which values are tensors: a flow-insensitive inference over the whole file.
-
-    Each top-level function gets one environment (name -> kind); forward roots' parameters
-    are tensors, a helper's parameters take the kinds its call sites hand it, `self.x` takes
-    what is assigned to it anywhere, the compiled extension's results are tensors. A few
-    rounds reach the fixpoint; then each node has one kind, read through `kind(node)`.
-    """
+    """Which values are tensors: a flow-insensitive inference over the whole file. Each top-level
+    function gets one environment (name -> kind); forward roots' parameters are tensors, a helper's
+    parameters take the kinds its call sites hand it, `self.x` takes what is assigned to it anywhere,
+    the compiled extension's results are tensors. A few rounds reach the fixpoint; then each node has
+    one kind, read through `kind(node)`."""
 
     def __init__(self, c: _Candidate):
         self.c = c
@@ -790,8 +731,7 @@ class _Types:
         self.param_types: dict[tuple[str, str], str] = {}
         self.returns: dict[str, str] = {}
         self.cache: dict[ast.AST, str] | None = None  # on once the environments are final
-        functions = [n for n in c.nodes
-                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+        functions = [n for n in c.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
         self.outer = [f for f in functions if not c.enclosing_functions(f)]
         self.module_env: dict[str, str] = {}
         for _ in range(4):
@@ -858,8 +798,7 @@ class _Types:
                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
                     self.bind_target(t, kind, env)
             elif isinstance(node, ast.AugAssign):
-                self.bind_target(node.target, _join(self.typ(node.target, env),
-                                                    self.typ(node.value, env)), env)
+                self.bind_target(node.target, _join(self.typ(node.target, env), self.typ(node.value, env)), env)
             elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
                 self.bind_target(node.target, self.typ(node.iter, env), env)
             elif isinstance(node, ast.withitem) and node.optional_vars is not None:
@@ -892,8 +831,7 @@ class _Types:
     def note_call_site(self, call: ast.Call, env: dict[str, str]):
         """Helpers handed a tensor treat that parameter as a tensor."""
         func = call.func
-        name = func.id if isinstance(func, ast.Name) else (
-            func.attr if isinstance(func, ast.Attribute) else None)
+        name = func.id if isinstance(func, ast.Name) else (func.attr if isinstance(func, ast.Attribute) else None)
         if name not in self.c.defs or name == "register_buffer":
             return
         for i, a in enumerate(call.args):
@@ -938,8 +876,7 @@ class _Types:
                      ast.Compare: lambda n: [n.left, *n.comparators],
                      ast.UnaryOp: lambda n: [n.operand]}[type(node)](node)
             kinds = [self.typ(p, env) for p in parts]
-            return _TENSOR if _TENSOR in kinds else (
-                _SCALAR if all(k == _SCALAR for k in kinds) else _UNKNOWN)
+            return _TENSOR if _TENSOR in kinds else (_SCALAR if all(k == _SCALAR for k in kinds) else _UNKNOWN)
         if isinstance(node, ast.IfExp):
             return _join(self.typ(node.body, env), self.typ(node.orelse, env))
         if isinstance(node, ast.Subscript):
@@ -947,8 +884,7 @@ class _Types:
             return base if base in (_TENSOR, _SCALAR) else _UNKNOWN
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
             kinds = [self.typ(e, env) for e in node.elts]
-            return _TENSOR if _TENSOR in kinds else (
-                _SCALAR if all(k == _SCALAR for k in kinds) else _UNKNOWN)
+            return _TENSOR if _TENSOR in kinds else (_SCALAR if all(k == _SCALAR for k in kinds) else _UNKNOWN)
         if isinstance(node, ast.Dict):
             kinds = [self.typ(v, env) for v in node.values]
             return _TENSOR if _TENSOR in kinds else _UNKNOWN
