@@ -13,36 +13,38 @@ candidate C against a reference R:
     python kernel_eval.py REF.py CANDIDATE.py --device cpu --json
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
+This file decides. What runs inside each worker process (the trusted reference's loop, the untrusted
+candidate's) is kernel_worker.py, how those processes are isolated kernel_sandbox.py, and how
+candidates' extensions are built the optional kernel_build.py.
+
 How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
 2. compile (_compile, cached per candidate): a fresh worker imports the candidate, whose
-   `load_inline` builds its extension. With kernel_build.py beside this file, each build gets a
-   directory per hash of its sources and -O3 (fairness) and lighter headers (speed); without it,
-   plain load_inline in a directory of the candidate's own. A compiler diagnostic -> compile_error.
+   `load_inline` builds its extension: with kernel_build.py, in a directory per hash of its sources
+   with -O3 (fairness) and lighter headers (speed); without it, plain load_inline in a directory of
+   the candidate's own. A compiler diagnostic -> compile_error.
 3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the
-   task's code; it draws the inputs from seeds only the parent knows into memory files that the
-   parent seals read-only, and keeps the reference outputs: they never reach a candidate. The
-   task's first run, alone, measures its footprint; plan_copies sizes the copies it keeps to the
-   memory there is, and MemoryBudget admits only the jobs that fit beside each other.
-4. check: the candidate's own fresh worker (booted while it compiled) runs every trial on the
-   sealed inputs (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN
-   blocks on GPU, MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's
-   outputs as raw bytes to a memory file of its own, which the parent seals and hands to the
-   reference worker to compare (compare_outputs). A compute operator (flag_ops) -> incorrect.
-   Outputs are exactly torch.Tensor, and forward leaves no torch mode active (OutputCheck), here and
-   in every timed call, else runtime_error: no work can wait for an output's first use.
-5. time (_paired_timing, the device held alone): the timing sets reach the candidate only now;
-   reference and candidate warm up, then run in blocks R C C R R C C R on the same input sets,
-   rotated through copies of the input buffers, in the same loop (TimingLoop: an L2 flush and
-   CUDA events on GPU, the worker's CPU time on CPU); each set's last output is compared again.
-   The parent clocks every block itself, and paired_verdict pays the speedup only where that
-   clock confirms the candidate's claimed times.
-6. isolation (kernel_sandbox.py): every worker runs in its own session under a subreaper
-   supervisor, with an allowlisted environment and limits; phase timeouts are enforced from the
-   parent; on timeout, exit or crash the worker's process group, its orphans and whatever
-   carries its tag are killed. A candidate's check and timing requests may each take a multiple
-   of the reference's seconds for the same request plus a slack, under the phase's fixed limit
-   (run_limit): a hung kernel holds the device (and so the batch's timing windows) for seconds.
+   task's code; it draws the inputs from seeds only the parent knows into memory files the parent
+   seals read-only, and keeps the reference outputs: they never reach a candidate. The task's first
+   run, alone, measures its footprint; plan_copies sizes its copies to the memory there is, and
+   MemoryBudget admits only the jobs that fit beside each other.
+4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed
+   inputs (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN blocks on
+   GPU, MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's outputs to a
+   memory file of its own, which the parent seals and hands to the reference worker to compare
+   (compare_outputs). A compute operator (flag_ops) -> incorrect. An output that is not exactly a
+   torch.Tensor, or a torch mode left active (OutputCheck), here or in any timed call -> runtime_error:
+   no work can wait for an output's first use.
+5. time (_paired_timing, the device held alone): the timing sets reach the candidate only now; both
+   sides warm up, then run in blocks R C C R R C C R on the same input sets, rotated through copies
+   of the input buffers, in the same loop (TimingLoop: an L2 flush and CUDA events on GPU, the
+   worker's CPU time on CPU); each set's last output is compared again. paired_verdict pays the
+   speedup only where the parent's own clock of every block confirms the candidate's claimed times.
+6. isolation (kernel_sandbox.py): each worker runs in its own session under a subreaper supervisor,
+   with an allowlisted environment and limits; on timeout, exit or crash its process group, its
+   orphans and whatever carries its tag are killed. A candidate's check and timing requests may each
+   take a multiple of the reference's seconds for the same request plus a slack, under the phase's
+   fixed limit (run_limit): a hung kernel holds the device for seconds.
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
@@ -218,9 +220,6 @@ class EvalResult:
 
 
 # ----------------------------------------------------------------------------- the verdict path
-# evaluate_batch compiles every candidate, then judges each in its own fresh process: _judge_all ->
-# _evaluate_one -> _run (load, check against the reference session, time in one window with the
-# reference: _paired_timing -> paired_verdict). What the path stands on comes after it.
 
 def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
     """One verdict; see the module docstring for the phases."""
@@ -228,11 +227,9 @@ def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck
 
 
 def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the
-    device, one timed run on it at a time.
-
-    Each candidate's worker process starts (imports torch, creates its CUDA context) while its
-    kernel compiles; each distinct reference gets one trusted session for the whole batch."""
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the device,
+    one timed run on it at a time. Each candidate's worker boots while its kernel compiles; each
+    distinct reference gets one trusted session for the whole batch."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -261,8 +258,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
-            sessions[ref_src] = ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes,
-                                                  budget=budget)
+            sessions[ref_src] = ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes, budget=budget)
         sessions[ref_src].users += 1
     finished = False
     try:
@@ -488,8 +484,7 @@ def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> t
     that + run_timeout_slack_s, at most `ceiling_s` (the phase's fixed limit); None: not measured."""
     if ref_seconds is None:
         return ceiling_s, "the fixed ceiling: the reference's time for this request is unknown"
-    how = (f"{cfg.run_timeout_multiple:g} x the reference's {ref_seconds:.2g} s"
-           f" + {cfg.run_timeout_slack_s:g} s")
+    how = f"{cfg.run_timeout_multiple:g} x the reference's {ref_seconds:.2g} s + {cfg.run_timeout_slack_s:g} s"
     derived = cfg.run_timeout_multiple * ref_seconds + cfg.run_timeout_slack_s
     if derived >= ceiling_s:
         return ceiling_s, f"the fixed ceiling, under {how}"
@@ -574,12 +569,11 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
         paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
              and parent_ms > resolution                      (else the parent cannot confirm it)
 
-    On GPU the reference paid is at most ref_slowdown_max x the median of its first block, timed
-    before any candidate block: GPU work the candidate left queued slows the reference beside it and
-    would inflate the speedup. An honest kernel's window shows the same when a multi-op reference's
-    host launch level switches mid-window, so the excess is not paid rather than
-    the whole speedup refused. On CPU the reference's CPU time is not slowed by other processes'
-    work."""
+    On GPU the reference paid is at most ref_slowdown_max x the median of its first block (timed
+    before any candidate block): GPU work the candidate left queued would slow the reference beside
+    it and inflate the speedup. An honest window shows the same when a multi-op reference's launch
+    level switches mid-window, so the excess is not paid rather than the speedup refused. On CPU the
+    reference's CPU time is not slowed by other processes' work."""
     ref_times = [t for times, _ in ref_blocks for t in times]
     cand_times = [t for times, _ in cand_blocks for t in times]
     out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
@@ -899,15 +893,13 @@ def _capacity_failure(message: str) -> bool:
 # ----------------------------------------------------------------------------- the reference session
 
 class ReferenceSession:
-    """The trusted side of every evaluation of one reference within a batch: one worker that holds
-    the reference model, draws the batch's inputs from seeds only the parent knows (shared by all
-    candidates of the task, so a group is judged on the same inputs), writes them to two sealed
-    memory files (correctness trials, timing sets), keeps the reference outputs on the device, is
-    timed beside each candidate (_paired_timing), and compares candidates' outputs with its own.
-    Reference outputs never leave its process. A worker that dies (say on a candidate's malformed
-    output file) is started again on the same seeds; a reference that fails on its own fails every
-    candidate of the task (reference_error). `lock` serialises requests; callers that need the
-    device take the device lock first."""
+    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one
+    task within a batch: its inputs come from seeds only the parent knows, shared by all candidates of
+    the task (a group is judged on the same inputs), in two sealed memory files (correctness trials,
+    timing sets); its outputs never leave its process. A worker that dies (say on a candidate's
+    malformed output file) is started again on the same seeds; a reference that fails on its own
+    fails every candidate of the task (reference_error). `lock` serialises requests; callers that
+    need the device take the device lock first."""
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
                  zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
@@ -1075,11 +1067,12 @@ class ReferenceSession:
 
 
 # ----------------------------------------------------------------------------- the workers it drives
-# the parent's side of every worker (kernel_sandbox.Worker): its job, its limits, asking it a command
+# the parent's side of every worker (kernel_sandbox.Worker running kernel_worker.py): its job, its
+# limits, asking it a command
 
 def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
                   fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None) -> sandbox.Worker:
-    """`python kernel_eval.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox;
+    """`python kernel_worker.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox;
     as_bytes (cpu only) None: cpu_memory_limit_gb."""
     cpu = device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0

@@ -19,7 +19,7 @@ import kernel_sandbox as sandbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# A worker entry as kernel_eval.py is one: it hands --_supervise and --_zygote back to the sandbox.
+# A worker entry as kernel_worker.py is one: it hands --_supervise and --_zygote back to the sandbox.
 # Its worker writes "pid parent-pid tag-in-/proc/self/environ tag-in-os.environ" to the report file
 # named by its last argument, then, as MODE says: sleeps ("report"), or leaves a fork-only
 # grandchild in its own session and kills its supervisor ("escape").
