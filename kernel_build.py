@@ -1,8 +1,8 @@
 """kernel_build: how a candidate's `load_inline` extension is built, for kernel_eval.
 
-Optional: kernel_eval.py with kernel_worker.py and kernel_sandbox.py judges candidates without this
-file (plain `load_inline`, in a build directory per candidate). With it, every compile and run
-worker calls `patch_load_inline` before the candidate's code runs, and
+Optional: kernel_eval.py with kernel_worker.py, kernel_memory.py and kernel_sandbox.py judges
+candidates without this file (plain `load_inline`, in a build directory per candidate). With it,
+every compile and run worker calls `patch_load_inline` before the candidate's code runs, and
 `torch.utils.cpp_extension.load_inline` (and `load`) then build:
 
 Fairness (what a verdict depends on)

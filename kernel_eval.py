@@ -14,42 +14,40 @@ candidate C against a reference R:
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
 This file decides. What runs inside each worker process (the trusted reference's loop, the untrusted
-candidate's) is kernel_worker.py, how those processes are isolated kernel_sandbox.py, and how
-candidates' extensions are built the optional kernel_build.py.
+candidate's) is kernel_worker.py, how those processes are isolated kernel_sandbox.py, how a batch
+fits in memory kernel_memory.py, and how extensions are built the optional kernel_build.py.
 
 How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
-2. compile (_compile, cached per candidate): a fresh worker imports the candidate, whose
-   `load_inline` builds its extension: with kernel_build.py, in a directory per hash of its sources
-   with -O3 (fairness) and lighter headers (speed); without it, plain load_inline in a directory of
-   the candidate's own. A compiler diagnostic -> compile_error.
-3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the
-   task's code; it draws the inputs from seeds only the parent knows into memory files the parent
-   seals read-only, and keeps the reference outputs: they never reach a candidate. The task's first
-   run, alone, measures its footprint; plan_copies sizes its copies to the memory there is, and
-   MemoryBudget admits only the jobs that fit beside each other.
-4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed
-   inputs (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN blocks on
-   GPU, MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's outputs to a
-   memory file of its own, which the parent seals and hands to the reference worker to compare
-   (compare_outputs). A compute operator (flag_ops) -> incorrect. An output that is not exactly a
-   torch.Tensor, or a torch mode left active (OutputCheck), here or in any timed call -> runtime_error:
-   no work can wait for an output's first use.
+2. compile (_compile, cached per candidate): a fresh worker imports the candidate, whose load_inline
+   builds its extension (with kernel_build.py: a directory per hash of its sources, -O3, lighter
+   headers; without it: plain load_inline in a directory of its own). A diagnostic -> compile_error.
+3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the task's
+   code; it draws the inputs from seeds only the parent knows into memory files the parent seals
+   read-only, and keeps the reference outputs: they never reach a candidate. The task's first run,
+   alone, measures its footprint; plan_copies sizes its copies to the memory there is, MemoryBudget
+   admits only the jobs that fit beside each other (kernel_memory.py).
+4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed inputs
+   (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN blocks on GPU,
+   MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's outputs to a memory
+   file of its own, which the parent seals and hands to the reference worker (compare_outputs). A
+   compute operator (flag_ops) -> incorrect. An output that is not exactly a torch.Tensor, or a torch
+   mode left active (OutputCheck), here or in a timed call -> runtime_error.
 5. time (_paired_timing, the device held alone): the timing sets reach the candidate only now; both
-   sides warm up, then run in blocks R C C R R C C R on the same input sets, rotated through copies
-   of the input buffers, in the same loop (TimingLoop: an L2 flush and CUDA events on GPU, the
-   worker's CPU time on CPU); each set's last output is compared again. paired_verdict pays the
-   speedup only where the parent's own clock of every block confirms the candidate's claimed times.
+   sides warm up, then run in blocks R C C R R C C R on the same input sets, rotated through copies of
+   the input buffers, in the same loop (TimingLoop: L2 flush and CUDA events on GPU, the worker's CPU
+   time on CPU); each set's last output is compared again. paired_verdict pays the speedup only where
+   the parent's own clock of every block confirms the candidate's claimed times.
 6. isolation (kernel_sandbox.py): each worker runs in its own session under a subreaper supervisor,
-   with an allowlisted environment and limits; on timeout, exit or crash its process group, its
-   orphans and whatever carries its tag are killed. A candidate's check and timing requests may each
-   take a multiple of the reference's seconds for the same request plus a slack, under the phase's
-   fixed limit (run_limit): a hung kernel holds the device for seconds.
+   with an allowlisted environment and limits; on timeout, exit or crash its process group, orphans
+   and whatever carries its tag are killed. A candidate's request may take a multiple of the
+   reference's seconds for the same request plus a slack, under a fixed ceiling (run_limit).
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
-reference failed: no verdict on the candidate), harness_error (the task's copies do not fit even
-with the device to itself: no verdict). A timing the cross-check refuses keeps correct, pays 0.
+reference failed: no verdict on the candidate; a trainer drops the task's samples, eval.py reports
+the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
+left out of training, counted by eval.py). A timing the cross-check refuses keeps correct, pays 0.
 
 What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
 processes of that uid (the reference's included), opening the timing inputs early through /proc,
@@ -79,6 +77,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import kernel_sandbox as sandbox
+from kernel_memory import Footprint, MemoryBudget, capacity_failure, gib_per_pool, plan_copies
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -92,14 +91,10 @@ ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.
 
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
             "harness_error")
-# reference_error: the task's fault, not the candidate's: a trainer drops the task's samples
-# (rollout.py), eval.py reports the task. harness_error: neither's fault: rollout leaves the sample
-# out of training, eval.py counts it.
 
-# aten ops a forward may run outside the extension: the `aten` column of the allowed rows of
-# kernel_gate.CALLS, the one table of what a candidate may call, which says why per row (compute
-# happens in the kernel; allocation, views, transposes, copies, casts and sizes are glue). A copy,
-# since kernel_eval does not import kernel_gate; tests/test_kernel_gate.py holds the two equal.
+# aten ops a forward may run outside the extension: the `aten` column of the allowed rows of kernel_gate.CALLS,
+# the one table of what a candidate may call, with the reason per row (compute happens in the kernel; allocation,
+# views, transposes, copies, casts and sizes are glue). A copy (no import); tests/test_kernel_gate.py holds them equal.
 ALLOWED_ATEN_OPS = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like zero_ resize_
 ones ones_like full full_like new_ones new_full fill_
@@ -156,18 +151,14 @@ class EvalConfig:
     load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
     check_timeout_s: float = 120.0  # the ceiling of a candidate's check request (run_limit)
     time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
-    # a candidate's check and timing requests may take run_timeout_multiple x the reference's seconds for
-    # the same request (the same inputs, the same number of calls) + run_timeout_slack_s, under the
-    # ceilings above (run_limit): a hung kernel costs seconds, not minutes. The multiple is generous
-    # because a correct kernel is paid correctness_weight (0.3) however slow it is: a naive first
-    # kernel 10-20x slower than cuBLAS must stay correct, not become a timeout. The slack covers what
-    # the reference has already paid and the candidate has not: a first call's lazy init,
-    # cuDNN/cuBLAS setup, a busy machine.
+    # a candidate's run requests get multiple x the reference's seconds for the same request + slack, under
+    # the ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow,
+    # so a naive one 10-20x slower than cuBLAS must stay correct. The slack covers what the reference has
+    # paid and the candidate not yet: a first call's lazy init, cuDNN/cuBLAS setup, a busy machine.
     run_timeout_multiple: float = 30.0
     run_timeout_slack_s: float = 5.0
-    # memory (plan_copies, MemoryBudget): the share of the device's free memory (the host's available
-    # memory on cpu and for the input files) the workers of a batch may hold, after context_bytes per
-    # live CUDA worker; memory_capacity_bytes None: measured
+    # memory (kernel_memory): the share of the device's free memory (the host's available memory on cpu and for
+    # the input files) a batch's workers may hold, after context_bytes per CUDA worker; capacity None: measured
     memory_fraction: float = 0.85
     context_bytes: int = 1 << 30
     memory_capacity_bytes: int | None = None
@@ -227,9 +218,8 @@ def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck
 
 
 def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the device,
-    one timed run on it at a time. Each candidate's worker boots while its kernel compiles; each
-    distinct reference gets one trusted session for the whole batch."""
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles (each candidate's worker boots
+    meanwhile), checks sharing the device, one timed run at a time; one reference session per task."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -312,22 +302,21 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
         session, compiling = sessions[ref_src], compiles[cand_src]
         try:
             res = judge(session, cand_src, compiling, alone=False)
-            if res.status in ("runtime_error", "reference_error") and _capacity_failure(res.message):
-                # out of memory beside the batch's other workers is the harness's doing: judge again
-                # with the device to itself; what fails then is the candidate's (or the task's), unless
-                # the harness's own copies of the task do not fit
+            if res.status in ("runtime_error", "reference_error") and capacity_failure(res.message):
+                # out of memory beside other workers is the harness's doing: judge again alone; what fails
+                # then is the candidate's (or the task's), unless the harness's own copies do not fit
                 session.retry()
                 res = judge(session, cand_src, compiling, alone=True)
                 res.alone = True
                 plan = (plan_copies(session.footprint, config, budget.capacity, cuda=device != "cpu")
                         if session.footprint is not None and budget.capacity else None)
-                if (res.status == "runtime_error" and _capacity_failure(res.message) and plan
+                if (res.status == "runtime_error" and capacity_failure(res.message) and plan
                         and any(plan["session"][k] + plan["candidate"][k] > budget.capacity[k] for k in plan["session"])):
                     res.status = "harness_error"
                     res.message = ("no verdict: judging this task needs more memory than there is "
-                                   f"({_gib(plan['session'])} GiB for the reference's session and "
-                                   f"{_gib(plan['candidate'])} GiB for the candidate, capacity "
-                                   f"{_gib(budget.capacity)} GiB): " + res.message)
+                                   f"({gib_per_pool(plan['session'])} GiB for the reference's session and "
+                                   f"{gib_per_pool(plan['candidate'])} GiB for the candidate, capacity "
+                                   f"{gib_per_pool(budget.capacity)} GiB): " + res.message)
         finally:
             session.release()
         record = compiling.result()
@@ -345,8 +334,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
 
 
 def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, admission) -> EvalResult:
-    """The verdict of a compiled candidate: `failure` (its task's reference failed), or _run inside
-    `admission()` (the memory budget's)."""
+    """The verdict of a compiled candidate: `failure` (its task's reference failed), or _run inside `admission()`."""
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
     if not compile_record.get("cached"):
@@ -479,9 +467,8 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
 
 
 def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> tuple:
-    """(seconds, how they were derived): what a candidate may take for a run request (its check, a
-    timing request) that took the reference `ref_seconds` for the same work: run_timeout_multiple x
-    that + run_timeout_slack_s, at most `ceiling_s` (the phase's fixed limit); None: not measured."""
+    """(seconds, how derived): what a candidate may take for a run request (check, timing) that took the
+    reference `ref_seconds` (None: unknown): multiple x that + slack, at most `ceiling_s`, the phase's limit."""
     if ref_seconds is None:
         return ceiling_s, "the fixed ceiling: the reference's time for this request is unknown"
     how = f"{cfg.run_timeout_multiple:g} x the reference's {ref_seconds:.2g} s + {cfg.run_timeout_slack_s:g} s"
@@ -492,9 +479,8 @@ def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> t
 
 
 def _request_key(msg: dict) -> tuple | str:
-    """Which of the reference's measured requests (ReferenceSession.seconds) a candidate's request
-    matches: a timing request with the same number of calls; time_outputs writes the last outputs,
-    less work than the reference's generation of every input set and output ("check")."""
+    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
+    as many calls; time_outputs (less work than generating every input set and output) "check"."""
     if msg["cmd"] == "time_outputs":
         return "check"
     return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
@@ -502,24 +488,24 @@ def _request_key(msg: dict) -> tuple | str:
 
 def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
                    deadline: float, buffers: int) -> tuple:
-    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in
-    one window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, the
-    same loop and the same flushes. `*_ask(msg, fds)` sends one request to that side's worker;
-    `pids()`: each side's supervisor, whose process tree's CPU time is the parent's clock on CPU."""
-    warmup, trials, warmup_ms = _timing_counts(device, cfg)
+    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
+    window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
+    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
+    whose process tree's CPU time is the parent's clock on CPU."""
+    warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
+                                 else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
              "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes,
              "cpus": _cpu_split(device == "cpu", cfg)[1]}, (time_file,))
-    # GPU clocks ramp up over ~0.1 s: warm up both sides, in turn, until `warmup_ms` have passed on
-    # this process's clock (a worker's own clock is the candidate's to patch)
+    # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
+    # clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
         ref_ask({"cmd": "warm", "calls": max(1, warmup)})
         cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # calls per block, doubled until one reference request lasts block_ms on this clock: the request's
-    # own jitter is then small per call; sized on the reference alone (a candidate must not choose
-    # its own resolution)
+    # calls per block, doubled until one reference request lasts block_ms (its jitter is then small per
+    # call); sized on the reference alone: a candidate must not choose its own resolution
     block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
     while True:
         t = time.monotonic()
@@ -549,11 +535,10 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
 
 
 def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bool = False) -> dict:
-    """The speedup from reference and candidate blocks timed in one window, each block (claimed
-    per-call times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's
-    process tree, the clock CPU workers time calls by, which load does not inflate): {"speedup",
-    "ref_ms" (the reference's time paid), "claimed_ms", "parent_ms", "problem", "note"}. Per call
-    (the same loop runs on both sides):
+    """The speedup from reference and candidate blocks timed in one window, each block (claimed per-call
+    times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's process tree,
+    which load does not inflate): {"speedup", "ref_ms" (the reference's time paid), "claimed_ms",
+    "parent_ms", "problem", "note"}. Per call (the same loop runs on both sides):
 
         speedup    = median(reference times) / median(candidate times)   (the reference's capped on GPU)
         overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
@@ -562,18 +547,17 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bo
         resolution = noise x (low(overheads) - min(overheads)) + abs
         low        = the lower median (the 2nd smallest of 4 blocks)
 
-    A stall (a worker or the parent's timing thread descheduled, another harness thread holding the
-    GIL) only lengthens a block, so each side is read from its less-stalled half: up to half of
-    either side's blocks may be stalled without changing the verdict. A lie is not a stall: a
-    block's wall time is never less than the work the candidate did in it.
+    A stall (a worker or the parent's timing thread descheduled, another thread holding the GIL) only
+    lengthens a block, so each side is read from its less-stalled half: up to half of either side's
+    blocks may stall without changing the verdict. A lie is not a stall: a block's wall time is never
+    less than the work the candidate did in it.
         paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
              and parent_ms > resolution                      (else the parent cannot confirm it)
 
-    On GPU the reference paid is at most ref_slowdown_max x the median of its first block (timed
-    before any candidate block): GPU work the candidate left queued would slow the reference beside
-    it and inflate the speedup. An honest window shows the same when a multi-op reference's launch
-    level switches mid-window, so the excess is not paid rather than the speedup refused. On CPU the
-    reference's CPU time is not slowed by other processes' work."""
+    On GPU the reference paid is at most ref_slowdown_max x the median of its first block (timed before
+    any candidate block): GPU work the candidate left queued would slow the reference and inflate the
+    speedup; an honest window shows the same when a multi-op reference's launch level switches, so the
+    excess is not paid rather than the speedup refused. CPU time is not slowed by other processes."""
     ref_times = [t for times, _ in ref_blocks for t in times]
     cand_times = [t for times, _ in cand_blocks for t in times]
     out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
@@ -617,8 +601,7 @@ def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
 
 
 def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
-    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a
-    short reason."""
+    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a short reason."""
     import torch
     if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
         got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
@@ -708,198 +691,23 @@ class _Failure(Exception):
 
 
 def _reference_failure(f: _Failure) -> _Failure:
-    """The trusted reference failed (load, init, inputs, outputs, its timed calls): the task's
-    fault, whatever the candidate is, so no candidate is judged (or paid 0) for it. Caveat: the
-    candidate runs with the harness's uid and could kill the reference worker during timing; that
-    buys it no reward (reference_error pays nothing) but does cancel its task's group."""
+    """The trusted reference failed (load, init, inputs, outputs, timed calls): the task's fault, so no
+    candidate is judged (or paid 0) for it. A candidate could kill the reference worker during timing (same
+    uid): that buys it no reward (reference_error pays nothing) but cancels its task's group."""
     if f.status == "reference_error":
         return f
     return _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
 
 
-# ----------------------------------------------------------------------------- memory planning
-
-@dataclass
-class Footprint:
-    """What judging one task takes, learned from its reference's first run (the probe, alone on
-    the device): one input set, one output set, and the forward's peak allocation (its outputs and
-    temporaries), in bytes."""
-    set_bytes: int
-    out_bytes: int
-    peak_bytes: int
-
-
-def plan_copies(fp: Footprint, cfg: EvalConfig, capacity: dict, cuda: bool) -> dict:
-    """How many copies judging this task keeps, and the bytes its workers then hold.
-
-    Copies exist for reasons that fade with size: several correctness trials catch a forward that
-    replays an old output (two do that; more only sample more values, and a large output is many
-    values already); several timing sets and buffers keep a small task's inputs out of L2 and
-    average over placements (useless for a set far larger than L2). So a task keeps
-    n_correct_trials trials while they take at most a quarter of the memory there is (never fewer
-    than min_correct_trials), and rotates timing sets and buffers only below rotation_max_bytes.
-
-    Bytes, per pool ("device": the GPU on cuda; "host": input and output memory files, and
-    everything on cpu):
-        timing state = (n_time + buffers) x set + peak + n_time x out + L2 flush    (either side)
-        session      = (n_check + n_time) x out + timing state    on the device (reference outputs)
-                       (n_check + n_time) x set                   on the host (input files)
-        candidate    = max(2 x set + 2 x out + peak, timing state) on the device (a check call:
-                       pristine and cloned inputs, poisoned output blocks, the forward)
-                       max(n_check, n_time) x out                 on the host (its output file)"""
-    s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
-    rotate = s < cfg.rotation_max_bytes
-    n_time = cfg.timing_input_sets if rotate else 1
-    buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers)) if rotate else 1
-    keep = min(capacity.values()) // 4
-    n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
-    timing = (n_time + buffers) * s + p + n_time * o + (cfg.l2_flush_bytes if cuda else 0)
-    session = {"device": (n_check + n_time) * o + timing, "host": (n_check + n_time) * s}
-    candidate = {"device": max(2 * s + 2 * o + p, timing), "host": max(n_check, n_time) * o}
-    if not cuda:  # one pool: the workers' tensors live beside the memory files
-        session = {"host": session["device"] + session["host"]}
-        candidate = {"host": candidate["device"] + candidate["host"]}
-    return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "session": session, "candidate": candidate}
-
-
-class MemoryBudget:
-    """The memory the workers of one batch may hold at once, per pool (see plan_copies): a job is
-    admitted when its candidate's bytes, and its reference session's if that is not resident yet,
-    fit beside what the admitted jobs and resident sessions hold. A session stays resident between
-    its candidates (its outputs are the comparison); when a job does not fit, sessions with no
-    admitted job are evicted (their worker stopped; the next job regenerates on the same seeds). A
-    job that fits nowhere runs once nothing else is admitted (alone), and an exclusive job (a
-    probe, a retry after running out of memory) waits for that and evicts every other session.
-    Capacity is set once per batch from the first measurement (set_capacity)."""
-
-    def __init__(self, cfg: EvalConfig, live_workers: int):
-        self.cfg, self.live_workers = cfg, live_workers
-        self.capacity: dict | None = None
-        self.cond = threading.Condition()
-        self.held = {"device": 0, "host": 0}
-        self.resident: dict = {}  # session -> its reserved bytes
-        self.jobs: dict = {}  # session -> its admitted jobs
-        self.exclusive_waiting = 0
-        self.exclusive_running = False
-
-    def set_capacity(self, device_free: int | None) -> None:
-        """From the first worker's report (cuda: cudaMemGetInfo's free bytes) and MemAvailable."""
-        with self.cond:
-            if self.capacity is not None:
-                return
-            cfg = self.cfg
-            host = _mem_available()
-            if cfg.memory_capacity_bytes is not None:
-                self.capacity = {"device": cfg.memory_capacity_bytes, "host": cfg.memory_capacity_bytes}
-                return
-            self.capacity = {"host": int(host * cfg.memory_fraction)}
-            if device_free is not None:
-                self.capacity["device"] = max(
-                    0, int(device_free * cfg.memory_fraction) - self.live_workers * cfg.context_bytes)
-            else:
-                self.capacity["device"] = self.capacity["host"]
-
-    def _fits(self, need: dict) -> bool:
-        return all(self.held[k] + need.get(k, 0) <= self.capacity[k] for k in self.capacity)
-
-    def _idle(self, keep) -> list:
-        return [s for s in self.resident if s is not keep and not self.jobs.get(s)]
-
-    @contextlib.contextmanager
-    def admit(self, session, plan: dict | None, exclusive: bool = False):
-        """Hold the job's bytes (plan["candidate"], and plan["session"] unless resident) while inside;
-        `exclusive`: with no other job admitted and no other session resident."""
-        need = dict(plan["candidate"]) if plan else {}
-        admitted = False
-        with self.cond:
-            self.exclusive_waiting += exclusive
-        try:
-            while True:
-                with self.cond:
-                    mine = dict(need)
-                    reserve = plan is not None and session not in self.resident
-                    if reserve:
-                        for k, v in plan["session"].items():
-                            mine[k] = mine.get(k, 0) + v
-                    alone = not any(self.jobs.values()) and not self.exclusive_running
-                    victims = self._idle(session)
-                    if exclusive:
-                        ok = alone and not victims
-                    else:
-                        ok = (not self.exclusive_waiting and not self.exclusive_running
-                              and (self._fits(mine) or alone and not victims))
-                    if ok:
-                        if reserve:
-                            self.resident[session] = dict(plan["session"])
-                        for k, v in mine.items():
-                            self.held[k] = self.held.get(k, 0) + v
-                        self.jobs[session] = self.jobs.get(session, 0) + 1
-                        if exclusive:
-                            self.exclusive_waiting -= 1
-                            self.exclusive_running = True
-                        admitted = True
-                        break
-                    if exclusive and not alone or not exclusive and (self.exclusive_waiting or self.exclusive_running):
-                        victims = []  # wait for the jobs to end first (an exclusive job goes first)
-                    if not victims:
-                        self.cond.wait(timeout=1.0)
-                        continue
-                for victim in victims:  # outside the condition: a session's stop takes its own lock
-                    victim.evict()
-            yield
-        finally:
-            with self.cond:
-                if admitted:
-                    self.jobs[session] -= 1
-                    for k, v in need.items():
-                        self.held[k] -= v
-                    if exclusive:
-                        self.exclusive_running = False
-                elif exclusive:
-                    self.exclusive_waiting -= 1
-                self.cond.notify_all()
-
-    def forget(self, session) -> None:
-        """The session's worker stopped: its bytes are free."""
-        with self.cond:
-            for k, v in self.resident.pop(session, {}).items():
-                self.held[k] -= v
-            self.cond.notify_all()
-
-
-def _gib(pools: dict) -> str:
-    return "/".join(f"{v / (1 << 30):.1f}" for v in pools.values())
-
-
-def _mem_available() -> int:
-    """The host's MemAvailable, in bytes."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-
-
-CAPACITY_FAILURE = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|"
-                              r"Cannot allocate memory|MemoryError|std::bad_alloc|cudaErrorDevicesUnavailable|"
-                              r"busy or unavailable|killed by SIGKILL", re.IGNORECASE)
-
-
-def _capacity_failure(message: str) -> bool:
-    """A failure that running out of memory (or of CUDA contexts) explains: retried alone."""
-    return bool(CAPACITY_FAILURE.search(message or ""))
-
-
 # ----------------------------------------------------------------------------- the reference session
 
 class ReferenceSession:
-    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one
-    task within a batch: its inputs come from seeds only the parent knows, shared by all candidates of
-    the task (a group is judged on the same inputs), in two sealed memory files (correctness trials,
-    timing sets); its outputs never leave its process. A worker that dies (say on a candidate's
-    malformed output file) is started again on the same seeds; a reference that fails on its own
-    fails every candidate of the task (reference_error). `lock` serialises requests; callers that
-    need the device take the device lock first."""
+    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one task within a
+    batch: its inputs come from seeds only the parent knows, shared by all candidates of the task (a group is judged
+    on the same inputs), in two sealed memory files (correctness trials, timing sets); its outputs never leave its
+    process. A worker that dies (say on a candidate's malformed output file) is started again on the same seeds; a
+    reference that fails on its own fails every candidate of the task (reference_error). `lock` serialises requests;
+    callers that need the device take the device lock first."""
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
                  zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
@@ -913,9 +721,8 @@ class ReferenceSession:
         self.worker = self.scratch = self.failure = None
         self.files = {}  # part -> sealed memory file of input sets
         self.generated, self.init_bytes = False, b""
-        # the worker's seconds per request, on the parent's clock: "check" (drawing every input set and
-        # computing its outputs: the work of a candidate's check, and more), and each timing request
-        # by _request_key; a candidate's limit for the same request follows (run_limit)
+        # the worker's seconds per request on the parent's clock, for run_limit: "check" (drawing every
+        # input set and computing its outputs: more than a candidate's check), each timing request by _request_key
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
@@ -1002,7 +809,7 @@ class ReferenceSession:
     def retry(self) -> None:
         """Forget a failure that running out of memory beside other workers explains."""
         with self.lock:
-            if self.failure and _capacity_failure(self.failure.message):
+            if self.failure and capacity_failure(self.failure.message):
                 self.failure = None
                 self._stop()
 
@@ -1017,8 +824,7 @@ class ReferenceSession:
             return reply
 
     def output_limit(self, part: str) -> int:
-        """Bytes a candidate's output file may hold: what the reference's outputs take, twice, with
-        room for the file's own overhead."""
+        """Bytes a candidate's output file may hold: twice the reference's outputs, plus room for the file's own."""
         return 2 * sum(sum(sizes) for sizes in self.out_bytes[part]) + (16 << 20)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
@@ -1067,8 +873,6 @@ class ReferenceSession:
 
 
 # ----------------------------------------------------------------------------- the workers it drives
-# the parent's side of every worker (kernel_sandbox.Worker running kernel_worker.py): its job, its
-# limits, asking it a command
 
 def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
                   fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None) -> sandbox.Worker:
@@ -1087,10 +891,9 @@ def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cf
 
 def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str,
            zygotes: sandbox.Zygotes | None = None, plan: dict | None = None) -> sandbox.Worker:
-    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote. Limits
-    follow the task: a candidate's files may hold twice its task's outputs beyond
-    max_message_bytes, its address space (cpu) twice its plan's bytes beyond cpu_memory_limit_gb;
-    the reference (the task's own code, trusted) writes the input files and is not limited."""
+    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote. Limits follow the
+    task: a candidate's files may hold twice its task's outputs beyond max_message_bytes, its address space
+    (cpu) twice its plan's bytes beyond cpu_memory_limit_gb; the reference (trusted) is not limited."""
     import resource
     path = os.path.join(scratch, mode, f"{mode}.py")
     os.makedirs(os.path.dirname(path))
@@ -1111,9 +914,8 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
 
 def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
          deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
-    """Send a command (and file descriptors), wait for the reply with the same nonce; failures
-    become _Failure. With an empty `msg`, wait for the worker's next message (its boot).
-    `limit_note`: how timeout_s was derived, for the timeout's message."""
+    """Send a command (and file descriptors), wait for the reply with the same nonce; failures become _Failure.
+    An empty `msg`: wait for the worker's next message (its boot). `limit_note`: how timeout_s was derived."""
     start = time.monotonic()
     deadline = deadline or start + timeout_s
     nonce = secrets.token_hex(8)
@@ -1172,8 +974,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
-            # which header tier the last CUDA build used (None: as written, or no CUDA build); the
-            # worker's profile (import torch, load_inline's builds, the rest) is diagnostics only
+            # the last CUDA build's header tier (None: as written, or none) and the profile: diagnostics
             profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
             record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
                       "builds": int(msg.get("builds") or 0),  # 0: nothing was compiled (e.g. an empty file)
@@ -1235,19 +1036,12 @@ def _cpu_split(cpu: bool, cfg: EvalConfig) -> tuple:
 
 
 def default_parallel_compiles(device: str, cfg: EvalConfig) -> int:
-    """Builds at once when max_parallel_compiles is None. On cpu every core (one C++ unit per build).
-    On cuda the CPUs not kept for timing windows / build_jobs: a build is a .cu unit and a host unit
-    side by side. More builds at once finish a batch sooner and each candidate later; rollout waits
-    for a turn's whole batch, so the batch's time is the one that counts (docs/PERFORMANCE.md)."""
+    """Builds at once when max_parallel_compiles is None: on cpu every core (one C++ unit per build); on
+    cuda the CPUs not kept for timing windows / build_jobs (a .cu unit and a host unit side by side). More
+    builds at once finish a batch sooner and each candidate later; rollout waits for a turn's whole batch."""
     build_cpus, _ = _cpu_split(device == "cpu", cfg)
     cores = len(build_cpus) if build_cpus else len(os.sched_getaffinity(0))
     return cores if device == "cpu" else max(1, cores // max(1, cfg.build_jobs))
-
-
-def _timing_counts(device: str, cfg: EvalConfig) -> tuple:
-    """(warm-up calls, timed calls, least warm-up ms)"""
-    return ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
-            else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
 
 
 def _device_lock(cfg: EvalConfig, device: str, exclusive: bool) -> sandbox.DeviceLock:
@@ -1356,9 +1150,8 @@ def _read_source(path: str) -> str:
 
 
 def main(argv=None) -> int:
-    """One verdict, printed; exit 0 on every verdict (the status says how the candidate did), 2 on a
-    usage error (a file that cannot be read, --trials below 1), 1 on a device that cannot be used,
-    130 when interrupted."""
+    """One verdict, printed; exit 0 on every verdict (the status says how the candidate did), 2 on a usage error (a
+    file that cannot be read, --trials below 1), 1 on a device that cannot be used, 130 when interrupted."""
     p = argparse.ArgumentParser(description="Evaluate a candidate kernel against a KernelBench-format reference.",
                                 epilog="Exit code 0 on every verdict (read the status); builds are cached in "
                                        "--cache-root (default $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval).")
