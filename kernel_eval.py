@@ -205,6 +205,7 @@ class EvalResult:
     trials: int = 0  # correctness trials run (plan_copies: fewer than n_correct_trials for a large task)
     seconds: dict = field(default_factory=dict)  # per phase
     timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
+    build_reused: bool | None = None  # the compile record came from the build cache (None: never compiled)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -337,6 +338,7 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
     """The verdict of a compiled candidate: `failure` (its task's reference failed), or _run inside `admission()`."""
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
+    result.build_reused = bool(compile_record.get("cached"))
     if not compile_record.get("cached"):
         for k, v in (compile_record.get("profile") or {}).items():
             result.seconds["compile." + k] = v

@@ -133,6 +133,8 @@ class _Turn:
     timing_ok: bool = False
     message: str = ""
     timeout_seconds: float = 0.0  # seconds the harness waited on this candidate's phase that timed out
+    build_reused: bool | None = None  # its build came from the harness's cache (None: not known, or no build)
+    verdict_reused: bool = False  # the verdict of an earlier identical (reference, code) pair (reusing_verdicts)
 
 
 @dataclass
@@ -220,14 +222,24 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
 def reusing_verdicts(evaluate_batch: Callable[[list[tuple[str, str]]], list]):
     """evaluate_batch that judges each distinct (reference, code) pair once per run: for
     correctness-only runs (a speedup is a new measurement each time), where a policy that repeats
-    itself would rebuild the same kernels every step."""
+    itself would rebuild the same kernels every step. A pair's first appearance gets the harness's
+    verdict; every other appearance (later in the batch, or in a later call) gets a copy of it
+    marked verdict_reused, so the turn stats count it as reused, not as judged again."""
     verdicts = {}
 
     def evaluate_once(pairs, **kwargs):
-        new = sorted(set(pairs) - verdicts.keys())
-        if new:
-            verdicts.update(zip(new, evaluate_batch(new, **kwargs)))
-        return [verdicts[pair] for pair in pairs]
+        judged_now = sorted(set(pairs) - verdicts.keys())
+        if judged_now:
+            verdicts.update(zip(judged_now, evaluate_batch(judged_now, **kwargs)))
+        first = set(judged_now)
+        out = []
+        for pair in pairs:
+            if pair in first:
+                first.discard(pair)
+                out.append(verdicts[pair])
+            else:
+                out.append(dict(verdict_record(verdicts[pair]), verdict_reused=True))
+        return out
     return evaluate_once
 
 
@@ -289,14 +301,20 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                            candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
                            timing_ok=bool(verdict.get("timing_ok", True)),
                            message=str(verdict.get("message", "") or ""),
-                           timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0)))
+                           timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
+                           build_reused=verdict.get("build_reused"),
+                           verdict_reused=bool(verdict.get("verdict_reused", False))))
     return turns
 
 
 def turn_stats(turn: int, turns: list[_Turn]) -> dict:
     """What train.py logs per turn: status counts, mean score, best speedup, response
-    lengths, truncation, and Kevin's "not okay" ratio."""
+    lengths, truncation, Kevin's "not okay" ratio, and where the harness's time went: the distinct
+    kernels compiled now and those whose build came from its cache (identical candidates share one
+    build, so both count distinct code), the verdicts reused rather than judged again, and the seconds
+    waited on timed-out phases (a reused verdict's were spent when it was first judged)."""
     lengths = [len(t.completion.token_ids) for t in turns]
+    judged_now = [t for t in turns if not t.verdict_reused]
     n = max(len(turns), 1)
     return {
         "turn": turn,
@@ -309,7 +327,10 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "max_response_tokens": max(lengths, default=0),
         "truncated_rate": sum(t.completion.finish_reason == "length" for t in turns) / n,
         "not_okay_ratio": sum(not t.thinking_opens_as_expected for t in turns) / n,
-        "timeout_seconds": sum(t.timeout_seconds for t in turns),
+        "timeout_seconds": sum(t.timeout_seconds for t in judged_now),
+        "kernels_compiled": len({t.code for t in judged_now if t.build_reused is False}),
+        "builds_reused": len({t.code for t in judged_now if t.build_reused is True}),
+        "verdicts_reused": len(turns) - len(judged_now),
     }
 
 

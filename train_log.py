@@ -4,8 +4,10 @@ Every rank summarises its own samples (`rank_summary`); rank 0 gathers the summa
 them into one metrics.jsonl line (`step_record`): reward, correct rate (overall and per turn),
 best speedup, status counts, response length, truncation, Kevin's "not okay" ratio (a response
 that does not open its thinking as the template expects), the candidates the harness could not
-judge (harness_errors: no verdict, so no sample and no reward), the seconds the harness waited on
-candidates that timed out (timeout_seconds), the loss's clip fraction, approx KL
+judge (harness_errors: no verdict, so no sample and no reward), where the evaluation's time went
+(timeout_seconds: the seconds the harness waited on candidates that timed out; kernels_compiled:
+distinct kernels built now; builds_reused: distinct kernels whose build came from the harness's cache;
+verdicts_reused: candidates given an earlier verdict, --reuse-verdicts), the loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
 norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
 `plot_curves` redraws plots/curves.png from metrics.jsonl: a grid of panels against the step.
@@ -84,15 +86,22 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             "harness_errors": sum(turn["status_counts"].get("harness_error", 0) for turn in turns),
             # seconds the harness waited on candidates' phases that timed out (EvalResult.timeout_seconds)
             "timeout_seconds": sum(turn.get("timeout_seconds", 0.0) for turn in turns),
+            # where the rest of the evaluation went: builds run now, builds found in the cache (distinct
+            # kernels, per turn and rank), candidates that got an earlier verdict instead of a new one
+            **{k: sum(turn.get(k, 0) for turn in turns) for k in ("kernels_compiled", "builds_reused", "verdicts_reused")},
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
 
 
 def step_line(record: dict) -> str:
     """The one line per step on stdout."""
     unjudged = f" harness_error {record['harness_errors']} (no verdict)" if record["harness_errors"] else ""
+    step_s = record.get("seconds_step")
+    share = f" ({record['seconds_evaluation'] / step_s:.0%} of the step)" if step_s else ""
     return (f"step {record['step']}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
             f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']}{unjudged} "
-            f"train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
+            f"eval {record['seconds_evaluation']:.1f} s{share}: compiled {record['kernels_compiled']}, cached "
+            f"{record['builds_reused']}, verdicts reused {record['verdicts_reused']}, timeouts "
+            f"{record['timeout_seconds']:.1f} s; train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
 
 
 def curves_figure(rows: list[dict]):

@@ -2,6 +2,11 @@
 
     python examples/learning_report.py RUN_A/metrics.jsonl RUN_B/metrics.jsonl --png seeds.png > report.md
 
+The table shows, per step, the correct rate (overall and per turn), mean reward, status shares,
+and where the step's time went: evaluation seconds and their share of the step, seconds lost to
+timeouts, and the distinct kernels compiled / builds found in the harness's cache / verdicts reused
+(columns appear when the rows carry them: older runs lack some).
+
 Each argument is a train.py metrics.jsonl (or the older examples/learning_rl.py one: 0-based
 steps, `correct_rate_by_turn`); their advantage_nonzero and approx_kl fill the advantage and KL
 columns. A run is labelled by its folder's name, or by the file's
@@ -67,7 +72,12 @@ def run_table(run: dict) -> str:
     head += [f"{s} share" for s in statuses]
     if extra:
         head += ["adv. nonzero", "KL old (nats/tok)"]
-    head += ["step s"]
+    # where the step's time went (train.py rows; older rows lack some keys: no column, or "-")
+    evaluation = any("seconds_evaluation" in r for r in rows)
+    timeouts = any("timeout_seconds" in r for r in rows)
+    counts = any("kernels_compiled" in r for r in rows)
+    head += ["eval s (share)"] * evaluation + ["timeouts s"] * timeouts
+    head += ["compiled / cached / verdicts reused"] * counts + ["step s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
         n = max(1, sum(r.get("status_counts", {}).values()))
@@ -78,6 +88,14 @@ def run_table(run: dict) -> str:
             e = extra.get(r["step"], {})
             cells += [_pct(e.get("nonzero")), "-" if e.get("kl") is None else f"{e['kl']:.3g}"]
         seconds = r.get("seconds_step", r.get("elapsed"))
+        if evaluation:
+            e = r.get("seconds_evaluation")
+            cells += ["-" if e is None else f"{e:.0f}" + (f" ({e / seconds:.0%})" if seconds else "")]
+        if timeouts:
+            cells += ["-" if "timeout_seconds" not in r else f"{r['timeout_seconds']:.0f}"]
+        if counts:
+            cells += ["-" if "kernels_compiled" not in r else
+                      f"{r['kernels_compiled']} / {r.get('builds_reused', 0)} / {r.get('verdicts_reused', 0)}"]
         cells += ["-" if seconds is None else f"{seconds:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -16,7 +16,8 @@
 #     policy repeats a few kernels, and a correctness-only verdict does not change) and --max-minutes (no
 #     step starts that would end past the deadline; the export is still written). `timeout` is the
 #     backstop: a cut step is lost, every finished one is in metrics.jsonl and plots/curves.png.
-#  4. examples/learning_report.py: the per-step table, the done-when check, one PNG of both seeds.
+#  4. examples/learning_report.py: the per-step table (with evaluation's share of the step, seconds lost to
+#     timeouts, kernels compiled, builds from cache, verdicts reused), the done-when check, one PNG of both seeds.
 # $OUT gets at most 8 files (what the device tool brings back): report.md, seeds.png, run_info.txt,
 # rl_seed{0,1}_metrics.jsonl, rl_seed{0,1}_curves.png, learning.tgz (every run's metrics.jsonl,
 # extra.jsonl, config.json, plots/curves.png and log, the warm start's log and json, variants.json;

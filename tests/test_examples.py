@@ -62,6 +62,18 @@ def test_report_table_and_png(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_table_shows_where_the_steps_evaluation_went():
+    """train.py's rows carry evaluation seconds, timeout seconds and the harness's counts; the table
+    shows evaluation's share of the step beside them, and "-" for a row written before the counts."""
+    new = dict(_row(2, 0.5, 0.15), seconds_evaluation=8.0, timeout_seconds=3.5, kernels_compiled=5,
+               builds_reused=2, verdicts_reused=7)
+    old = dict(_row(1, 0.5, 0.15), seconds_evaluation=9.0)
+    table = learning_report.run_table({"rows": [old, new], "extra": {}})
+    assert "| eval s (share) | timeouts s | compiled / cached / verdicts reused | step s |" in table
+    assert table.splitlines()[-1].endswith("| 8 (80%) | 4 | 5 / 2 / 7 | 10 |"), table
+    assert table.splitlines()[-2].endswith("| 9 (90%) | - | - | 10 |"), table
+
+
 def test_report_reads_the_old_learning_rl_metrics():
     old = os.path.join(ROOT, "docs", "learning", "h200_lr3e-4", "rl_seed0_metrics.jsonl")
     run = learning_report.load_run(old)

@@ -275,6 +275,20 @@ def test_precheck_rejects_without_compiling(tmp_path):
     assert result.status == "format_error" and "no load_inline" in result.message
     assert result.to_dict()["status"] == "format_error" and set(ke.STATUSES) >= {result.status}
     assert time.monotonic() - t0 < 5 and not os.path.exists(os.path.join(tmp_path, "compiled"))
+    assert result.build_reused is None  # never reached the compiler: neither built nor reused
+
+
+def test_build_reused_says_whether_the_compile_record_came_from_the_cache(tmp_path):
+    """Two identical candidates in a fresh cache are built now (both say so: they share the one
+    build); the same source in a later batch finds the build in the cache. No C++: the candidate's
+    build is its import, which is what the compile phase records."""
+    src = REFERENCE.replace("class Model(", "class ModelNew(")
+    cfg = dict(cache_root=str(tmp_path), cpu_trials=2, time_candidate=False)
+    first = ke.evaluate_batch([(REFERENCE, src), (REFERENCE, src)], device="cpu", **cfg)
+    again = ke.evaluate(REFERENCE, src, device="cpu", **cfg)
+    info = [(r.status, r.build_reused, r.seconds.get("compile")) for r in first + [again]]
+    assert [r.build_reused for r in first] == [False, False] and again.build_reused is True, info
+    assert again.seconds["compile"] == 0.0 and again.status == first[0].status, info
 
 
 def test_op_check_records_torch_ops_without_loading_dynamo_into_the_candidate(tmp_path):
@@ -786,6 +800,7 @@ def test_repeated_candidate_is_not_rebuilt(cpp_results, cache_root):
     result = ke.evaluate(REFERENCE, open(CPP_CASES["benign"]).read(), device="cpu", cache_root=cache_root,
                          **dict(FAST, time_candidate=False))
     assert result.status == "correct" and result.seconds["compile"] == 0.0, (result.status, result.seconds)
+    assert result.build_reused is True
     assert not any(k.startswith("compile.") for k in result.seconds)  # no build's profile: nothing built
 
 

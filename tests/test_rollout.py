@@ -453,8 +453,59 @@ def test_reused_verdicts_judge_each_distinct_pair_once():
 
     def evaluate(pairs, **kwargs):
         calls.append(list(pairs))
-        return [f"verdict of {code} for {ref}" for ref, code in pairs]
+        return [{"status": "correct", "message": f"verdict of {code} for {ref}"} for ref, code in pairs]
     once = rollout.reusing_verdicts(evaluate)
-    assert once([("r", "a"), ("r", "b"), ("r", "a")]) == ["verdict of a for r", "verdict of b for r", "verdict of a for r"]
-    assert once([("r", "a"), ("r2", "a")]) == ["verdict of a for r", "verdict of a for r2"]
+    first = once([("r", "a"), ("r", "b"), ("r", "a")])
+    assert [v["message"] for v in first] == ["verdict of a for r", "verdict of b for r", "verdict of a for r"]
+    # the first appearance is the harness's verdict; a repeat, in this batch or a later one, is marked
+    assert [v.get("verdict_reused", False) for v in first] == [False, False, True]
+    second = once([("r", "a"), ("r2", "a")])
+    assert [(v["message"], v.get("verdict_reused", False)) for v in second] == [
+        ("verdict of a for r", True), ("verdict of a for r2", False)]
     assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]
+
+
+def caching_harness(verdicts, built=()):
+    """A stand-in for kernel_eval.evaluate_batch's accounting: a batch builds each distinct code once
+    (identical candidates share the build, even across tasks), a later batch finds it in the cache
+    (build_reused); a timeout waits `seconds` per candidate judged. Verdict by tag, as fake_evaluator."""
+    cache, batches = set(built), []
+
+    def evaluate_batch(pairs):
+        batches.append(list(pairs))
+        before = set(cache)
+        cache.update(code for _, code in pairs)
+        out = []
+        for _, code in pairs:
+            status, seconds = verdicts[code.split("// ")[1].split("'")[0]]
+            out.append({"status": status, "correct": status == "correct", "compiled": True, "speedup": 1.0,
+                        "timeout_seconds": seconds, "build_reused": code in before})
+        return out
+    return evaluate_batch, batches
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_turn_stats_count_builds_compiled_and_reused_and_verdicts_reused(tokenizer, reuse):
+    """Turn 0: A's two trajectories and B's first write the same kernel X (a 5 s timeout), B's second
+    kernel Y, already in the harness's cache. Turn 1: both first trajectories write X again, A's second
+    a new kernel Z (a 7 s timeout), B's second no code. Counted by hand: one build for X however many
+    candidates share it; with reused verdicts, a repeated pair is neither judged nor waited on again."""
+    script = {("A", 0, 0): response("Okay.", kernel("X"), "s"), ("A", 1, 0): response("Okay.", kernel("X"), "s"),
+              ("B", 0, 0): response("Okay.", kernel("X"), "s"), ("B", 1, 0): response("Okay.", kernel("Y"), "s"),
+              ("A", 0, 1): response("Okay.", kernel("X"), "s"), ("A", 1, 1): response("Okay.", kernel("Z"), "s"),
+              ("B", 0, 1): response("Okay.", kernel("X"), "s"), ("B", 1, 1): response("Okay.", None, "no code")}
+    harness, batches = caching_harness({"X": ("timeout", 5.0), "Y": ("correct", 0.0), "Z": ("timeout", 7.0)},
+                                       built=[kernel("Y")])
+    evaluate = rollout.reusing_verdicts(harness) if reuse else harness
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    _, stats = rollout.rollout([TASK_A, TASK_B], ScriptedEngine(tokenizer, script), evaluate, config)
+    counts = [(st["kernels_compiled"], st["builds_reused"], st["verdicts_reused"], st["timeout_seconds"])
+              for st in stats]
+    if reuse:
+        assert [len(b) for b in batches] == [3, 1]   # (A, X), (B, X), (B, Y); then (A, Z)
+        assert counts == [(1, 1, 1, 10.0), (1, 0, 2, 7.0)]
+    else:
+        assert [len(b) for b in batches] == [4, 3]
+        assert counts == [(1, 1, 0, 15.0), (1, 1, 0, 17.0)]   # turn 1: Z built, X from the cache
+    assert stats[1]["status_counts"] == {"timeout": 3, "format_error": 1}

@@ -327,6 +327,35 @@ def test_seconds_lost_to_timeouts_are_summed_in_the_metrics(tmp_path, monkeypatc
     assert record["status_counts"] == {"correct": 2, "timeout": 2} and record["timeout_seconds"] == 13.0
 
 
+@pytest.mark.parametrize("reuse", [False, True])
+def test_metrics_count_builds_compiled_and_reused_and_verdicts_reused(tmp_path, monkeypatch, capsys, reuse):
+    """Two steps of 4 identical answers (the built-in solution) through a stand-in harness that builds a
+    batch's distinct kernels once and finds them in its cache afterwards (as kernel_eval does): step 1
+    compiles one kernel, step 2 none. With --reuse-verdicts the harness sees one candidate in step 1 (3
+    verdicts reused) and none in step 2 (4 reused); without, it judges all 4 each step (step 2: 1 cache hit)."""
+    import kernel_eval
+    cache, batches = set(), []
+
+    def caching_harness(pairs, **_):
+        batches.append(len(pairs))
+        before = set(cache)
+        cache.update(code for _, code in pairs)
+        return [kernel_eval.EvalResult(status="correct", compiled=True, correct=True, speedup=1.0,
+                                       build_reused=code in before) for _, code in pairs]
+    monkeypatch.setattr(kernel_eval, "evaluate_batch", caching_harness)
+    train.main(["--oracle-share", "1", "--steps", "2", "--turns", "1", "--trajectories", "4", "--task-ids",
+                "builtin/level1/01_relu", "--tasks-per-step", "1", "--max-new-tokens", "1100", "--out", str(tmp_path),
+                "--no-time-kernels", "--reuse-verdicts" if reuse else "--no-reuse-verdicts"])
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    counts = [(r["kernels_compiled"], r["builds_reused"], r["verdicts_reused"]) for r in records]
+    if reuse:
+        assert batches == [1] and counts == [(1, 0, 3), (0, 0, 4)]
+    else:
+        assert batches == [4, 4] and counts == [(1, 0, 0), (0, 1, 0)]
+    assert all(r["status_counts"] == {"correct": 4} for r in records)
+    assert f"compiled 0, cached {0 if reuse else 1}, verdicts reused {4 if reuse else 0}" in capsys.readouterr().out
+
+
 def test_reuse_verdicts_is_refused_when_kernels_are_timed():
     with pytest.raises(SystemExit, match="--reuse-verdicts needs --no-time-kernels"):
         train.main(["--reuse-verdicts"])

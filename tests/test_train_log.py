@@ -14,12 +14,14 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     # (task, turn, status, score, speedup, completion tokens, truncated)
     rank0 = _summary([("a", 0, "correct", 0.3, 1.5, 100, False), ("a", 1, "format_error", 0.0, 0.0, 300, True)],
                      [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0},
-                     [{"n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1}}], 1e12)
+                     [{"n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1},
+                       "kernels_compiled": 1, "builds_reused": 0, "verdicts_reused": 0}], 1e12)
     rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False), ("b", 1, "correct", 0.9, 3.0, 200, False)],
                      [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5},
                      # b's third candidate got no verdict (harness_error): no row, counted apart
                      [{"n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"], "timeout_seconds": 8.5,
-                       "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1}}], 2e12)
+                       "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1},
+                       "kernels_compiled": 1, "builds_reused": 1, "verdicts_reused": 1}], 2e12)
     update_out = {"loss": [0.25, -0.5], "grad_norm": [0.2, 0.1], "lr": 1e-5}
     record = train_log.step_record(4, [rank0, rank1], update_out, n_turns=2)
     assert record["step"] == 5
@@ -30,12 +32,15 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["response_tokens_mean"] == 200 and record["truncated_rate"] == 0.25
     assert record["not_okay_ratio"] == (0.5 * 2 + 0.0 * 3) / 5 and record["harness_errors"] == 1
     assert record["timeout_seconds"] == 8.5  # rank 0's turn stats name none: 0
+    assert (record["kernels_compiled"], record["builds_reused"], record["verdicts_reused"]) == (2, 1, 1)
     assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
     assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
     assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
     assert record["train_flops"] == 3e12 and record["ranks"] == 2 and record["reference_error_tasks"] == ["c"]
     assert (record["seconds_generation"], record["seconds_evaluation"], record["seconds_training"]) == (7.0, 2.0, 1.5)
     record["seconds_step"] = 10.0
+    line = train_log.step_line(record)
+    assert "eval 2.0 s (20% of the step): compiled 2, cached 1, verdicts reused 1, timeouts 8.5 s" in line, line
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.write(json.dumps(record) + "\n")
     train_log.plot_curves(str(tmp_path))
