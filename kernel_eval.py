@@ -278,8 +278,8 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
     """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
 
     def judge(session, cand_src, compiling, alone: bool) -> EvalResult:
-        """One attempt: the task's plan (its reference booted while the kernel compiles), the
-        candidate's worker with limits from that plan, then the verdict inside a memory admission."""
+        """One attempt: the task's plan (its reference boots meanwhile), the candidate's worker with
+        limits from it, the verdict inside a memory admission."""
         scratch, cand, plan, failure = _scratch(config, "kevalrun-"), None, None, None
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
@@ -1163,8 +1163,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trials", type=int, default=None, help="timed calls (default: 100 on cuda, 5 on cpu)")
     p.add_argument("--no-time", action="store_true", help="check correctness only")
-    p.add_argument("--cache-root", default=None,
-                   help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
+    p.add_argument("--cache-root", default=None, help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
     a = p.parse_args(argv)
     srcs = [_read_source(a.reference), _read_source(a.candidate)]
     if a.trials is not None and a.trials < 1:
@@ -1186,8 +1185,7 @@ def main(argv=None) -> int:
 
 
 def interrupted(prog: str) -> None:
-    """Ctrl-C: one line and exit 130 at once. evaluate_batch has stopped every worker and build;
-    os._exit skips joining the batch's threads, which would wait for phases nobody needs now."""
+    """Ctrl-C: one line and exit 130 at once (evaluate_batch stopped every worker; os._exit joins no thread)."""
     print(f"{prog}: interrupted; every worker and build of the evaluation was stopped", file=sys.stderr)
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
