@@ -192,6 +192,9 @@ class EvalConfig:
     compile_nice: int = 10  # builds yield the CPU to the run phase
     compile_zygote: bool = True  # fork compile workers from a zygote that imported torch once
     run_zygote: bool = True  # and run workers (the candidates' and the references')
+    # the boundary around candidates' workers (kernel_sandbox.boundary_for): "auto" namespaces where
+    # they work, else a warning and the harness's uid; "require" refuses to run without them; "off"
+    sandbox: str = "auto"
 
 
 @dataclass
@@ -214,6 +217,9 @@ class EvalResult:
     trials: int = 0  # correctness trials run (plan_copies: fewer than n_correct_trials for a large task)
     seconds: dict = field(default_factory=dict)  # per phase
     timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
+    # what the candidate's processes ran behind: "namespaces" (kernel_sandbox's boundary) or "process"
+    # (their own session, limits and environment, with the harness's uid, file system and network)
+    boundary: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -239,6 +245,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    boundary = sandbox.boundary_for(config.sandbox)  # "require" without namespaces: BoundaryUnavailable
     batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)
@@ -246,7 +253,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     for i, (ref_src, cand_src) in enumerate(pairs):
         reason = precheck(cand_src) if precheck else None
         if reason:
-            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars))
+            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars),
+                                    boundary=boundary)
         else:
             todo.append(i)
     if not todo:
@@ -285,6 +293,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
             for session in sessions.values():
                 session.close()
             zygotes.close()
+    for result in results:
+        result.boundary = boundary
     return results
 
 
@@ -1080,16 +1090,18 @@ class ReferenceSession:
 # the parent's side of every worker (kernel_sandbox.Worker): its job, its limits, asking it a command
 
 def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
-                  fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None) -> sandbox.Worker:
-    """`python kernel_eval.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox;
-    as_bytes (cpu only) None: cpu_memory_limit_gb."""
+                  fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None,
+                  confine: dict | None = None) -> sandbox.Worker:
+    """`python kernel_eval.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox,
+    behind the boundary `confine` (_confinement); as_bytes (cpu only) None: cpu_memory_limit_gb."""
     cpu = device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0
     try:
         return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(device, arch, cfg, compiling),
                               entry=ENTRY, fsize=fsize, output_bytes=cfg.max_file_bytes,
                               message_bytes=cfg.max_message_bytes, as_bytes=as_bytes, nice=nice,
-                              cpus=_cpu_split(cpu, cfg)[0], zygotes=zygotes)  # off the CPUs kept for timing
+                              cpus=_cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
+                              confine=confine)
     except sandbox.Interrupted as e:
         raise _Failure("runtime_error", str(e)) from None
 
@@ -1111,8 +1123,10 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
         task_bytes = sum(plan["candidate"].values()) + sum(plan["session"].values()) if plan else 0
         fsize = cfg.max_message_bytes + 2 * (plan["candidate"]["host"] if plan else 0)
         as_bytes = int(cfg.cpu_memory_limit_gb * (1 << 30)) + 2 * task_bytes
+    confine = None if mode == "ref" else _confinement(cfg, path, os.path.dirname(path), src, device, arch, compiling=False)
     worker = _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
-                           compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None)
+                           compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
+                           confine=confine)
     # replies are small (tensors go through memory files); the trusted reference also sends init inputs
     worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
     return worker
@@ -1164,8 +1178,7 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
              zygotes: sandbox.Zygotes | None = None) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
-    import torch
-    key = sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg))
+    key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
@@ -1175,9 +1188,11 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     src_path = os.path.join(scratch, "candidate.py")
     with open(src_path, "w") as f:
         f.write(candidate_src)
-    worker = _start_worker("compile", _job(src_path, device, arch, cfg), os.path.join(scratch, "w"), device, arch,
+    workdir = os.path.join(scratch, "w")
+    worker = _start_worker("compile", _job(src_path, device, arch, cfg), workdir, device, arch,
                            cfg, compiling=True, fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice,
-                           zygotes=zygotes if cfg.compile_zygote else None)
+                           zygotes=zygotes if cfg.compile_zygote else None,
+                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True))
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
@@ -1207,6 +1222,43 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     if deterministic:
         sandbox.atomic_write(record_path, json.dumps(record))
     return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
+
+
+def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
+    """A compile's cache key: what its build depends on, and where builds go (a confined candidate's
+    in a directory of its own, _confinement)."""
+    import torch
+    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg),
+                               _confined(cfg))
+
+
+def _confined(cfg: EvalConfig) -> bool:
+    return sandbox.boundary_for(cfg.sandbox) == "namespaces"
+
+
+def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
+                 compiling: bool) -> dict | None:
+    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The
+    build cache and the scratch root are hidden; back in them: the candidate's source (read-only)
+    and its own build directory at cache_root/build and op_headers (writable while it compiles,
+    read-only when it runs: no candidate writes where another's build or record is read), and the
+    shared host header (read-only)."""
+    if not _confined(cfg):
+        return None
+    own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
+    binds = [(src_path, src_path, False)]
+    for part in ("build", "op_headers"):
+        path = os.path.join(own, part)
+        os.makedirs(path, exist_ok=True)
+        if os.geteuid() == 0 and compiling:
+            os.chown(path, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
+        binds.append((path, os.path.join(cfg.cache_root, part), compiling))
+    options = _build_options(cfg)
+    if options and options["host_pch"] and options["cuda_header_tiers"]:
+        import torch  # the header patch_load_inline includes, written here: its directory is read-only there
+        host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+        binds.append((os.path.dirname(host_header), os.path.dirname(host_header), False))
+    return sandbox.confinement(workdir, binds=binds, hide=[cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()])
 
 
 def _build_options(cfg: EvalConfig) -> dict | None:
