@@ -982,6 +982,9 @@ class Worker:
                  zygotes: Zygotes | None = None, confine: dict | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
+        entry_dir = os.path.dirname(os.path.abspath(entry))  # what a spawned worker runs, and imports from
+        if confine and any(_inside(os.path.realpath(entry_dir), path) for path, _ in confine["hide"]):
+            confine = dict(confine, binds=[*confine["binds"], [os.path.realpath(entry_dir), entry_dir, False]])
         cmd_r, cmd_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # file descriptors (memory files of tensors) travel over a socket, next to the command pipe
