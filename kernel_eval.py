@@ -38,8 +38,13 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    The parent clocks every block itself, and paired_verdict pays the speedup only where that
    clock confirms the candidate's claimed times.
 6. isolation (kernel_sandbox.py): every worker runs in its own session under a subreaper
-   supervisor, with an allowlisted environment and limits; phase timeouts are enforced from the
-   parent; on timeout, exit or crash the worker's process group, its orphans and whatever
+   supervisor, with an allowlisted environment and limits; a candidate's workers (its compile and
+   its run, never the trusted reference's) also run behind the boundary (`sandbox`, recorded in
+   EvalResult.boundary): pid 1 of a PID namespace of their own, a network namespace with nothing
+   up, the home and temp directories and the build cache hidden but for their source and their own
+   build directory (writable while compiling, read-only when run; _confinement), every other file
+   system read-only, uid 65534 without capabilities, no_new_privs. Phase timeouts are enforced from
+   the parent; on timeout, exit or crash the worker's process group, its orphans and whatever
    carries its tag are killed. A candidate's check and timing requests may each take a multiple
    of the reference's seconds for the same request plus a slack, under the phase's fixed limit
    (run_limit): a hung kernel holds the device (and so the batch's timing windows) for seconds.
@@ -49,13 +54,17 @@ crash, malformed data, a resource limit), incorrect, correct, reference_error (t
 reference failed: no verdict on the candidate), harness_error (the task's copies do not fit even
 with the device to itself: no verdict). A timing the cross-check refuses keeps correct, pays 0.
 
-What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
-processes of that uid (the reference's included), opening the timing inputs early through /proc,
-writing files outside its scratch dir (the build cache), skipping the work of timed calls whose
-outputs are not compared (only each timing set's last is), lower precision within the tolerance,
-a clock that under-reports by less than the cross-check allows, GPU work left running into the
-reference's blocks (paid up to ref_slowdown_max), work handed to a process outside its tree on
-CPU, network access. Run the harness as an unprivileged user in a container for a hard boundary.
+What this does not stop behind the boundary: skipping the work of timed calls whose outputs are
+not compared (only each timing set's last is), lower precision within the tolerance, a clock that
+under-reports by less than the cross-check allows, GPU work left running into the reference's
+blocks (paid up to ref_slowdown_max), reading what is world-readable outside the hidden directories
+(the system, Python, this repository), filling its tmpfs (kernel_sandbox.TMPFS_BYTES each, memory).
+Without the boundary (sandbox "off", or "auto" where namespaces are refused: a harness that is not
+root, a container without CAP_SYS_ADMIN; a warning says so once, and EvalResult.boundary reads
+"process") the candidate runs with the harness's uid and can also read or ptrace other processes
+of that uid (the reference's included), open the timing inputs early through /proc, write files
+outside its scratch dir (the build cache, poisoning later candidates), use the network, read the
+harness's home directory, and hand work to a process outside its tree on CPU.
 """
 from __future__ import annotations
 
@@ -1878,8 +1887,8 @@ def _read_source(path: str) -> str:
 
 def main(argv=None) -> int:
     """One verdict, printed; exit 0 on every verdict (the status says how the candidate did), 2 on a
-    usage error (a file that cannot be read, --trials below 1), 1 on a device that cannot be used,
-    130 when interrupted."""
+    usage error (a file that cannot be read, --trials below 1), 1 on a device that cannot be used or
+    --sandbox require without namespaces, 130 when interrupted."""
     p = argparse.ArgumentParser(description="Evaluate a candidate kernel against a KernelBench-format reference.",
                                 epilog="Exit code 0 on every verdict (read the status); builds are cached in "
                                        "--cache-root (default $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval).")
@@ -1891,22 +1900,30 @@ def main(argv=None) -> int:
     p.add_argument("--no-time", action="store_true", help="check correctness only")
     p.add_argument("--cache-root", default=None,
                    help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
+    p.add_argument("--sandbox", choices=sandbox.SANDBOX_MODES, default="auto",
+                   help="the candidate's processes behind namespaces and uid 65534: auto (where they work, "
+                        "else a warning), require (refuse without them), off (default: auto)")
     a = p.parse_args(argv)
     srcs = [_read_source(a.reference), _read_source(a.candidate)]
     if a.trials is not None and a.trials < 1:
         _usage_error(f"--trials {a.trials}: must be at least 1")
     device = resolve_device(a.device, "kernel_eval.py")
-    cfg = {"time_candidate": not a.no_time}
+    cfg = {"time_candidate": not a.no_time, "sandbox": a.sandbox}
     if a.cache_root:
         cfg["cache_root"] = a.cache_root
     if a.trials:
         cfg["cpu_trials" if device == "cpu" else "gpu_trials"] = a.trials
-    result = evaluate(srcs[0], srcs[1], device=device, **cfg)
+    try:
+        result = evaluate(srcs[0], srcs[1], device=device, **cfg)
+    except sandbox.BoundaryUnavailable as e:
+        print(f"kernel_eval.py: {e}", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps(result.to_dict()))
     else:
         print(f"status: {result.status}  compiled: {result.compiled}  correct: {result.correct}  "
-              f"speedup: {result.speedup:.3f}  ref_ms: {result.ref_ms:.4g}  candidate_ms: {result.candidate_ms:.4g}")
+              f"speedup: {result.speedup:.3f}  ref_ms: {result.ref_ms:.4g}  candidate_ms: {result.candidate_ms:.4g}  "
+              f"boundary: {result.boundary}")
         print(result.message)
     return 0
 

@@ -15,6 +15,12 @@ them, and kills them.
   parent sweeps /proc for (kill_by_tag) after each worker and when a batch is interrupted
   (stop_everything). The environment is an allowlist (worker_env), never the trainer's API keys;
   MALLOC_PERTURB_ poisons fresh heap memory.
+- The boundary (`confinement`, `enter_boundary`): a confined worker is pid 1 of a new PID namespace
+  (its supervisor unshares it, then forks it), in new network, IPC, UTS and mount namespaces: the
+  home and temp directories (and what the caller names) are empty tmpfs, with back in them only
+  what it needs (Python, the entry's directory, the caller's binds), every other file system is
+  read-only, /proc is its namespace's; then uid/gid 65534 (when the harness is root), no
+  capabilities, no_new_privs. `boundary_for(mode)` says which boundary a batch gets (SANDBOX_MODES).
 - Zygotes: a process that ran the caller's `preload` (import torch) once forks supervisors and
   their workers on request, each with its own tag written over the zygote's: the same isolation,
   without an interpreter start and `import torch` per worker. One out of service (killed, say)
@@ -398,16 +404,8 @@ def seal(fd: int) -> None:
 
 
 # ----------------------------------------------------------------------------- the boundary
-# A candidate's worker (its compile and its run; never the trusted reference's) starts behind a
-# boundary of its own: pid 1 of a new PID namespace (it sees and signals no process but its own
-# descendants: not the reference session, its supervisor, the zygote or the trainer), a network
-# namespace with nothing in it (loopback down), an IPC and UTS namespace, and a mount namespace in
-# which the home directories, the temp directories and whatever its caller names are empty tmpfs,
-# with back in them, read-only, only what it needs (Python, torch, the entry's directory, the
-# caller's binds: its source, its own build directory); every other mount is read-only, and /proc
-# is the new namespace's. It then drops to uid/gid 65534 when the harness is root (not a user
-# namespace: CUDA does not work in one), with no capabilities (the bounding set emptied) and
-# no_new_privs. Where the kernel or the container refuses namespaces, `boundary_problem` says why.
+# The module docstring says what a confined worker sees. The GPU rules out a user namespace (CUDA
+# does not work in one), so the unprivileged uid comes from dropping root's.
 
 SANDBOX_MODES = ("auto", "require", "off")
 UNPRIVILEGED_ID = 65534  # nobody / nogroup
@@ -445,6 +443,11 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _strictly_hidden(path: str, hidden) -> bool:
+    """Inside a hidden directory, and holding none (binding it would show a hidden one again)."""
+    return any(_inside(path, h) and path != h for h in hidden) and not any(_inside(h, path) for h in hidden)
+
+
 def confinement(workdir: str, binds=(), hide=(), tmpfs_bytes: int = TMPFS_BYTES) -> dict:
     """The boundary's plan for one worker (JSON: it travels in the supervisor's spec), computed by
     the trusted parent: `workdir` (the worker's scratch, seen as an empty directory it owns), the
@@ -471,8 +474,8 @@ def confinement(workdir: str, binds=(), hide=(), tmpfs_bytes: int = TMPFS_BYTES)
     for path in needed:
         if not path or not os.path.exists(path):
             continue
-        for p in {os.path.abspath(path), os.path.realpath(path)}:
-            if any(_inside(p, h) for h in hidden) and not any(_inside(p, k) for k in keep):
+        for p in {os.path.abspath(path), os.path.realpath(path)}:  # a hidden directory itself is never kept
+            if _strictly_hidden(p, hidden) and not any(_inside(p, k) for k in keep):
                 keep = [k for k in keep if not _inside(k, p)] + [p]
     plan_binds = [[os.path.realpath(p), p, False] for p in keep]
     plan_binds += [[os.path.realpath(src), os.path.abspath(dst), bool(rw)] for src, dst, rw in binds]
@@ -982,9 +985,13 @@ class Worker:
                  zygotes: Zygotes | None = None, confine: dict | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
-        entry_dir = os.path.dirname(os.path.abspath(entry))  # what a spawned worker runs, and imports from
-        if confine and any(_inside(os.path.realpath(entry_dir), path) for path, _ in confine["hide"]):
-            confine = dict(confine, binds=[*confine["binds"], [os.path.realpath(entry_dir), entry_dir, False]])
+        if confine:  # what a spawned worker runs, and imports from: the entry's directory (or its modules)
+            entry_dir, hidden = os.path.realpath(os.path.dirname(os.path.abspath(entry))), [p for p, _ in confine["hide"]]
+            if _strictly_hidden(entry_dir, hidden):
+                confine = dict(confine, binds=[*confine["binds"], [entry_dir, entry_dir, False]])
+            elif any(_inside(entry_dir, h) for h in hidden):  # a hidden directory, or one holding one
+                modules = [os.path.join(entry_dir, f) for f in os.listdir(entry_dir) if f.endswith(".py")]
+                confine = dict(confine, binds=[*confine["binds"], *([m, m, False] for m in modules)])
         cmd_r, cmd_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # file descriptors (memory files of tensors) travel over a socket, next to the command pipe
@@ -1184,8 +1191,8 @@ class _Zygote:
     torch read at start (MALLOC_PERTURB_, the heap thresholds, CUDA_VISIBLE_DEVICES) is the same.
     It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
     secret (the allowlisted environment, the requests it served); the candidate's code runs only in
-    a forked worker, never in the zygote (which a candidate can still ptrace or kill, as any process
-    of its uid). When it cannot serve, `fork` returns None and the caller spawns; a supervisor the
+    a forked worker, never in the zygote (which an unconfined candidate can still ptrace or kill, as
+    any process of its uid; a confined one cannot see it). When it cannot serve, `fork` returns None and the caller spawns; a supervisor the
     dying zygote had forked sees it has been reparented and stops its worker."""
 
     def __init__(self, env: dict, entry: str):

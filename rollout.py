@@ -85,6 +85,7 @@ class Sample:
     timing_ok: bool = False
     message: str = ""
     summary: str = ""            # the response's own summary, as later prompts show it
+    boundary: str = ""           # what the candidate's processes ran behind (kernel_eval.EvalResult.boundary)
 
     @property
     def input_ids(self) -> list[int]:
@@ -133,6 +134,7 @@ class _Turn:
     timing_ok: bool = False
     message: str = ""
     timeout_seconds: float = 0.0  # seconds the harness waited on this candidate's phase that timed out
+    boundary: str = ""
 
 
 @dataclass
@@ -289,7 +291,8 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                            candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
                            timing_ok=bool(verdict.get("timing_ok", True)),
                            message=str(verdict.get("message", "") or ""),
-                           timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0)))
+                           timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
+                           boundary=str(verdict.get("boundary", "") or "")))
     return turns
 
 
@@ -323,7 +326,8 @@ def _sample(task_id: str, trajectory: int, turn: int, t: _Turn, ret: float, conf
         logprobs=t.completion.logprobs, text=t.completion.text, truncated=truncated,
         status=t.status, score=t.score, discounted_return=float(ret), speedup=t.speedup,
         code=t.code, feedback=t.feedback, correct=t.correct, ref_ms=t.ref_ms,
-        candidate_ms=t.candidate_ms, timing_ok=t.timing_ok, message=t.message, summary=t.summary)
+        candidate_ms=t.candidate_ms, timing_ok=t.timing_ok, message=t.message, summary=t.summary,
+        boundary=t.boundary)
 
 
 def _samples(tasks, trajectories, config, start_turn: int = 0) -> list[Sample]:

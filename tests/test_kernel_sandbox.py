@@ -336,8 +336,13 @@ def test_a_confined_worker_reads_and_writes_only_what_it_is_given_and_leaves_not
 @needs_namespaces
 def test_confinement_hides_home_and_temp_and_never_the_system(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    hidden = [path for path, _ in sandbox.confinement(str(tmp_path / "w"))["hide"]]
+    (tmp_path / "lib").mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path), str(tmp_path / "lib"), *sys.path])  # as a harness run from $HOME
+    plan = sandbox.confinement(str(tmp_path / "w"))
+    hidden = [path for path, _ in plan["hide"]]
     assert str(tmp_path) in hidden and "/tmp" in hidden and "/root" in hidden
+    bound = [target for _, target, _ in plan["binds"]]
+    assert str(tmp_path / "lib") in bound and str(tmp_path) not in bound  # what Python imports, never $HOME itself
     monkeypatch.setenv("HOME", "/")  # some containers: hiding it would hide everything
     hidden = [path for path, _ in sandbox.confinement(str(tmp_path / "w"), hide=["/usr", "/usr/lib/.."])["hide"]]
     assert not {"/", "/usr"} & set(hidden)
