@@ -286,6 +286,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     finished = False
     try:
         compiles: dict = {}
+        if device != "cpu" and _host_pch_needed(config):  # first in the pool: later builds of the batch use it
+            compile_pool.submit(_warm_host_pch, device, arch, config, zygotes)
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
@@ -1185,8 +1187,9 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygotes: sandbox.Zygotes | None = None) -> dict:
-    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
+             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False) -> dict:
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
+    `writes_host_pch`: the harness's own source (_warm_host_pch), whose worker alone may write there."""
     key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
@@ -1201,7 +1204,8 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     worker = _start_worker("compile", _job(src_path, device, arch, cfg), workdir, device, arch,
                            cfg, compiling=True, fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice,
                            zygotes=zygotes if cfg.compile_zygote else None,
-                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True))
+                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
+                                                writes_host_pch=writes_host_pch))
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
@@ -1246,7 +1250,7 @@ def _confined(cfg: EvalConfig) -> bool:
 
 
 def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
-                 compiling: bool) -> dict | None:
+                 compiling: bool, writes_host_pch: bool = False) -> dict | None:
     """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The
     build cache and the scratch root are hidden; back in them: the candidate's source (read-only)
     and its own build directory at cache_root/build and op_headers (writable while it compiles,
@@ -1263,11 +1267,57 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
             os.chown(path, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
         binds.append((path, os.path.join(cfg.cache_root, part), compiling))
     options = _build_options(cfg)
-    if options and options["host_pch"] and options["cuda_header_tiers"]:
-        import torch  # the header patch_load_inline includes, written here: its directory is read-only there
+    if options and options["host_pch"] and options["cuda_header_tiers"]:  # patch_load_inline writes it if missing
+        import torch  # the header, written here: its directory is read-only there (_warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
-        binds.append((os.path.dirname(host_header), os.path.dirname(host_header), False))
+        binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
     return sandbox.confinement(workdir, binds=binds, hide=[cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()])
+
+
+# A CUDA extension of the harness's own, built once per cache by _warm_host_pch: its slim-tier build with
+# the default flags leaves the host units' precompiled header (kernel_build.build_host_pch)
+HOST_PCH_SOURCE = r'''
+from torch.utils.cpp_extension import load_inline
+
+load_inline(name="kernel_eval_host_pch", cpp_sources="torch::Tensor kernel_eval_copy(torch::Tensor x);",
+            functions=["kernel_eval_copy"],
+            cuda_sources="""
+__global__ void copy_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+torch::Tensor kernel_eval_copy(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    copy_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+""")
+'''
+
+
+def _host_pch_needed(cfg: EvalConfig) -> bool:
+    options = _build_options(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"]) and _confined(cfg)
+
+
+def _warm_host_pch(device: str, arch: str, cfg: EvalConfig, zygotes) -> None:
+    """Build the host units' precompiled header once per cache, where it is missing. A candidate's
+    compile may read it, never write it (it would be in every later build), so a compile of the
+    harness's own source (HOST_PCH_SOURCE) does, behind the same boundary, the only one that may;
+    the header's directory is root's again after it."""
+    import torch
+    header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+    if os.path.exists(header + ".gch"):
+        return
+    directory, root = os.path.dirname(header), os.geteuid() == 0
+    if root:
+        os.chown(directory, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
+    try:
+        _compile(HOST_PCH_SOURCE, device, arch, cfg, zygotes, writes_host_pch=True)
+    finally:
+        if root:
+            for path in [directory] + [os.path.join(directory, f) for f in os.listdir(directory)]:
+                os.chown(path, 0, 0)
 
 
 def _build_options(cfg: EvalConfig) -> dict | None:

@@ -438,7 +438,9 @@ def test_forked_run_workers_see_what_spawned_ones_see(tmp_path):
     """A candidate's run worker forked from the run zygote is the process a spawned one would be:
     the same environment (in os.environ and in /proc/self/environ, apart from its own tag) and the
     same heap poison (MALLOC_PERTURB_, read by glibc at process start: the zygote's start), and it
-    names its role for ps. The reference's session is forked too."""
+    names its role for ps. The reference's session is forked too. Outside the boundary, whose own
+    forked and spawned workers tests/test_kernel_sandbox.py compares: this one writes its report
+    into the test's directory and reads its parent's name."""
     report = tmp_path / "report"
     source = """
 import os, sys, torch
@@ -462,7 +464,7 @@ class ModelNew(torch.nn.Module):
     for forked in (True, False):
         src = f"REPORT, TAG = {str(report) + '.' + str(forked)!r}, {sandbox.TAG_ENV!r}" + source
         [result] = ke.evaluate_batch([(REFERENCE, src)], device="cpu", cache_root=str(tmp_path / "cache"),
-                                     run_zygote=forked, time_candidate=False)
+                                     run_zygote=forked, time_candidate=False, sandbox="off")
         assert result.status == "incorrect", result.message  # it ran: ModelNew is not the reference
         seen[forked] = eval((tmp_path / f"report.{forked}").read_text())
     (initial_f, env_f, poisoned_f, comm_f, parent_f), (initial_s, env_s, poisoned_s, comm_s, _) = seen[True], seen[False]
@@ -626,7 +628,8 @@ def test_kernel_eval_and_the_sandbox_alone_judge_a_cpp_candidate(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = json.loads(proc.stdout.strip().splitlines()[-1])
     assert verdict["status"] == "correct" and verdict["compiled"], verdict
-    assert os.listdir(cache / "build" / "by-source")  # built by plain load_inline, not kernel_build's patch
+    # built by plain load_inline, not kernel_build's patch (confined: in the candidate's own directory)
+    assert glob.glob(str(cache / "**" / "build" / "by-source" / "*"), recursive=True)
     assert sorted(p for p in os.listdir(alone) if p != "__pycache__") == ["kernel_eval.py", "kernel_sandbox.py"]
 
 
@@ -831,7 +834,8 @@ def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, mo
 def cpus_seen(path: str, device: str, log: str, **cfg) -> tuple:
     """Judge the kernel at `path` on `device`, its module recording the CPUs it may run on when
     imported (compile and run workers) and at every forward (checks and timed calls): (result,
-    CPU sets seen at import, CPU sets seen in forward)."""
+    CPU sets seen at import, CPU sets seen in forward). Outside the boundary (the record is a file
+    of the test's; the CPUs are set before the boundary is entered)."""
     src = open(path).read() + f"""
 import os as _os
 def _seen(where):
@@ -844,7 +848,7 @@ def _recording_forward(self, *args):
     return _forward(self, *args)
 ModelNew.forward = _recording_forward
 """
-    result = ke.evaluate(REFERENCE, src, device=device, **cfg)
+    result = ke.evaluate(REFERENCE, src, device=device, sandbox="off", **cfg)
     seen = {"import": set(), "forward": set()}
     with open(log) as f:
         for line in f:
@@ -955,11 +959,11 @@ def listening():
 @pytest.fixture(scope="module", params=DEVICES)
 def attacks(request, cache_root, tmp_path_factory):
     """proc_secrets, kill_parent, connect_port and read_home_key, and the honest control, judged in one
-    batch while: the harness's environment holds an API key, the reference's source a secret, $HOME a
-    key file, and a port on 127.0.0.1 listens."""
+    batch while the reference's source holds a secret, $HOME a key file, and a port on 127.0.0.1
+    listens."""
     device = request.param
     import secrets as _secrets
-    planted = {"api_key": "sk-keval-" + _secrets.token_hex(8), "home_key": "keval-home-key-" + _secrets.token_hex(8),
+    planted = {"home_key": "keval-home-key-" + _secrets.token_hex(8),
                "reference": "keval-reference-secret-" + _secrets.token_hex(8)}
     home = tmp_path_factory.mktemp("home")
     (home / ".keval_fake_key").write_text(planted["home_key"])
@@ -969,7 +973,6 @@ def attacks(request, cache_root, tmp_path_factory):
     reference = REFERENCE + f"\n_SECRET = {planted['reference']!r}  # in the reference session's memory\n"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))
-        mp.setenv("OPENAI_API_KEY", planted["api_key"])
         mp.setenv("KERNEL_EVAL_TEST_PORT", str(port))  # the harness's prefix: workers get it
         try:
             results = ke.evaluate_batch([(reference, open(device_cases(device)[n]).read()) for n in names],

@@ -1,6 +1,6 @@
 # expect: runtime_error
-# Reads other processes through /proc: every environment block it can open (the harness's holds a
-# planted API key) and the memory of the reference session (whose source holds a planted secret),
+# Reads other processes through /proc: every environment block it can open (API keys, tokens)
+# and the memory of the reference session (whose source holds a planted secret),
 # at import (in the run worker the reference session is up by then), then fails in forward with
 # what it found, so that the verdict's message carries it out. Behind the boundary it is pid 1 of
 # its own PID namespace and sees no other process.
