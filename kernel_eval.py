@@ -1254,18 +1254,20 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
     """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The
     build cache and the scratch root are hidden; back in them: the candidate's source (read-only)
     and its own build directory at cache_root/build and op_headers (writable while it compiles,
-    read-only when it runs: no candidate writes where another's build or record is read), and the
+    read-only when it runs: no candidate writes where another's build or record is read; without
+    kernel_build.py, writable then too: plain load_inline takes a lock file in it to load), and the
     shared host header (read-only)."""
     if not _confined(cfg):
         return None
     own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
     binds = [(src_path, src_path, False)]
+    writable = compiling or kernel_build is None
     for part in ("build", "op_headers"):
         path = os.path.join(own, part)
         os.makedirs(path, exist_ok=True)
-        if os.geteuid() == 0 and compiling:
+        if os.geteuid() == 0 and writable:
             os.chown(path, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
-        binds.append((path, os.path.join(cfg.cache_root, part), compiling))
+        binds.append((path, os.path.join(cfg.cache_root, part), writable))
     options = _build_options(cfg)
     if options and options["host_pch"] and options["cuda_header_tiers"]:  # patch_load_inline writes it if missing
         import torch  # the header, written here: its directory is read-only there (_warm_host_pch aside)

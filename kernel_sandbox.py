@@ -48,6 +48,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -460,8 +461,11 @@ def confinement(workdir: str, binds=(), hide=(), tmpfs_bytes: int = TMPFS_BYTES)
     with contextlib.suppress(ImportError, KeyError):
         home.append(__import__("pwd").getpwuid(os.geteuid()).pw_dir)
     own_home = os.path.realpath(home[0]) if home[0] else ""
+    # the temp directories a compiler or torch may write to (TMPDIR elsewhere: read-only, unless hidden)
+    temp = {os.path.realpath(p) for p in ("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir(),
+                                          *(os.environ.get(k, "") for k in ("TMPDIR", "TMP", "TEMP"))) if p}
     hidden = []
-    for path in [*_HIDDEN_BY_DEFAULT, *home, *hide]:
+    for path in [*_HIDDEN_BY_DEFAULT, *temp, *home, *hide]:
         path = os.path.realpath(path) if path else ""
         if (not path or not os.path.isdir(path) or path in hidden
                 or any(_inside(system, path) for system in ("/", *_SYSTEM_DIRS))):
@@ -479,8 +483,10 @@ def confinement(workdir: str, binds=(), hide=(), tmpfs_bytes: int = TMPFS_BYTES)
                 keep = [k for k in keep if not _inside(k, p)] + [p]
     plan_binds = [[os.path.realpath(p), p, False] for p in keep]
     plan_binds += [[os.path.realpath(src), os.path.abspath(dst), bool(rw)] for src, dst, rw in binds]
-    # [path, owned by the worker]: its scratch and its home are its own to write (both empty tmpfs)
-    hide_plan = [[p, p == own_home] for p in sorted(hidden, key=lambda p: p.count("/"))] + [[workdir, True]]
+    # [path, kind]: an empty directory, "own" (the worker's to write: its scratch, its home), "temp"
+    # (anyone's, sticky) or "empty" (root's)
+    hide_plan = [[p, "own" if p == own_home else "temp" if p in temp else "empty"]
+                 for p in sorted(hidden, key=lambda p: p.count("/"))] + [[workdir, "own"]]
     return {"hide": hide_plan, "binds": plan_binds, "workdir": workdir, "uid": uid, "gid": gid,
             "tmpfs_bytes": int(tmpfs_bytes)}
 
@@ -526,7 +532,7 @@ def enter_boundary(plan: dict) -> None:
         # shallowest first, so that what is mounted deeper (its scratch inside a kept directory, a bind
         # inside a hidden one) lands on top; a path whose innermost mount is a tmpfs of ours is created
         # there, any other is mounted over
-        steps = [(path, 0, owner, None) for path, owner in plan["hide"]]
+        steps = [(path, 0, kind, None) for path, kind in plan["hide"]]
         steps += [(dst, 1, (src, rw), fd) for (src, dst, rw), fd in zip(plan["binds"], sources)]
         mounted = []  # (path, a tmpfs of ours)
 
@@ -535,14 +541,16 @@ def enter_boundary(plan: dict) -> None:
             return bool(covering) and covering[-1]
 
         for path, kind, what, fd in sorted(steps, key=lambda step: (step[0].count("/"), step[1])):
-            if kind == 0:  # hidden: an empty directory, the worker's own where `what` says
+            if kind == 0:  # hidden: an empty directory of the kind `what` says
                 if in_our_tmpfs(path):
                     os.makedirs(path, mode=0o755, exist_ok=True)
-                    if what:
+                    if what == "own":
                         os.chown(path, uid, gid)
+                    elif what == "temp":
+                        os.chmod(path, 0o1777)
                     continue
-                mode = "1777" if path in ("/tmp", "/var/tmp", "/dev/shm") else "0755"
-                ids = f",uid={uid},gid={gid}" if what else ""
+                ids = f",uid={uid},gid={gid}" if what == "own" else ""
+                mode = "1777" if what == "temp" else "0755"
                 mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={mode},size={size}{ids}")
                 mounted.append((path, True))
                 continue
@@ -611,7 +619,6 @@ def _probe_boundary() -> str:
         return f"namespaces are Linux's ({sys.platform})"
     if os.geteuid() != 0:
         return "the harness is not root (it drops candidates to uid 65534; a user namespace would hide the GPU)"
-    import tempfile
     workdir = tempfile.mkdtemp(prefix="kevalprobe-")
     try:
         code = ("import sys; sys.path.insert(0, %r); import kernel_sandbox; "
@@ -627,8 +634,7 @@ def _probe_boundary() -> str:
             return lines[-1] if lines else f"the probe exited with code {done.returncode}"
         return ""
     finally:
-        import shutil
-        shutil.rmtree(workdir, ignore_errors=True)
+        __import__("shutil").rmtree(workdir, ignore_errors=True)
 
 
 def _probe_child(plan_json: str) -> int:
@@ -652,7 +658,10 @@ def _probe_child(plan_json: str) -> int:
             interfaces = [name for _, name in socket.if_nameindex()]
             if interfaces != ["lo"]:
                 problems.append(f"network interfaces {interfaces}")
-            __import__("colorsys")  # the standard library is still readable
+            __import__("colorsys")  # the standard library is still readable, and what Python imports
+            unreadable = [p for p in sys.path if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]
+            if unreadable:
+                problems.append(f"uid {os.getuid()} cannot read {unreadable[0]}")
             with open(os.path.join(plan["workdir"], "probe"), "w") as f:  # and its scratch writable
                 f.write("ok")
             if problems:

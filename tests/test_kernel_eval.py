@@ -627,7 +627,7 @@ def test_kernel_eval_and_the_sandbox_alone_judge_a_cpp_candidate(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert verdict["status"] == "correct" and verdict["compiled"], verdict
+    assert verdict["status"] == "correct" and verdict["compiled"], verdict["message"]
     # built by plain load_inline, not kernel_build's patch (confined: in the candidate's own directory)
     assert glob.glob(str(cache / "**" / "build" / "by-source" / "*"), recursive=True)
     assert sorted(p for p in os.listdir(alone) if p != "__pycache__") == ["kernel_eval.py", "kernel_sandbox.py"]
