@@ -254,6 +254,7 @@ class RecordWriter:
             "turn": s.turn + 1, **extra, "status": s.status, "correct": bool(s.correct), "speedup": s.speedup,
             "score": None if s.status == rollout.HARNESS_ERROR else s.score,   # no verdict: no score, not 0
             "ref_ms": s.ref_ms, "candidate_ms": s.candidate_ms, "timing_ok": s.timing_ok, "message": s.message,
+            "boundary": s.boundary,
             "code_hash": self.code_hash(s.code),
             "summary": s.summary, "feedback": s.feedback, "truncated": s.truncated,
             "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.completion_ids)}
@@ -467,7 +468,8 @@ def run_folder(task_list, folder: str, evaluate_batch, language: str, writer: Re
             feedback=summarize.feedback(verdict or reason),
             correct=bool(verdict.get("correct", False)), ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
             candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
-            timing_ok=bool(verdict.get("timing_ok", False)), message=str(verdict.get("message", reason or "")))
+            timing_ok=bool(verdict.get("timing_ok", False)), message=str(verdict.get("message", reason or "")),
+            boundary=str(verdict.get("boundary", "")))
         records.append(writer.record(sample))
     writer.write(records)
     covered = {task.task_id for task, *_ in rows}
@@ -743,6 +745,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the run's folder: records, summary, tables and plots (required)")
     ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl (default: off)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
+    ap.add_argument("--sandbox", choices=("auto", "require", "off"), default="auto",
+                    help="the candidates' processes behind namespaces and uid 65534 (kernel_sandbox): auto "
+                         "(where they work, else a warning), require (refuse without them), off (default: %(default)s)")
     args = ap.parse_args(argv)
     blocked = args.out
     while blocked and not os.path.isdir(blocked):   # --out, or a folder above it, that is a file
@@ -775,9 +780,13 @@ def main(argv=None) -> int:
     local_only = local_model(args.policy) if model_policy and not is_candidate_folder(args.policy) else True
     import kernel_eval
     args.device = kernel_eval.resolve_device(args.device, "eval.py")
+    try:  # --sandbox require refuses here, before --out is written to
+        kernel_eval.sandbox.boundary_for(args.sandbox)
+    except kernel_eval.sandbox.BoundaryUnavailable as error:
+        raise SystemExit(f"eval.py: {error}")
     language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]
     task_list = load_tasks(args)
-    evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device)
+    evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device, sandbox=args.sandbox)
     policy_name = os.path.basename(args.policy.rstrip('/'))
     if args.policy == "oracle" and args.corrupt_rate > 0:
         policy_name += f" (corrupt rate {args.corrupt_rate:g})"

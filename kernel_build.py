@@ -335,7 +335,11 @@ def build_host_pch(header: str, build_dir: str, timeout_s: float = 300.0) -> boo
         return False
     flags = [f for f in shlex.split(variables["cflags"] + " " + variables.get("post_cflags", ""))
              if not f.startswith(("-DTORCH_EXTENSION_NAME=", "-I"))]
-    with open(header + ".lock", "a") as lock:
+    try:
+        lock = open(header + ".lock", "a")
+    except OSError:  # its directory is read-only (a confined candidate's compile): none is written
+        return False
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

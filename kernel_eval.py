@@ -39,8 +39,12 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    time on CPU); each set's last output is compared again. paired_verdict pays the speedup only where
    the parent's own clock of every block confirms the candidate's claimed times.
 6. isolation (kernel_sandbox.py): each worker runs in its own session under a subreaper supervisor,
-   with an allowlisted environment and limits; on timeout, exit or crash its process group, orphans
-   and whatever carries its tag are killed. A candidate's request may take a multiple of the
+   with an allowlisted environment and limits; a candidate's workers (compile and run, never the
+   reference's) also run behind the boundary (`sandbox`, recorded in EvalResult.boundary): pid 1 of
+   their own PID namespace, a network namespace with nothing up, home, temp and build cache hidden
+   but for their own build directory (read-only when run), every other file system read-only, uid
+   65534 without capabilities, no_new_privs. On timeout, exit or crash the process group, orphans and
+   whatever carries the worker's tag are killed. A candidate's request may take a multiple of the
    reference's seconds for the same request plus a slack, under a fixed ceiling (run_limit).
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
@@ -49,13 +53,17 @@ reference failed: no verdict on the candidate; a trainer drops the task's sample
 the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
 left out of training, counted by eval.py). A timing the cross-check refuses keeps correct, pays 0.
 
-What this does not stop (the candidate runs with the harness's uid): reading or ptracing other
-processes of that uid (the reference's included), opening the timing inputs early through /proc,
-writing files outside its scratch dir (the build cache), skipping the work of timed calls whose
-outputs are not compared (only each timing set's last is), lower precision within the tolerance,
-a clock that under-reports by less than the cross-check allows, GPU work left running into the
-reference's blocks (paid up to ref_slowdown_max), work handed to a process outside its tree on
-CPU, network access. Run the harness as an unprivileged user in a container for a hard boundary.
+What this does not stop behind the boundary: skipping the work of timed calls whose outputs are
+not compared (only each timing set's last is), lower precision within the tolerance, a clock that
+under-reports by less than the cross-check allows, GPU work left running into the reference's
+blocks (paid up to ref_slowdown_max), reading what is world-readable outside the hidden directories
+(the system, Python, this repository), filling its tmpfs (kernel_sandbox.TMPFS_BYTES each, memory).
+Without the boundary (sandbox "off", or "auto" where namespaces are refused: a harness that is not
+root, a container without CAP_SYS_ADMIN; a warning says so once, and EvalResult.boundary reads
+"process") the candidate runs with the harness's uid and can also read or ptrace other processes
+of that uid (the reference's included), open the timing inputs early through /proc, write files
+outside its scratch dir (the build cache, poisoning later candidates), use the network, read the
+harness's home directory, and hand work to a process outside its tree on CPU.
 """
 from __future__ import annotations
 
@@ -183,6 +191,9 @@ class EvalConfig:
     compile_nice: int = 10  # builds yield the CPU to the run phase
     compile_zygote: bool = True  # fork compile workers from a zygote that imported torch once
     run_zygote: bool = True  # and run workers (the candidates' and the references')
+    # the boundary around candidates' workers (kernel_sandbox.boundary_for): "auto" namespaces where
+    # they work, else a warning and the harness's uid; "require" refuses to run without them; "off"
+    sandbox: str = "auto"
 
 
 @dataclass
@@ -206,6 +217,9 @@ class EvalResult:
     seconds: dict = field(default_factory=dict)  # per phase
     timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
     build_reused: bool | None = None  # the compile record came from the build cache (None: never compiled)
+    # what the candidate's processes ran behind: "namespaces" (kernel_sandbox's boundary) or "process"
+    # (their own session, limits and environment, with the harness's uid, file system and network)
+    boundary: str = ""
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -225,6 +239,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    boundary = sandbox.boundary_for(config.sandbox)  # "require" without namespaces: BoundaryUnavailable
     batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)
@@ -232,7 +247,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     for i, (ref_src, cand_src) in enumerate(pairs):
         reason = precheck(cand_src) if precheck else None
         if reason:
-            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars))
+            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars),
+                                    boundary=boundary)
         else:
             todo.append(i)
     if not todo:
@@ -254,6 +270,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     finished = False
     try:
         compiles: dict = {}
+        if device != "cpu" and _host_pch_needed(config):  # first in the pool: later builds of the batch use it
+            compile_pool.submit(_warm_host_pch, device, arch, config, zygotes)
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
@@ -270,6 +288,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
             for session in sessions.values():
                 session.close()
             zygotes.close()
+    for result in results:
+        result.boundary = boundary
     return results
 
 
@@ -877,16 +897,18 @@ class ReferenceSession:
 # ----------------------------------------------------------------------------- the workers it drives
 
 def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
-                  fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None) -> sandbox.Worker:
-    """`python kernel_worker.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox;
-    as_bytes (cpu only) None: cpu_memory_limit_gb."""
+                  fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None,
+                  confine: dict | None = None) -> sandbox.Worker:
+    """`python kernel_worker.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox,
+    behind the boundary `confine` (_confinement); as_bytes (cpu only) None: cpu_memory_limit_gb."""
     cpu = device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0
     try:
         return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(device, arch, cfg, compiling),
                               entry=ENTRY, fsize=fsize, output_bytes=cfg.max_file_bytes,
                               message_bytes=cfg.max_message_bytes, as_bytes=as_bytes, nice=nice,
-                              cpus=_cpu_split(cpu, cfg)[0], zygotes=zygotes)  # off the CPUs kept for timing
+                              cpus=_cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
+                              confine=confine)
     except sandbox.Interrupted as e:
         raise _Failure("runtime_error", str(e)) from None
 
@@ -907,8 +929,10 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
         task_bytes = sum(plan["candidate"].values()) + sum(plan["session"].values()) if plan else 0
         fsize = cfg.max_message_bytes + 2 * (plan["candidate"]["host"] if plan else 0)
         as_bytes = int(cfg.cpu_memory_limit_gb * (1 << 30)) + 2 * task_bytes
+    confine = None if mode == "ref" else _confinement(cfg, path, os.path.dirname(path), src, device, arch, compiling=False)
     worker = _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
-                           compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None)
+                           compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
+                           confine=confine)
     # replies are small (tensors go through memory files); the trusted reference also sends init inputs
     worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
     return worker
@@ -957,10 +981,10 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygotes: sandbox.Zygotes | None = None) -> dict:
-    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}"""
-    import torch
-    key = sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg))
+             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False) -> dict:
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
+    `writes_host_pch`: the harness's own source (_warm_host_pch), whose worker alone may write there."""
+    key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
@@ -970,9 +994,12 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     src_path = os.path.join(scratch, "candidate.py")
     with open(src_path, "w") as f:
         f.write(candidate_src)
-    worker = _start_worker("compile", _job(src_path, device, arch, cfg), os.path.join(scratch, "w"), device, arch,
+    workdir = os.path.join(scratch, "w")
+    worker = _start_worker("compile", _job(src_path, device, arch, cfg), workdir, device, arch,
                            cfg, compiling=True, fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice,
-                           zygotes=zygotes if cfg.compile_zygote else None)
+                           zygotes=zygotes if cfg.compile_zygote else None,
+                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
+                                                writes_host_pch=writes_host_pch))
     try:
         msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
         if msg.get("ok"):
@@ -1001,6 +1028,91 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     if deterministic:
         sandbox.atomic_write(record_path, json.dumps(record))
     return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
+
+
+def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
+    """A compile's cache key: what its build depends on, and where builds go (a confined candidate's
+    in a directory of its own, _confinement)."""
+    import torch
+    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg),
+                               _confined(cfg))
+
+
+def _confined(cfg: EvalConfig) -> bool:
+    return sandbox.boundary_for(cfg.sandbox) == "namespaces"
+
+
+def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
+                 compiling: bool, writes_host_pch: bool = False) -> dict | None:
+    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The
+    build cache and the scratch root are hidden; back in them: the candidate's source (read-only)
+    and its own build directory at cache_root/build and op_headers (writable while it compiles,
+    read-only when it runs: no candidate writes where another's build or record is read; without
+    kernel_build.py, writable then too: plain load_inline takes a lock file in it to load), and the
+    shared host header (read-only)."""
+    if not _confined(cfg):
+        return None
+    own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
+    binds = [(src_path, src_path, False)]
+    writable = compiling or kernel_build is None
+    for part in ("build", "op_headers"):
+        path = os.path.join(own, part)
+        os.makedirs(path, exist_ok=True)
+        if os.geteuid() == 0 and writable:
+            os.chown(path, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
+        binds.append((path, os.path.join(cfg.cache_root, part), writable))
+    options = _build_options(cfg)
+    if options and options["host_pch"] and options["cuda_header_tiers"]:  # patch_load_inline writes it if missing
+        import torch  # the header, written here: its directory is read-only there (_warm_host_pch aside)
+        host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+        binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
+    return sandbox.confinement(workdir, binds=binds, hide=[cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()])
+
+
+# A CUDA extension of the harness's own, built once per cache by _warm_host_pch: its slim-tier build with
+# the default flags leaves the host units' precompiled header (kernel_build.build_host_pch)
+HOST_PCH_SOURCE = r'''
+from torch.utils.cpp_extension import load_inline
+
+load_inline(name="kernel_eval_host_pch", cpp_sources="torch::Tensor kernel_eval_copy(torch::Tensor x);",
+            functions=["kernel_eval_copy"],
+            cuda_sources="""
+__global__ void copy_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+torch::Tensor kernel_eval_copy(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    copy_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+""")
+'''
+
+
+def _host_pch_needed(cfg: EvalConfig) -> bool:
+    options = _build_options(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"]) and _confined(cfg)
+
+
+def _warm_host_pch(device: str, arch: str, cfg: EvalConfig, zygotes) -> None:
+    """Build the host units' precompiled header once per cache, where it is missing. A candidate's
+    compile may read it, never write it (it would be in every later build), so a compile of the
+    harness's own source (HOST_PCH_SOURCE) does, behind the same boundary, the only one that may;
+    the header's directory is root's again after it."""
+    import torch
+    header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+    if os.path.exists(header + ".gch"):
+        return
+    directory, root = os.path.dirname(header), os.geteuid() == 0
+    if root:
+        os.chown(directory, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
+    try:
+        _compile(HOST_PCH_SOURCE, device, arch, cfg, zygotes, writes_host_pch=True)
+    finally:
+        if root:
+            for path in [directory] + [os.path.join(directory, f) for f in os.listdir(directory)]:
+                os.chown(path, 0, 0)
 
 
 def _build_options(cfg: EvalConfig) -> dict | None:
@@ -1152,8 +1264,9 @@ def _read_source(path: str) -> str:
 
 
 def main(argv=None) -> int:
-    """One verdict, printed; exit 0 on every verdict (the status says how the candidate did), 2 on a usage error (a
-    file that cannot be read, --trials below 1), 1 on a device that cannot be used, 130 when interrupted."""
+    """One verdict, printed; exit 0 on every verdict (the status says how the candidate did), 2 on a
+    usage error (a file that cannot be read, --trials below 1), 1 on a device that cannot be used or
+    --sandbox require without namespaces, 130 when interrupted."""
     p = argparse.ArgumentParser(description="Evaluate a candidate kernel against a KernelBench-format reference.",
                                 epilog="Exit code 0 on every verdict (read the status); builds are cached in "
                                        "--cache-root (default $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval).")
@@ -1163,23 +1276,32 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trials", type=int, default=None, help="timed calls (default: 100 on cuda, 5 on cpu)")
     p.add_argument("--no-time", action="store_true", help="check correctness only")
-    p.add_argument("--cache-root", default=None, help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
+    p.add_argument("--cache-root", default=None,
+                   help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
+    p.add_argument("--sandbox", choices=sandbox.SANDBOX_MODES, default="auto",
+                   help="the candidate's processes behind namespaces and uid 65534: auto (where they work, "
+                        "else a warning), require (refuse without them), off (default: auto)")
     a = p.parse_args(argv)
     srcs = [_read_source(a.reference), _read_source(a.candidate)]
     if a.trials is not None and a.trials < 1:
         _usage_error(f"--trials {a.trials}: must be at least 1")
     device = resolve_device(a.device, "kernel_eval.py")
-    cfg = {"time_candidate": not a.no_time}
+    cfg = {"time_candidate": not a.no_time, "sandbox": a.sandbox}
     if a.cache_root:
         cfg["cache_root"] = a.cache_root
     if a.trials:
         cfg["cpu_trials" if device == "cpu" else "gpu_trials"] = a.trials
-    result = evaluate(srcs[0], srcs[1], device=device, **cfg)
+    try:
+        result = evaluate(srcs[0], srcs[1], device=device, **cfg)
+    except sandbox.BoundaryUnavailable as e:
+        print(f"kernel_eval.py: {e}", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps(result.to_dict()))
     else:
         print(f"status: {result.status}  compiled: {result.compiled}  correct: {result.correct}  "
-              f"speedup: {result.speedup:.3f}  ref_ms: {result.ref_ms:.4g}  candidate_ms: {result.candidate_ms:.4g}")
+              f"speedup: {result.speedup:.3f}  ref_ms: {result.ref_ms:.4g}  candidate_ms: {result.candidate_ms:.4g}  "
+              f"boundary: {result.boundary}")
         print(result.message)
     return 0
 

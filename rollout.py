@@ -85,6 +85,7 @@ class Sample:
     timing_ok: bool = False
     message: str = ""
     summary: str = ""            # the response's own summary, as later prompts show it
+    boundary: str = ""           # what the candidate's processes ran behind (kernel_eval.EvalResult.boundary)
 
     @property
     def input_ids(self) -> list[int]:
@@ -135,6 +136,7 @@ class _Turn:
     timeout_seconds: float = 0.0  # seconds the harness waited on this candidate's phase that timed out
     build_reused: bool | None = None  # its build came from the harness's cache (None: not known, or no build)
     verdict_reused: bool = False  # the verdict of an earlier identical (reference, code) pair (reusing_verdicts)
+    boundary: str = ""
 
 
 @dataclass
@@ -303,7 +305,8 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                            message=str(verdict.get("message", "") or ""),
                            timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
                            build_reused=verdict.get("build_reused"),
-                           verdict_reused=bool(verdict.get("verdict_reused", False))))
+                           verdict_reused=bool(verdict.get("verdict_reused", False)),
+                           boundary=str(verdict.get("boundary", "") or "")))
     return turns
 
 
@@ -344,7 +347,8 @@ def _sample(task_id: str, trajectory: int, turn: int, t: _Turn, ret: float, conf
         logprobs=t.completion.logprobs, text=t.completion.text, truncated=truncated,
         status=t.status, score=t.score, discounted_return=float(ret), speedup=t.speedup,
         code=t.code, feedback=t.feedback, correct=t.correct, ref_ms=t.ref_ms,
-        candidate_ms=t.candidate_ms, timing_ok=t.timing_ok, message=t.message, summary=t.summary)
+        candidate_ms=t.candidate_ms, timing_ok=t.timing_ok, message=t.message, summary=t.summary,
+        boundary=t.boundary)
 
 
 def _samples(tasks, trajectories, config, start_turn: int = 0) -> list[Sample]:

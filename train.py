@@ -101,6 +101,7 @@ class Config:
     priority_floor: float = 0.05      # the floor of --sampler prioritized
     time_kernels: bool = True         # time correct kernels; off: correctness only, so scores are exact (tests)
     reuse_verdicts: bool = False      # judge each distinct (task, code) once per run (needs --no-time-kernels)
+    sandbox: str = "auto"             # candidates behind namespaces and uid 65534: auto (else a warning), require, off
     # the update
     lr: float = 1e-4                  # AdamW learning rate, constant after warm-up
     warmup_frac: float = 0.03         # linear warm-up over this share of all optimizer steps (Kevin: 3%)
@@ -128,7 +129,7 @@ PRESETS = {
 }
 
 CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": rewards.RETURN_MODES,
-           "aggregation": grpo.AGGREGATIONS}
+           "aggregation": grpo.AGGREGATIONS, "sandbox": ("auto", "require", "off")}
 
 
 FLAG_KINDS = {"bool": dict(action=argparse.BooleanOptionalAction), "int": dict(type=int, metavar="N"),
@@ -329,6 +330,10 @@ def main(argv=None) -> None:
     import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
     config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
     config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
+    try:   # --sandbox require refuses before any work
+        kernel_eval.sandbox.boundary_for(config.sandbox)
+    except kernel_eval.sandbox.BoundaryUnavailable as error:
+        raise SystemExit(f"train.py: {error}")
     sampling = rollout_config(config, tasks_module.LANGUAGE_FOR_DEVICE[config.device])
     if sampling.temperature <= 0:
         raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
@@ -388,7 +393,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     engine.generate = train_log.timed(engine.generate, clock, "generation")
     evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=str(device) if device.type == "cuda" else "cpu",
-        time_candidate=config.time_kernels,
+        time_candidate=config.time_kernels, sandbox=config.sandbox,
         max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = rollout.reusing_verdicts(evaluate)

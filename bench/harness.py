@@ -252,6 +252,8 @@ def main() -> None:
     p.add_argument("--timing-buffers", type=int, default=None, help="kernel_eval's timing_buffers (default: its own)")
     p.add_argument("--timing-cpus", type=int, default=None, help="kernel_eval's timing_cpus (default: its own)")
     p.add_argument("--blocks", action="store_true", help="print each stability run's timing blocks")
+    p.add_argument("--sandbox", choices=("auto", "require", "off"), default="auto",
+                   help="kernel_eval's sandbox: candidates behind namespaces and uid 65534 (default: auto)")
     p.add_argument("--json-out", default=None)
     a = p.parse_args()
     language = "cpp" if a.device == "cpu" else "cuda"
@@ -271,7 +273,7 @@ def main() -> None:
     candidates = pool[: a.n_candidates]
     over = {"cache_root": cache_root, "max_parallel_compiles": a.max_parallel_compiles,
             "max_parallel_runs": a.max_parallel_runs, "compile_zygote": not a.no_compile_zygote,
-            "run_zygote": not a.no_run_zygote}
+            "run_zygote": not a.no_run_zygote, "sandbox": a.sandbox}
     if a.gpu_warmup_ms is not None:
         over["gpu_warmup_ms"] = a.gpu_warmup_ms
     if a.timing_blocks is not None:
@@ -401,7 +403,8 @@ def main() -> None:
     print()
     tiers = ",".join(over["build"].cuda_header_tiers) or "as written"
     workers = (f"compile workers {'spawned' if a.no_compile_zygote else 'forked'}, "
-               f"run workers {'spawned' if a.no_run_zygote else 'forked'}")
+               f"run workers {'spawned' if a.no_run_zygote else 'forked'}, "
+               f"boundary {results[0].boundary if results else '-'}")
     print(f"| {a.device} ({f'headers: {tiers}, ' if language == 'cuda' else ''}{workers}) "
           "| kernel_eval | KernelBench-style (parallel builds, then a fresh process per candidate) | naive serial |")
     print("|---|---|---|---|")

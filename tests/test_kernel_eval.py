@@ -361,7 +361,9 @@ def test_forked_run_workers_see_what_spawned_ones_see(tmp_path):
     """A candidate's run worker forked from the run zygote is the process a spawned one would be:
     the same environment (in os.environ and in /proc/self/environ, apart from its own tag) and the
     same heap poison (MALLOC_PERTURB_, read by glibc at process start: the zygote's start), and it
-    names its role for ps. The reference's session is forked too."""
+    names its role for ps. The reference's session is forked too. Outside the boundary, whose own
+    forked and spawned workers tests/test_kernel_sandbox.py compares: this one writes its report
+    into the test's directory and reads its parent's name."""
     report = tmp_path / "report"
     source = """
 import os, sys, torch
@@ -385,7 +387,7 @@ class ModelNew(torch.nn.Module):
     for forked in (True, False):
         src = f"REPORT, TAG = {str(report) + '.' + str(forked)!r}, {sandbox.TAG_ENV!r}" + source
         [result] = ke.evaluate_batch([(REFERENCE, src)], device="cpu", cache_root=str(tmp_path / "cache"),
-                                     run_zygote=forked, time_candidate=False)
+                                     run_zygote=forked, time_candidate=False, sandbox="off")
         assert result.status == "incorrect", result.message  # it ran: ModelNew is not the reference
         seen[forked] = eval((tmp_path / f"report.{forked}").read_text())
     (initial_f, env_f, poisoned_f, comm_f, parent_f), (initial_s, env_s, poisoned_s, comm_s, _) = seen[True], seen[False]
@@ -551,8 +553,9 @@ def test_the_harness_files_alone_judge_a_cpp_candidate(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     verdict = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert verdict["status"] == "correct" and verdict["compiled"], verdict
-    assert os.listdir(cache / "build" / "by-source")  # built by plain load_inline, not kernel_build's patch
+    assert verdict["status"] == "correct" and verdict["compiled"], verdict["message"]
+    # built by plain load_inline, not kernel_build's patch (confined: in the candidate's own directory)
+    assert glob.glob(str(cache / "**" / "build" / "by-source" / "*"), recursive=True)
     assert sorted(p for p in os.listdir(alone) if p != "__pycache__") == sorted(ALONE_FILES)
 
 
@@ -566,9 +569,12 @@ def cache_root():
 
 
 CPP_CASES = cases("cpp")
+# candidates that attack across the boundary (issue 39): judged with the setup they need (a port, a
+# planted key and secrets, a cache of their own), below
+BOUNDARY = {"proc_secrets", "kill_parent", "poison_cache", "connect_port", "read_home_key"}
 # import_hang hangs in the compile phase too: run alone with a short compile limit; loaded_benign is
 # judged while busy processes load the machine
-SEPARATE = {"import_hang", "loaded_benign"}
+SEPARATE = {"import_hang", "loaded_benign"} | BOUNDARY
 
 
 @contextlib.contextmanager
@@ -755,7 +761,8 @@ def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, mo
 def cpus_seen(path: str, device: str, log: str, **cfg) -> tuple:
     """Judge the kernel at `path` on `device`, its module recording the CPUs it may run on when
     imported (compile and run workers) and at every forward (checks and timed calls): (result,
-    CPU sets seen at import, CPU sets seen in forward)."""
+    CPU sets seen at import, CPU sets seen in forward). Outside the boundary (the record is a file
+    of the test's; the CPUs are set before the boundary is entered)."""
     src = open(path).read() + f"""
 import os as _os
 def _seen(where):
@@ -768,7 +775,7 @@ def _recording_forward(self, *args):
     return _forward(self, *args)
 ModelNew.forward = _recording_forward
 """
-    result = ke.evaluate(REFERENCE, src, device=device, **cfg)
+    result = ke.evaluate(REFERENCE, src, device=device, sandbox="off", **cfg)
     seen = {"import": set(), "forward": set()}
     with open(log) as f:
         for line in f:
@@ -830,6 +837,156 @@ def test_builtin_solutions_are_accepted_on_cpu(cache_root):
     assert not bad, bad
 
 
+# ----------------------------------------------------------------------------- the boundary (issue 39)
+# Candidates that go for what the harness's uid could reach before kernel_sandbox's boundary: other
+# processes through /proc, their supervisor, the network, the home directory, the shared build cache.
+# Each must score nothing and leave nothing behind. On cpu (slow) and, the same cases in CUDA, on a GPU.
+
+BOUNDARY_PROBLEM = sandbox.boundary_problem()
+needs_namespaces = pytest.mark.skipif(bool(BOUNDARY_PROBLEM), reason=f"no namespaces here: {BOUNDARY_PROBLEM}")
+DEVICES = [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def device_cases(device: str) -> dict:
+    return CPP_CASES if device == "cpu" else CUDA_CASES
+
+
+def device_cfg(device: str) -> dict:
+    return FAST if device == "cpu" else dict(check_timeout_s=30, load_timeout_s=180, gpu_trials=30)
+
+
+def listening():
+    """A TCP port on 127.0.0.1, and what each connection to it sent (a thread accepts them)."""
+    import socket
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    server.settimeout(0.1)
+    received, done = [], threading.Event()
+
+    def accept():
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = server.accept()
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    received.append(conn.recv(64))
+                conn.close()
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+
+    def stop():
+        done.set()
+        thread.join()
+        server.close()
+    return server.getsockname()[1], received, stop
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def attacks(request, cache_root, tmp_path_factory):
+    """proc_secrets, kill_parent, connect_port and read_home_key, and the honest control, judged in one
+    batch while the reference's source holds a secret, $HOME a key file, and a port on 127.0.0.1
+    listens."""
+    device = request.param
+    import secrets as _secrets
+    planted = {"home_key": "keval-home-key-" + _secrets.token_hex(8),
+               "reference": "keval-reference-secret-" + _secrets.token_hex(8)}
+    home = tmp_path_factory.mktemp("home")
+    (home / ".keval_fake_key").write_text(planted["home_key"])
+    scratch = tmp_path_factory.mktemp("scratch")
+    port, received, stop = listening()
+    names = ["proc_secrets", "kill_parent", "connect_port", "read_home_key", "benign"]
+    reference = REFERENCE + f"\n_SECRET = {planted['reference']!r}  # in the reference session's memory\n"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(home))
+        mp.setenv("KERNEL_EVAL_TEST_PORT", str(port))  # the harness's prefix: workers get it
+        try:
+            results = ke.evaluate_batch([(reference, open(device_cases(device)[n]).read()) for n in names],
+                                        device=device, cache_root=cache_root, scratch_root=str(scratch),
+                                        **device_cfg(device))
+        finally:
+            stop()
+    return {"results": dict(zip(names, results)), "planted": planted, "received": received, "scratch": scratch,
+            "home": home}
+
+
+def scored_nothing(result: ke.EvalResult, planted: dict) -> str:
+    assert result.status == "runtime_error" and not result.correct and result.speedup == 0.0, result.message
+    for name, secret in planted.items():
+        assert secret not in result.message, f"the {name} reached the verdict: {result.message}"
+    return result.message
+
+
+@needs_namespaces
+def test_a_candidate_reads_no_other_process_through_proc(attacks):
+    message = scored_nothing(attacks["results"]["proc_secrets"], attacks["planted"])
+    assert "saw 0 other processes; loot: []" in message, message
+
+
+@needs_namespaces
+def test_a_candidate_can_neither_ptrace_nor_kill_its_supervisor(attacks):
+    message = scored_nothing(attacks["results"]["kill_parent"], attacks["planted"])
+    assert "its parent is out of reach: getppid() = 0" in message, message
+    assert attacks["results"]["benign"].status == "correct", attacks["results"]["benign"].message
+
+
+@needs_namespaces
+def test_a_candidate_opens_no_network_connection(attacks):
+    message = scored_nothing(attacks["results"]["connect_port"], attacks["planted"])
+    assert "no connection to port" in message and attacks["received"] == [], (message, attacks["received"])
+
+
+@needs_namespaces
+def test_a_candidate_cannot_read_the_harness_home_directory(attacks):
+    message = scored_nothing(attacks["results"]["read_home_key"], attacks["planted"])
+    assert "no key: [Errno 2] No such file or directory" in message, message
+
+
+@needs_namespaces
+def test_attacks_leave_nothing_behind_and_say_their_boundary(attacks):
+    assert all(r.boundary == "namespaces" for r in attacks["results"].values())
+    assert os.listdir(attacks["scratch"]) == []  # every worker's scratch removed
+    assert os.listdir(attacks["home"]) == [".keval_fake_key"]
+    assert [pid for pid in sandbox.children_of(os.getpid()) if _is_kernel_eval_process(pid)] == []
+
+
+@needs_namespaces
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_candidate_cannot_poison_the_build_cache_for_a_later_one(device, tmp_path):
+    """A victim is judged and its compile cached; a poisoner then compiles, rewriting every compile
+    record and planting a file in the build cache; the victim judged again keeps its verdict (its
+    record unchanged: not rebuilt), and the cache holds nothing the poisoner wrote outside its own
+    build directory; nor do /tmp, /dev/shm or the home directory."""
+    cases, cfg = device_cases(device), dict(device_cfg(device), cache_root=str(tmp_path / "cache"))
+    victim = open(cases["benign"]).read() + "\n# the victim\n"
+    first = ke.evaluate(REFERENCE, victim, device=device, **cfg)
+    assert first.status == "correct", first.message
+    records = {p: open(p).read() for p in glob.glob(str(tmp_path / "cache" / "compiled" / "*.json"))}
+    poisoner = ke.evaluate(REFERENCE, open(cases["poison_cache"]).read(), device=device, **cfg)
+    again = ke.evaluate(REFERENCE, victim, device=device, **cfg)
+    assert again.status == "correct" and again.seconds["compile"] == 0.0, (again.status, again.message)
+    assert all(open(p).read() == text for p, text in records.items())
+    assert poisoner.status == "runtime_error" and not poisoner.correct, poisoner.message
+    assert "the shared build cache took none of its writes" in poisoner.message, poisoner.message
+    planted = [p for p in glob.glob(str(tmp_path / "cache" / "**" / "keval-poison*"), recursive=True)]
+    own = os.path.join(str(tmp_path / "cache"), "candidates", "")
+    assert all(p.startswith(own) for p in planted), planted  # only in a build directory of its own
+    for where in ("/tmp", "/dev/shm", os.path.expanduser("~")):
+        assert not os.path.exists(os.path.join(where, "keval-poison-leftover")), where
+
+
+def test_the_boundary_is_chosen_by_sandbox_and_recorded(monkeypatch):
+    refused = lambda src: "refused before any worker"  # noqa: E731 - no process starts
+    assert ke.evaluate(REFERENCE, "x", device="cpu", sandbox="off", precheck=refused).boundary == "process"
+    with pytest.raises(ValueError, match="sandbox must be one of"):
+        ke.evaluate(REFERENCE, "x", device="cpu", sandbox="maybe", precheck=refused)
+    monkeypatch.setattr(sandbox, "_boundary_problem", "no namespaces in this test")
+    with pytest.raises(sandbox.BoundaryUnavailable, match="no namespaces in this test"):
+        ke.evaluate(REFERENCE, "x", device="cpu", sandbox="require", precheck=refused)
+
+
 # ----------------------------------------------------------------------------- memory-aware judging
 
 def relu_task(elements: int) -> str:
@@ -887,7 +1044,7 @@ def test_out_of_memory_is_the_candidates_fault_when_the_harness_fits_and_harness
 # ----------------------------------------------------------------------------- CUDA suite (gpu)
 
 CUDA_CASES = cases("cuda")
-CUDA_SEPARATE = {"loaded_benign"}
+CUDA_SEPARATE = {"loaded_benign"} | BOUNDARY
 
 
 @pytest.fixture(scope="module")
