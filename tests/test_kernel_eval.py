@@ -989,6 +989,14 @@ def test_the_boundary_is_chosen_by_sandbox_and_recorded(monkeypatch):
         ke.evaluate(REFERENCE, "x", device="cpu", sandbox="require", precheck=refused)
 
 
+def test_cli_refuses_sandbox_require_without_namespaces_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(sandbox, "_boundary_problem", "no namespaces in this test")
+    code = ke.main([os.path.join(ADV, "reference.py"), CPP_CASES["benign"], "--device", "cpu", "--sandbox", "require"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err == ("kernel_eval.py: sandbox 'require': candidates cannot be confined here: "
+                                 "no namespaces in this test"), err
+
+
 # ----------------------------------------------------------------------------- memory-aware judging
 
 def relu_task(elements: int) -> str:
