@@ -621,9 +621,12 @@ def judged_under_load(path: str, device: str, rounds: int = 3, **cfg) -> None:
 
 @pytest.fixture(scope="module")
 def cpp_results(cache_root):
+    # outside the boundary: the suite's candidates share one C++ extension, which confined candidates
+    # would each build (28 s apiece here: 14 min instead of 1 on the 2-core box); the cases whose
+    # processes meet the boundary are judged behind it too (`attacks`, PROCESS_CASES)
     names = [n for n in CPP_CASES if n not in SEPARATE]
     pairs = [(REFERENCE, open(CPP_CASES[n]).read()) for n in names]
-    results = ke.evaluate_batch(pairs, device="cpu", cache_root=cache_root, **FAST)
+    results = ke.evaluate_batch(pairs, device="cpu", cache_root=cache_root, sandbox="off", **FAST)
     return dict(zip(names, results))
 
 
@@ -845,6 +848,10 @@ def test_builtin_solutions_are_accepted_on_cpu(cache_root):
 BOUNDARY_PROBLEM = sandbox.boundary_problem()
 needs_namespaces = pytest.mark.skipif(bool(BOUNDARY_PROBLEM), reason=f"no namespaces here: {BOUNDARY_PROBLEM}")
 DEVICES = [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.gpu)]
+# the suite's cases whose processes meet the boundary (a crash, a hang killed from outside its PID
+# namespace, an escaped grandchild): judged behind it with the attacks
+PROCESS_CASES = {"cpu": ("segfault", "kernel_hang", "escaped_child"),
+                 "cuda": ("illegal_address", "kernel_hang", "escaped_child")}
 
 
 def device_cases(device: str) -> dict:
@@ -886,9 +893,9 @@ def listening():
 
 @pytest.fixture(scope="module", params=DEVICES)
 def attacks(request, cache_root, tmp_path_factory):
-    """proc_secrets, kill_parent, connect_port and read_home_key, and the honest control, judged in one
-    batch while the reference's source holds a secret, $HOME a key file, and a port on 127.0.0.1
-    listens."""
+    """proc_secrets, kill_parent, connect_port and read_home_key, the PROCESS_CASES and the honest
+    control, judged in one batch while the reference's source holds a secret, $HOME a key file, and a
+    port on 127.0.0.1 listens."""
     device = request.param
     import secrets as _secrets
     planted = {"home_key": "keval-home-key-" + _secrets.token_hex(8),
@@ -897,7 +904,7 @@ def attacks(request, cache_root, tmp_path_factory):
     (home / ".keval_fake_key").write_text(planted["home_key"])
     scratch = tmp_path_factory.mktemp("scratch")
     port, received, stop = listening()
-    names = ["proc_secrets", "kill_parent", "connect_port", "read_home_key", "benign"]
+    names = ["proc_secrets", "kill_parent", "connect_port", "read_home_key", "benign", *PROCESS_CASES[device]]
     reference = REFERENCE + f"\n_SECRET = {planted['reference']!r}  # in the reference session's memory\n"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))
@@ -909,7 +916,7 @@ def attacks(request, cache_root, tmp_path_factory):
         finally:
             stop()
     return {"results": dict(zip(names, results)), "planted": planted, "received": received, "scratch": scratch,
-            "home": home}
+            "home": home, "device": device}
 
 
 def scored_nothing(result: ke.EvalResult, planted: dict) -> str:
@@ -942,6 +949,18 @@ def test_a_candidate_opens_no_network_connection(attacks):
 def test_a_candidate_cannot_read_the_harness_home_directory(attacks):
     message = scored_nothing(attacks["results"]["read_home_key"], attacks["planted"])
     assert "no key: [Errno 2] No such file or directory" in message, message
+
+
+@needs_namespaces
+def test_crashes_exits_hangs_and_escapes_keep_their_verdicts_behind_the_boundary(attacks):
+    """The worker is pid 1 of its namespace: a signal it sends itself is ignored, one from the kernel
+    (a fault) or from outside (the supervisor's SIGKILL) is not; its escaped grandchild dies with it."""
+    device = attacks["device"]
+    for name in PROCESS_CASES[device]:
+        path = device_cases(device)[name]
+        check_expectation(name, expectation(path), attacks["results"][name], ke.EvalConfig(**device_cfg(device)))
+    time.sleep(0.5)
+    assert leftover_processes(b"keval-escapee") == []
 
 
 @needs_namespaces
