@@ -781,7 +781,7 @@ def main(argv=None) -> int:
     import kernel_eval
     args.device = kernel_eval.resolve_device(args.device, "eval.py")
     try:  # --sandbox require refuses here, before --out is written to
-        kernel_eval.sandbox.boundary_for(args.sandbox)
+        kernel_eval.sandbox.boundary_for(args.sandbox, gpu=args.device != "cpu")
     except kernel_eval.sandbox.BoundaryUnavailable as error:
         raise SystemExit(f"eval.py: {error}")
     language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]

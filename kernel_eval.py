@@ -239,7 +239,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    boundary = sandbox.boundary_for(config.sandbox)  # "require" without namespaces: BoundaryUnavailable
+    boundary = sandbox.boundary_for(config.sandbox, gpu=device != "cpu")  # "require" without: BoundaryUnavailable
     batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)
@@ -270,7 +270,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     finished = False
     try:
         compiles: dict = {}
-        if device != "cpu" and _host_pch_needed(config):  # first in the pool: later builds of the batch use it
+        if device != "cpu" and _host_pch_needed(config, device):  # first in the pool: later builds of the batch use it
             compile_pool.submit(_warm_host_pch, device, arch, config, zygotes)
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
@@ -1035,11 +1035,11 @@ def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) ->
     in a directory of its own, _confinement)."""
     import torch
     return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg),
-                               _confined(cfg))
+                               _confined(cfg, device))
 
 
-def _confined(cfg: EvalConfig) -> bool:
-    return sandbox.boundary_for(cfg.sandbox) == "namespaces"
+def _confined(cfg: EvalConfig, device: str) -> bool:
+    return sandbox.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
 
 
 def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
@@ -1050,7 +1050,7 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
     read-only when it runs: no candidate writes where another's build or record is read; without
     kernel_build.py, writable then too: plain load_inline takes a lock file in it to load), and the
     shared host header (read-only)."""
-    if not _confined(cfg):
+    if not _confined(cfg, device):
         return None
     own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
     binds = [(src_path, src_path, False)]
@@ -1090,9 +1090,9 @@ torch::Tensor kernel_eval_copy(torch::Tensor x) {
 '''
 
 
-def _host_pch_needed(cfg: EvalConfig) -> bool:
+def _host_pch_needed(cfg: EvalConfig, device: str) -> bool:
     options = _build_options(cfg)
-    return bool(options and options["host_pch"] and options["cuda_header_tiers"]) and _confined(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"]) and _confined(cfg, device)
 
 
 def _warm_host_pch(device: str, arch: str, cfg: EvalConfig, zygotes) -> None:

@@ -600,44 +600,47 @@ def unshare_pid_namespace() -> None:
 
 
 _boundary_problem: str | None = None
+_gpu_problem: str | None = None
 _boundary_lock = threading.Lock()
 _warned = False
+_GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0")  # what a CUDA process opens first
 
 
-def boundary_problem() -> str:
+def boundary_problem(gpu: bool = False) -> str:
     """Why confined workers cannot run here ("" when they can), found once per process by starting
-    one: a child of a fresh interpreter enters the boundary and checks what it sees."""
-    global _boundary_problem
+    one: a child of a fresh interpreter enters the boundary and checks what it sees. `gpu`: and why
+    they could not use the GPU (its device files closed to the unprivileged uid)."""
+    global _boundary_problem, _gpu_problem
     with _boundary_lock:
         if _boundary_problem is None:
-            _boundary_problem = _probe_boundary()
-        return _boundary_problem
+            _boundary_problem, _gpu_problem = _probe_boundary()
+        return _boundary_problem or (gpu and _gpu_problem or "")
 
 
-def _probe_boundary() -> str:
+def _probe_boundary() -> tuple:
+    """(why confined workers cannot run, why they could not open the GPU's devices)"""
     if not sys.platform.startswith("linux"):
-        return f"namespaces are Linux's ({sys.platform})"
+        return f"namespaces are Linux's ({sys.platform})", ""
     if os.geteuid() != 0:
-        return "the harness is not root (it drops candidates to uid 65534; a user namespace would hide the GPU)"
+        return "the harness is not root (it drops candidates to uid 65534; a user namespace would hide the GPU)", ""
     workdir = tempfile.mkdtemp(prefix="kevalprobe-")
     try:
-        code = ("import sys; sys.path.insert(0, %r); import kernel_sandbox; "
-                "sys.exit(kernel_sandbox._probe_child(%r))" % (os.path.dirname(os.path.abspath(__file__)),
-                                                                json.dumps(confinement(workdir))))
+        code = ("import sys; sys.path.insert(0, %r); import kernel_sandbox; sys.exit(kernel_sandbox._probe_child(%r, %r))"
+                % (os.path.dirname(os.path.abspath(__file__)), json.dumps(confinement(workdir)), list(_GPU_DEVICES)))
         try:
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                                   env=worker_env({}))
         except (OSError, subprocess.TimeoutExpired) as e:
-            return f"the probe did not run: {e}"
+            return f"the probe did not run: {e}", ""
         if done.returncode != 0:
             lines = (done.stderr or done.stdout).strip().splitlines()
-            return lines[-1] if lines else f"the probe exited with code {done.returncode}"
-        return ""
+            return (lines[-1] if lines else f"the probe exited with code {done.returncode}"), ""
+        return "", done.stdout.strip()
     finally:
         __import__("shutil").rmtree(workdir, ignore_errors=True)
 
 
-def _probe_child(plan_json: str) -> int:
+def _probe_child(plan_json: str, gpu_devices: list) -> int:
     """The probe's child side: pid 1 of a new namespace enters the boundary and checks it."""
     plan = json.loads(plan_json)
     try:
@@ -664,6 +667,9 @@ def _probe_child(plan_json: str) -> int:
                 problems.append(f"uid {os.getuid()} cannot read {unreadable[0]}")
             with open(os.path.join(plan["workdir"], "probe"), "w") as f:  # and its scratch writable
                 f.write("ok")
+            closed = [d for d in gpu_devices if os.path.exists(d) and not os.access(d, os.R_OK | os.W_OK)]
+            if closed:  # stdout: a problem for GPU work only
+                print(f"uid {os.getuid()} cannot open {closed[0]}", flush=True)
             if problems:
                 print("; ".join(problems), file=sys.stderr)
             else:
@@ -680,16 +686,17 @@ class BoundaryUnavailable(RuntimeError):
     """sandbox="require" where confined workers cannot run."""
 
 
-def boundary_for(mode: str) -> str:
+def boundary_for(mode: str, gpu: bool = False) -> str:
     """The boundary candidates run under for `mode` (SANDBOX_MODES): "namespaces", or "process" (their
-    own session, limits and environment, the harness's uid). "auto" where namespaces are unavailable:
-    a warning, once per process; "require": BoundaryUnavailable."""
+    own session, limits and environment, the harness's uid). "auto" where namespaces are unavailable
+    (`gpu`: or the GPU could not be used behind them): a warning, once per process; "require":
+    BoundaryUnavailable."""
     global _warned
     if mode not in SANDBOX_MODES:
         raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}")
     if mode == "off":
         return "process"
-    problem = boundary_problem()
+    problem = boundary_problem(gpu)
     if not problem:
         return "namespaces"
     if mode == "require":

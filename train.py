@@ -331,7 +331,7 @@ def main(argv=None) -> None:
     config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
     config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
     try:   # --sandbox require refuses before any work
-        kernel_eval.sandbox.boundary_for(config.sandbox)
+        kernel_eval.sandbox.boundary_for(config.sandbox, gpu=config.device != "cpu")
     except kernel_eval.sandbox.BoundaryUnavailable as error:
         raise SystemExit(f"train.py: {error}")
     sampling = rollout_config(config, tasks_module.LANGUAGE_FOR_DEVICE[config.device])

@@ -348,6 +348,19 @@ def test_confinement_hides_home_and_temp_and_never_the_system(monkeypatch, tmp_p
     assert not {"/", "/usr"} & set(hidden)
 
 
+@needs_namespaces
+def test_the_probe_says_when_the_gpu_devices_are_closed_to_the_unprivileged_uid(monkeypatch):
+    if not os.path.exists("/etc/shadow") or os.stat("/etc/shadow").st_mode & 0o006:
+        pytest.skip("needs a file only root may open: /etc/shadow")
+    monkeypatch.setattr(sandbox, "_GPU_DEVICES", ("/etc/shadow",))  # a device node only root may open
+    monkeypatch.setattr(sandbox, "_boundary_problem", None)  # probe again
+    monkeypatch.setattr(sandbox, "_warned", False)
+    assert sandbox.boundary_problem() == "" and sandbox.boundary_for("auto") == "namespaces"  # CPU work: confined
+    assert sandbox.boundary_problem(gpu=True) == f"uid {sandbox.UNPRIVILEGED_ID} cannot open /etc/shadow"
+    with pytest.raises(sandbox.BoundaryUnavailable, match="cannot open /etc/shadow"):
+        sandbox.boundary_for("require", gpu=True)
+
+
 def test_boundary_modes_say_what_they_run_under(monkeypatch):
     assert sandbox.boundary_for("off") == "process"
     with pytest.raises(ValueError, match="sandbox must be one of auto, require, off"):
