@@ -14,8 +14,10 @@ candidate C against a reference R:
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
 This file decides. What runs inside each worker process (the trusted reference's loop, the untrusted
-candidate's) is kernel_worker.py, how those processes are isolated kernel_sandbox.py, how a batch
-fits in memory kernel_memory.py, and how extensions are built the optional kernel_build.py.
+candidate's) is kernel_worker.py; how those processes are started and talked to, kernel_sandbox.py;
+what a candidate's processes run behind, kernel_boundary.py; how a batch fits in memory and how
+tensors travel between processes, kernel_memory.py; how extensions are built, the optional
+kernel_build.py.
 
 How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
@@ -23,8 +25,9 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    builds its extension (with kernel_build.py: a directory per hash of its sources, -O3, lighter
    headers; without it: plain load_inline in a directory of its own). A diagnostic -> compile_error.
 3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the task's
-   code; it draws the inputs from seeds only the parent knows into memory files the parent seals
-   read-only, and keeps the reference outputs: they never reach a candidate. The task's first run,
+   code; it writes the model's init inputs, and the inputs it draws from seeds only the parent knows,
+   into memory files the parent seals read-only, and keeps the reference outputs: they never reach a
+   candidate. The task's first run,
    alone, measures its footprint; plan_copies sizes its copies to the memory there is, MemoryBudget
    admits only the jobs that fit beside each other (kernel_memory.py).
 4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed inputs
@@ -40,12 +43,11 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    the parent's own clock of every block confirms the candidate's claimed times.
 6. isolation (kernel_sandbox.py): each worker runs in its own session under a subreaper supervisor,
    with an allowlisted environment and limits; a candidate's workers (compile and run, never the
-   reference's) also run behind the boundary (`sandbox`, recorded in EvalResult.boundary): pid 1 of
-   their own PID namespace, a network namespace with nothing up, home, temp and build cache hidden
-   but for their own build directory (read-only when run), every other file system read-only, uid
-   65534 without capabilities, no_new_privs. On timeout, exit or crash the process group, orphans and
-   whatever carries the worker's tag are killed. A candidate's request may take a multiple of the
-   reference's seconds for the same request plus a slack, under a fixed ceiling (run_limit).
+   reference's) also run behind kernel_boundary's namespaces and uid 65534 (`sandbox`, recorded in
+   EvalResult.boundary), the build cache hidden but for their own build directory (_confinement). On
+   timeout, exit or crash the process group, orphans and whatever carries the worker's tag are
+   killed. A candidate's request may take a multiple of the reference's seconds for the same request
+   plus a slack, under a fixed ceiling (run_limit).
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
@@ -53,17 +55,7 @@ reference failed: no verdict on the candidate; a trainer drops the task's sample
 the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
 left out of training, counted by eval.py). A timing the cross-check refuses keeps correct, pays 0.
 
-What this does not stop behind the boundary: skipping the work of timed calls whose outputs are
-not compared (only each timing set's last is), lower precision within the tolerance, a clock that
-under-reports by less than the cross-check allows, GPU work left running into the reference's
-blocks (paid up to ref_slowdown_max), reading what is world-readable outside the hidden directories
-(the system, Python, this repository), filling its tmpfs (kernel_sandbox.TMPFS_BYTES each, memory).
-Without the boundary (sandbox "off", or "auto" where namespaces are refused: a harness that is not
-root, a container without CAP_SYS_ADMIN; a warning says so once, and EvalResult.boundary reads
-"process") the candidate runs with the harness's uid and can also read or ptrace other processes
-of that uid (the reference's included), open the timing inputs early through /proc, write files
-outside its scratch dir (the build cache, poisoning later candidates), use the network, read the
-harness's home directory, and hand work to a process outside its tree on CPU.
+What a candidate can still do, behind the boundary and without it: kernel_boundary.py's docstring.
 """
 from __future__ import annotations
 
@@ -84,8 +76,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import kernel_boundary
 import kernel_sandbox as sandbox
-from kernel_memory import Footprint, MemoryBudget, capacity_failure, gib_per_pool, plan_copies
+from kernel_memory import Footprint, MemoryBudget, capacity_failure, gib_per_pool, memfd, plan_copies, seal
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -191,7 +184,7 @@ class EvalConfig:
     compile_nice: int = 10  # builds yield the CPU to the run phase
     compile_zygote: bool = True  # fork compile workers from a zygote that imported torch once
     run_zygote: bool = True  # and run workers (the candidates' and the references')
-    # the boundary around candidates' workers (kernel_sandbox.boundary_for): "auto" namespaces where
+    # the boundary around candidates' workers (kernel_boundary.boundary_for): "auto" namespaces where
     # they work, else a warning and the harness's uid; "require" refuses to run without them; "off"
     sandbox: str = "auto"
 
@@ -217,7 +210,7 @@ class EvalResult:
     seconds: dict = field(default_factory=dict)  # per phase
     timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
     build_reused: bool | None = None  # the compile record came from the build cache (None: never compiled)
-    # what the candidate's processes ran behind: "namespaces" (kernel_sandbox's boundary) or "process"
+    # what the candidate's processes ran behind: "namespaces" (kernel_boundary's) or "process"
     # (their own session, limits and environment, with the harness's uid, file system and network)
     boundary: str = ""
 
@@ -239,7 +232,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    boundary = sandbox.boundary_for(config.sandbox, gpu=device != "cpu")  # "require" without: BoundaryUnavailable
+    boundary = kernel_boundary.boundary_for(config.sandbox, gpu=device != "cpu")  # "require" without: BoundaryUnavailable
     batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)
@@ -270,8 +263,9 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     finished = False
     try:
         compiles: dict = {}
-        if device != "cpu" and _host_pch_needed(config, device):  # first in the pool: later builds of the batch use it
-            compile_pool.submit(_warm_host_pch, device, arch, config, zygotes)
+        if device != "cpu" and _reads_host_pch(config) and _confined(config, device):  # candidates may only read it
+            compile_pool.submit(kernel_build.warm_host_pch, config.cache_root,  # first: the batch's builds use it
+                                lambda src: _compile(src, device, arch, config, zygotes, writes_host_pch=True))
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
@@ -406,10 +400,11 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         result.seconds["reference"] = time.monotonic() - t1
 
         t2 = time.monotonic()
-        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
+        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
+             fds=(session.files["init"],))
         check_limit = session.output_limit("check")
         limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
-        out_fd = sandbox.memfd("kernel_eval-candidate-outputs")
+        out_fd = memfd("kernel_eval-candidate-outputs")
         try:
             reply, _ = _ask(cand, "candidate", "check", limit_s,
                             {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
@@ -440,7 +435,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         return
     t_wait = time.monotonic()
     time_limit = session.output_limit("time")
-    out_fd = sandbox.memfd("kernel_eval-candidate-timed-outputs")
+    out_fd = memfd("kernel_eval-candidate-timed-outputs")
     try:
         with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
             result.seconds["device_wait"] += time.monotonic() - t_wait
@@ -726,8 +721,8 @@ def _reference_failure(f: _Failure) -> _Failure:
 class ReferenceSession:
     """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one task within a
     batch: its inputs come from seeds only the parent knows, shared by all candidates of the task (a group is judged
-    on the same inputs), in two sealed memory files (correctness trials, timing sets); its outputs never leave its
-    process. A worker that dies (say on a candidate's malformed output file) is started again on the same seeds; a
+    on the same inputs), in sealed memory files (init inputs, correctness trials, timing sets); its outputs never leave
+    its process. A worker that dies (say on a candidate's malformed output file) is started again on the same seeds; a
     reference that fails on its own fails every candidate of the task (reference_error). `lock` serialises requests;
     callers that need the device take the device lock first."""
 
@@ -741,8 +736,8 @@ class ReferenceSession:
                       "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
         self.init_seed = secrets.randbits(31)
         self.worker = self.scratch = self.failure = None
-        self.files = {}  # part -> sealed memory file of input sets
-        self.generated, self.init_bytes = False, b""
+        self.files = {}  # "init" (the model's constructor arguments), "check", "time" (input sets) -> sealed memory file
+        self.generated = False
         # the worker's seconds per request on the parent's clock, for run_limit: "check" (drawing every
         # input set and computing its outputs: more than a candidate's check), each timing request by _request_key
         self.seconds: dict = {}
@@ -774,7 +769,9 @@ class ReferenceSession:
             free = ready.get("device_free")
             self.budget.set_capacity(free if isinstance(free, int) else None)
             self._call("load", cfg.load_timeout_s, {"cmd": "load"})
-            _, self.init_bytes = self._call("init", cfg.load_timeout_s, {"cmd": "init", "seed": self.init_seed})
+            self.files["init"] = memfd("kernel_eval-init-inputs")  # the reference writes it, every candidate reads it
+            self._call("init", cfg.load_timeout_s, {"cmd": "init", "seed": self.init_seed}, fds=(self.files["init"],))
+            seal(self.files["init"])
 
     def plan(self) -> dict:
         """plan_copies for this task; the first time the task is seen, its reference runs once
@@ -812,14 +809,15 @@ class ReferenceSession:
             return
         self._probe()
         plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
-        self.files = {part: sandbox.memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+        inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+        self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
         t = time.monotonic()
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
-                              fds=(self.files["check"], self.files["time"]))
+                              fds=(inputs["check"], inputs["time"]))
         self.seconds["check"] = time.monotonic() - t
-        for fd in self.files.values():
-            sandbox.seal(fd)
+        for fd in inputs.values():
+            seal(fd)
         self.out_bytes, self.generated = reply["out_bytes"], True
 
     def evict(self) -> None:
@@ -933,12 +931,11 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
     worker = _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
                            compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
                            confine=confine)
-    # replies are small (tensors go through memory files); the trusted reference also sends init inputs
-    worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
+    worker.channel.max_bytes = 16 << 20  # replies are small: tensors travel in memory files
     return worker
 
 
-def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
+def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict,
          deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
     """Send a command (and file descriptors), wait for the reply with the same nonce; failures become _Failure.
     An empty `msg`: wait for the worker's next message (its boot). `limit_note`: how timeout_s was derived."""
@@ -949,7 +946,7 @@ def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: di
         if msg:
             if fds:
                 worker.send_fds(list(fds))
-            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), payload, deadline)
+            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), b"", deadline)
         while True:
             reply, data = worker.channel.recv(deadline)
             if "error" in reply:
@@ -967,12 +964,13 @@ def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: di
 
 
 def _death_reason(worker: sandbox.Worker, phase: str) -> str:
+    from kernel_worker import trim_error  # the worker's own message format (it imports this module: here, not on top)
     return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
 
 
 def _seal_output(fd: int, max_bytes: int) -> None:
     try:
-        sandbox.seal(fd)
+        seal(fd)
     except OSError as e:
         raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
     size = os.fstat(fd).st_size
@@ -983,7 +981,7 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
              zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
-    `writes_host_pch`: the harness's own source (_warm_host_pch), whose worker alone may write there."""
+    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there."""
     key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
@@ -1039,7 +1037,7 @@ def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) ->
 
 
 def _confined(cfg: EvalConfig, device: str) -> bool:
-    return sandbox.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
+    return kernel_boundary.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
 
 
 def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
@@ -1059,65 +1057,24 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         path = os.path.join(own, part)
         os.makedirs(path, exist_ok=True)
         if os.geteuid() == 0 and writable:
-            os.chown(path, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
+            os.chown(path, kernel_boundary.UNPRIVILEGED_ID, kernel_boundary.UNPRIVILEGED_ID)
         binds.append((path, os.path.join(cfg.cache_root, part), writable))
-    options = _build_options(cfg)
-    if options and options["host_pch"] and options["cuda_header_tiers"]:  # patch_load_inline writes it if missing
-        import torch  # the header, written here: its directory is read-only there (_warm_host_pch aside)
+    if _reads_host_pch(cfg):  # patch_load_inline writes it if missing
+        import torch  # the header, written here: its directory is read-only there (warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
-    return sandbox.confinement(workdir, binds=binds, hide=[cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()])
-
-
-# A CUDA extension of the harness's own, built once per cache by _warm_host_pch: its slim-tier build with
-# the default flags leaves the host units' precompiled header (kernel_build.build_host_pch)
-HOST_PCH_SOURCE = r'''
-from torch.utils.cpp_extension import load_inline
-
-load_inline(name="kernel_eval_host_pch", cpp_sources="torch::Tensor kernel_eval_copy(torch::Tensor x);",
-            functions=["kernel_eval_copy"],
-            cuda_sources="""
-__global__ void copy_kernel(const float* x, float* y, int64_t n) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i];
-}
-torch::Tensor kernel_eval_copy(torch::Tensor x) {
-    auto y = torch::empty_like(x);
-    copy_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
-    return y;
-}
-""")
-'''
-
-
-def _host_pch_needed(cfg: EvalConfig, device: str) -> bool:
-    options = _build_options(cfg)
-    return bool(options and options["host_pch"] and options["cuda_header_tiers"]) and _confined(cfg, device)
-
-
-def _warm_host_pch(device: str, arch: str, cfg: EvalConfig, zygotes) -> None:
-    """Build the host units' precompiled header once per cache, where it is missing. A candidate's
-    compile may read it, never write it (it would be in every later build), so a compile of the
-    harness's own source (HOST_PCH_SOURCE) does, behind the same boundary, the only one that may;
-    the header's directory is root's again after it."""
-    import torch
-    header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
-    if os.path.exists(header + ".gch"):
-        return
-    directory, root = os.path.dirname(header), os.geteuid() == 0
-    if root:
-        os.chown(directory, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
-    try:
-        _compile(HOST_PCH_SOURCE, device, arch, cfg, zygotes, writes_host_pch=True)
-    finally:
-        if root:
-            for path in [directory] + [os.path.join(directory, f) for f in os.listdir(directory)]:
-                os.chown(path, 0, 0)
+    return kernel_boundary.confinement(workdir, binds=binds, hide=[cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()])
 
 
 def _build_options(cfg: EvalConfig) -> dict | None:
     """kernel_build.BuildConfig's fields as the workers get them (None without kernel_build.py)."""
     return dataclasses.asdict(cfg.build or kernel_build.BuildConfig()) if kernel_build else None
+
+
+def _reads_host_pch(cfg: EvalConfig) -> bool:
+    """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
+    options = _build_options(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"])
 
 
 def _job(src_path: str, device: str, arch: str, cfg: EvalConfig) -> dict:
@@ -1189,30 +1146,6 @@ def _scratch(cfg: EvalConfig, prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=root)
 
 
-_ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
-
-
-def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
-    """The first useful lines of a compiler/traceback dump, for the model's feedback."""
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    lines = [re.sub(r"/\S*/(build|torch_extensions|kevalrun-[^/]*)/\S*?/", "", ln) for ln in lines]
-    lines = [ln for ln in lines if not ln.startswith(("ninja: build stopped", "[", "FAILED:"))
-             and "c++ -MMD" not in ln and "nvcc --generate" not in ln and " -c " not in ln[:200]]
-    picked, seen = [], set()
-    for i, ln in enumerate(lines):
-        if _ERROR_LINE.search(ln):
-            for j in range(max(0, i - 1), min(len(lines), i + 3)):
-                if j not in seen:
-                    seen.add(j)
-                    picked.append(lines[j])
-        if len(picked) >= max_lines:
-            break
-    if not picked:
-        picked = lines[-max_lines:]
-    out = "\n".join(picked[:max_lines])
-    return out if len(out) <= max_chars else out[: max_chars - 3] + "..."
-
-
 def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -1278,7 +1211,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-time", action="store_true", help="check correctness only")
     p.add_argument("--cache-root", default=None,
                    help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
-    p.add_argument("--sandbox", choices=sandbox.SANDBOX_MODES, default="auto",
+    p.add_argument("--sandbox", choices=kernel_boundary.SANDBOX_MODES, default="auto",
                    help="the candidate's processes behind namespaces and uid 65534: auto (where they work, "
                         "else a warning), require (refuse without them), off (default: auto)")
     a = p.parse_args(argv)
@@ -1293,7 +1226,7 @@ def main(argv=None) -> int:
         cfg["cpu_trials" if device == "cpu" else "gpu_trials"] = a.trials
     try:
         result = evaluate(srcs[0], srcs[1], device=device, **cfg)
-    except sandbox.BoundaryUnavailable as e:
+    except kernel_boundary.BoundaryUnavailable as e:
         print(f"kernel_eval.py: {e}", file=sys.stderr)
         return 1
     if a.json:

@@ -18,7 +18,9 @@ import time
 import pytest
 import torch
 
+import kernel_boundary
 import kernel_eval as ke
+import kernel_memory
 import kernel_sandbox as sandbox
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,27 +75,6 @@ def leftover_processes(marker: bytes) -> list:
 
 
 # ----------------------------------------------------------------------------- pure helpers
-
-def test_trim_error_keeps_the_first_errors_and_drops_build_commands():
-    dump = "\n".join(
-        ["[1/2] c++ -MMD -MF main.o.d -DTORCH_EXTENSION_NAME=ext -O3 -c /root/.cache/build/abc/main.cpp -o main.o"]
-        + ["FAILED: main.o", "/root/.cache/kernel_eval/build/abc123/main.cpp: In function 'at::Tensor f(at::Tensor)':",
-           "/root/.cache/kernel_eval/build/abc123/main.cpp:7:5: error: 'foo' was not declared in this scope",
-           "    7 |     foo(x);", "      |     ^~~"]
-        + [f"note: candidate {i}" for i in range(300)]
-        + ["ninja: build stopped: subcommand failed."])
-    out = ke.trim_error(dump, max_lines=12)
-    assert "error: 'foo' was not declared in this scope" in out
-    assert "c++ -MMD" not in out and "ninja: build stopped" not in out
-    assert len(out.splitlines()) <= 12
-    assert "/root/.cache" not in out  # build paths are noise for the model
-
-
-def test_trim_error_without_error_lines_keeps_the_tail():
-    out = ke.trim_error("\n".join(f"line {i}" for i in range(100)), max_lines=5)
-    assert out.splitlines() == [f"line {i}" for i in range(95, 100)]
-    assert len(ke.trim_error("error " * 10000, max_chars=200)) <= 200
-
 
 def test_compare_outputs_agrees_with_naive_allclose():
     torch.manual_seed(0)
@@ -248,8 +229,8 @@ def test_finite_speedup_refuses_claims_with_no_finite_ratio():
 
 
 def _tensor_file(sets) -> int:
-    fd = sandbox.memfd("test")
-    sandbox.write_tensor_sets(fd, sets)
+    fd = kernel_memory.memfd("test")
+    kernel_memory.write_tensor_sets(fd, sets)
     return fd
 
 
@@ -314,7 +295,7 @@ def _reference_outputs(session, part: str) -> list:
     torch.manual_seed(session.init_seed)
     model = module.Model(*module.get_init_inputs())
     with torch.no_grad():
-        return [[model(*xs)] for xs in sandbox.read_tensor_sets(session.files[part], 1 << 30)]
+        return [[model(*xs)] for xs in kernel_memory.read_tensor_sets(session.files[part], 1 << 30)]
 
 
 def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
@@ -322,7 +303,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     session = ke.ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
     session.ready()
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
-    inputs_before = sandbox.read_tensor_sets(session.files["check"], 1 << 30)
+    inputs_before = kernel_memory.read_tensor_sets(session.files["check"], 1 << 30)
     right = _reference_outputs(session, "check")
     assert len(right) == cfg.n_correct_trials
 
@@ -338,7 +319,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     wrong[3][0][0, 0] += 1.0
     assert judge(wrong).startswith("trial 4/5: output: 1 of")
     assert "expected 5 output sets" in judge(right[:4])
-    fd = sandbox.memfd("garbage")
+    fd = kernel_memory.memfd("garbage")
     os.write(fd, b"not a tensor file" * 10)
     with pytest.raises(ke._Failure, match="unreadable outputs"):
         session.judge(fd, "check", 1 << 30)
@@ -350,7 +331,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     with pytest.raises(ke._Failure, match="could not be compared"):
         judge(right)
     session.ready()
-    inputs_after = sandbox.read_tensor_sets(session.files["check"], 1 << 30)
+    inputs_after = kernel_memory.read_tensor_sets(session.files["check"], 1 << 30)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_after))
     assert judge(right) is None
     session.release()
@@ -530,15 +511,15 @@ class ModelNew(nn.Module):
 '''
 
 
-ALONE_FILES = ("kernel_eval.py", "kernel_memory.py", "kernel_sandbox.py", "kernel_worker.py")
+ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_memory.py", "kernel_sandbox.py", "kernel_worker.py")
 
 
 @pytest.mark.slow
 def test_the_harness_files_alone_judge_a_cpp_candidate(tmp_path):
-    """kernel_eval.py, kernel_memory.py, kernel_sandbox.py and kernel_worker.py copied alone into an
-    empty folder (no kernel_build.py, nothing of this project importable) judge a C++ candidate
-    correct: plain load_inline, in a build directory of the candidate's own, with every worker,
-    supervisor and zygote started from the copies."""
+    """kernel_eval.py and its sibling modules (ALONE_FILES) copied alone into an empty folder (no
+    kernel_build.py, nothing of this project importable) judge a C++ candidate correct: plain
+    load_inline, in a build directory of the candidate's own, with every worker, supervisor and
+    zygote started from the copies."""
     import shutil
     alone = tmp_path / "alone"
     alone.mkdir()
@@ -841,11 +822,11 @@ def test_builtin_solutions_are_accepted_on_cpu(cache_root):
 
 
 # ----------------------------------------------------------------------------- the boundary (issue 39)
-# Candidates that go for what the harness's uid could reach before kernel_sandbox's boundary: other
+# Candidates that go for what the harness's uid could reach before kernel_boundary's boundary: other
 # processes through /proc, their supervisor, the network, the home directory, the shared build cache.
 # Each must score nothing and leave nothing behind. On cpu (slow) and, the same cases in CUDA, on a GPU.
 
-BOUNDARY_PROBLEM = sandbox.boundary_problem()
+BOUNDARY_PROBLEM = kernel_boundary.boundary_problem()
 needs_namespaces = pytest.mark.skipif(bool(BOUNDARY_PROBLEM), reason=f"no namespaces here: {BOUNDARY_PROBLEM}")
 DEVICES = [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.gpu)]
 # the suite's cases whose processes meet the boundary (a crash, a hang killed from outside its PID
@@ -1003,13 +984,13 @@ def test_the_boundary_is_chosen_by_sandbox_and_recorded(monkeypatch):
     assert ke.evaluate(REFERENCE, "x", device="cpu", sandbox="off", precheck=refused).boundary == "process"
     with pytest.raises(ValueError, match="sandbox must be one of"):
         ke.evaluate(REFERENCE, "x", device="cpu", sandbox="maybe", precheck=refused)
-    monkeypatch.setattr(sandbox, "_boundary_problem", "no namespaces in this test")
-    with pytest.raises(sandbox.BoundaryUnavailable, match="no namespaces in this test"):
+    monkeypatch.setattr(kernel_boundary, "_boundary_problem", "no namespaces in this test")
+    with pytest.raises(kernel_boundary.BoundaryUnavailable, match="no namespaces in this test"):
         ke.evaluate(REFERENCE, "x", device="cpu", sandbox="require", precheck=refused)
 
 
 def test_cli_refuses_sandbox_require_without_namespaces_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(sandbox, "_boundary_problem", "no namespaces in this test")
+    monkeypatch.setattr(kernel_boundary, "_boundary_problem", "no namespaces in this test")
     code = ke.main([os.path.join(ADV, "reference.py"), CPP_CASES["benign"], "--device", "cpu", "--sandbox", "require"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and err == ("kernel_eval.py: sandbox 'require': candidates cannot be confined here: "
