@@ -275,7 +275,8 @@ def _probe_boundary() -> tuple:
         return "the harness is not root (it drops candidates to uid 65534; a user namespace would hide the GPU)", ""
     workdir = tempfile.mkdtemp(prefix="kevalprobe-")
     try:
-        code = ("import sys; sys.path.insert(0, %r); import kernel_boundary; sys.exit(kernel_boundary._probe_child(%r, %r))"
+        code = ("import sys; sys.path.insert(0, %r); import kernel_boundary; "
+                "sys.exit(kernel_boundary._probe_child(%r, %r))"
                 % (os.path.dirname(os.path.abspath(__file__)), json.dumps(confinement(workdir)), list(_GPU_DEVICES)))
         try:
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -156,7 +156,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             raise RuntimeError("this build failed before")
         if fast_load and os.path.exists(built):
             # the compile phase built exactly these sources here: import, skip ninja and the .gch check
-            return ce._import_module_from_library(args["name"], args["build_directory"], args.get("is_python_module", True))
+            python_module = args.get("is_python_module", True)
+            return ce._import_module_from_library(args["name"], args["build_directory"], python_module)
         state["builds"] += 1
         lock = None
         if pch:
@@ -284,7 +285,8 @@ constexpr auto kFloat64 = at::kDouble;
 def op_names(sources: list, ops_dir: str) -> list:
     """The ATen operators the sources call as torch::name( or at::name( that have a header ATen/ops/<name>.h."""
     names = sorted({m for src in sources for m in re.findall(r"\b(?:torch|at)::(\w+)\s*\(", src)})
-    return [n for n in names if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h"))]
+    return [n for n in names
+            if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h"))]
 
 
 def ops_includes(names: list) -> str:
@@ -433,7 +435,10 @@ def point_at_source(diagnostics: str, py_src: str) -> str:
                 continue
             score = sum(1 for d in range(-3, 4) if 0 <= k + d < len(py) and 0 < line + d <= len(generated)
                         and py[k + d] == generated[line - 1 + d])
-            best, best_score, tie = (k, score, False) if score > best_score else (best, best_score, tie or score == best_score)
+            if score > best_score:
+                best, best_score, tie = k, score, False
+            else:
+                tie = tie or score == best_score
         return at if best is None or tie else f"line {best + 1} ({at})"
 
     moved = {}  # generated line -> .py line, for gcc's quoted source lines ("    4 |   return y;")

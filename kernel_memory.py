@@ -1,5 +1,5 @@
-"""kernel_memory: what a batch of kernel_eval's evaluations may hold, and how tensors travel
-between its processes.
+"""kernel_memory: what a batch of kernel_eval's evaluations may hold (memory, CPUs), and how tensors
+travel between its processes.
 
 Judging a task keeps copies of it: the input sets of the correctness trials and of the timing window
 (in memory files), the reference outputs, the timed calls' rotating input buffers, each candidate's
@@ -8,7 +8,8 @@ plan_copies sizes its copies to the memory there is (a large task keeps fewer tr
 the reasons for copies fade with size); MemoryBudget admits a job only when its bytes fit beside those
 of the jobs and reference sessions already admitted, evicts idle sessions to make room, and runs a job
 that fits nowhere alone. A failure that running out of memory explains (capacity_failure) is judged
-again with the device to itself (kernel_eval._judge_all).
+again with the device to itself (kernel_eval._judge_all). On GPU the last CPUs are kept for timing
+windows, the builds and checks run on the others (cpu_split, default_parallel_compiles).
 
 Tensors travel in memory files (memfd), never through a pipe or a pickle: raw bytes at aligned
 offsets and a JSON index (TensorFileWriter, write_tensor_sets), read in place and validated
@@ -18,8 +19,8 @@ output file a candidate writes.
 
 `cfg` is kernel_eval.EvalConfig, read by attribute (n_correct_trials, min_correct_trials,
 timing_input_sets, timing_buffers, timing_buffer_bytes, rotation_max_bytes, l2_flush_bytes,
-memory_fraction, context_bytes, memory_capacity_bytes). Standard library only (torch is imported
-inside the tensor-file functions, which run where torch is loaded).
+memory_fraction, context_bytes, memory_capacity_bytes, timing_cpus, build_jobs). Standard library
+only (torch is imported inside the tensor-file functions, which run where torch is loaded).
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ import math
 import os
 import re
 import threading
+import dataclasses
 from dataclasses import dataclass
 
-from kernel_sandbox import write_all
+from kernel_sandbox import atomic_write, read_json, write_all
 
 
 @dataclass
@@ -43,6 +45,18 @@ class Footprint:
     set_bytes: int
     out_bytes: int
     peak_bytes: int
+
+    @classmethod
+    def read(cls, path: str) -> Footprint | None:
+        """The footprint `write` cached in `path`, or None (missing or malformed)."""
+        known = read_json(path)
+        fields = {"set_bytes", "out_bytes", "peak_bytes"}
+        if isinstance(known, dict) and set(known) == fields and all(isinstance(v, int) for v in known.values()):
+            return cls(**known)
+        return None
+
+    def write(self, path: str) -> None:
+        atomic_write(path, json.dumps(dataclasses.asdict(self)))
 
 
 def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
@@ -66,7 +80,9 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
     s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
     rotate = s < cfg.rotation_max_bytes
     n_time = cfg.timing_input_sets if rotate else 1
-    buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers)) if rotate else 1
+    buffers = 1
+    if rotate:
+        buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers))
     keep = min(capacity.values()) // 4
     n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
     timing = (n_time + buffers) * s + p + n_time * o + (cfg.l2_flush_bytes if cuda else 0)
@@ -175,6 +191,15 @@ class MemoryBudget:
                     self.exclusive_waiting -= 1
                 self.cond.notify_all()
 
+    def too_large(self, fp: Footprint | None, cuda: bool) -> str:
+        """Why a task of footprint `fp` cannot be judged even alone, or "" when it can (or is unmeasured)."""
+        plan = plan_copies(fp, self.cfg, self.capacity, cuda) if fp is not None and self.capacity else None
+        if not plan or not any(plan["session"][k] + plan["candidate"][k] > self.capacity[k] for k in plan["session"]):
+            return ""
+        return (f"judging this task needs more memory than there is ({gib_per_pool(plan['session'])} GiB for the "
+                f"reference's session and {gib_per_pool(plan['candidate'])} GiB for the candidate, capacity "
+                f"{gib_per_pool(self.capacity)} GiB)")
+
     def forget(self, session) -> None:
         """The session's worker stopped: its bytes are free."""
         with self.cond:
@@ -204,6 +229,27 @@ CAPACITY_FAILURE = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF
 def capacity_failure(message: str) -> bool:
     """A failure that running out of memory (or of CUDA contexts) explains: retried alone."""
     return bool(CAPACITY_FAILURE.search(message or ""))
+
+
+# ----------------------------------------------------------------------------- CPUs
+
+def cpu_split(cpu: bool, cfg) -> tuple:
+    """(CPUs for builds and checks, CPUs kept for timing windows: the last timing_cpus this process
+    may use, both timed workers on them), or (None, None): no split (cpu, none kept, or fewer than
+    4 x timing_cpus CPUs: builds keep at least three quarters of them)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu or cfg.timing_cpus <= 0 or len(allowed) < 4 * cfg.timing_cpus:
+        return None, None
+    return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
+
+
+def default_parallel_compiles(device: str, cfg) -> int:
+    """Builds at once when max_parallel_compiles is None: on cpu every core (one C++ unit per build); on
+    cuda the CPUs not kept for timing windows / build_jobs (a .cu unit and a host unit side by side). More
+    builds at once finish a batch sooner and each candidate later; rollout waits for a turn's whole batch."""
+    build_cpus, _ = cpu_split(device == "cpu", cfg)
+    cores = len(build_cpus) if build_cpus else len(os.sched_getaffinity(0))
+    return cores if device == "cpu" else max(1, cores // max(1, cfg.build_jobs))
 
 
 # ----------------------------------------------------------------------------- tensor files

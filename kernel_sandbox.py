@@ -138,7 +138,9 @@ HEADER_MAX_BYTES = 16 << 20
 
 
 class Channel:
-    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits."""
+    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits.
+    Not multiprocessing.connection: its recv_bytes blocks past any deadline once a length header has
+    arrived, so a candidate that wrote 4 bytes and stopped would hang the parent."""
 
     def __init__(self, read_fd: int, write_fd: int, max_bytes: int):
         self.read_fd, self.write_fd, self.max_bytes = read_fd, write_fd, max_bytes
@@ -658,7 +660,8 @@ class Worker:
         elif code is None:
             how = "closed its channel"
         elif code < 0:
-            how = f"was killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else f"died (signal {-code})"
+            known = -code in signal.Signals._value2member_map_
+            how = f"was killed by {signal.Signals(-code).name}" if known else f"died (signal {-code})"
         else:
             how = f"exited with code {code}"
         tail = summarize(self.tail())
@@ -757,8 +760,9 @@ class _Zygote:
     It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
     secret (the allowlisted environment, the requests it served); the candidate's code runs only in
     a forked worker, never in the zygote (which an unconfined candidate can still ptrace or kill, as
-    any process of its uid; a confined one cannot see it). When it cannot serve, `fork` returns None and the caller spawns; a supervisor the
-    dying zygote had forked sees it has been reparented and stops its worker."""
+    any process of its uid; a confined one cannot see it). When it cannot serve, `fork` returns None
+    and the caller spawns; a supervisor the dying zygote had forked sees it has been reparented and
+    stops its worker."""
 
     def __init__(self, env: dict, entry: str):
         self.env, self.entry = env, entry  # env without the tag, which is each worker's own

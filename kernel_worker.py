@@ -1,6 +1,6 @@
 """kernel_worker: what runs inside a worker process of kernel_eval, sandboxed by kernel_sandbox.
 
-kernel_eval names this file as the entry of every process it starts and never imports it:
+kernel_eval names this file as the entry of every process it starts (and imports only trim_error):
 `python kernel_worker.py --_worker MODE --cmd-fd C --reply-fd R --fd-sock S --job JOB`, forked from a
 zygote (`--_zygote`, torch imported once) or spawned, under a supervisor (`--_supervise`). A worker
 is one of three, each a function here:
@@ -9,10 +9,10 @@ is one of three, each a function here:
   kernel_build's patch when kernel_build.py is there, plain load_inline otherwise), and reports once:
   ok (how many builds, the header tier, a time profile), a build error (the compiler's diagnostics at
   the candidate's lines), or another import error (judged again at load).
-- ref (_reference_worker), trusted: the task's own code. It draws the inputs from the parent's secret
-  seeds into the two input memory files the parent seals, keeps the reference outputs (they never
-  leave this process) and compares a candidate's output file with them (compare_outputs): it sends
-  back the first difference, or None.
+- ref (_reference_worker), trusted: the task's own code. It writes the model's init inputs, and the
+  inputs it draws from the parent's secret seeds, to memory files the parent seals, keeps the
+  reference outputs (they never leave this process) and compares a candidate's output file with
+  them (compare_outputs): it sends back the first difference, or None.
 - cand (_candidate_worker), untrusted: the candidate's code. It is given inputs only, runs the check
   trials on clones of them under an aten operator recorder and writes each call's outputs to a memory
   file of its own; it sends back which inputs each trial changed and the ops it saw, never a verdict.
@@ -188,7 +188,7 @@ def _reference_worker(w: _TaskWorker) -> None:
                 torch.manual_seed(seed)
         return list(w.module.get_inputs())
 
-    def init(msg, fds, payload):  # the model, and its constructor's arguments for the candidate: a file the parent seals
+    def init(msg, fds, payload):  # the model; its constructor's arguments to a file the parent seals for candidates
         inputs = list(w.module.get_init_inputs())
         w.build_model(inputs, msg["seed"])
         try:
@@ -398,7 +398,8 @@ class OutputCheck:
                 what = "a torch.Tensor subclass" if issubclass(kind, self.tensor) else "not a tensor"
                 return f"{name} is {_type_name(kind)} ({what}); forward must return plain torch.Tensor outputs"
             if self.dispatch_keys(o).has(self.python_key):
-                return f"{name} is a torch.Tensor with Python dispatch (a disguised subclass); forward must return plain tensors"
+                return (f"{name} is a torch.Tensor with Python dispatch (a disguised subclass); forward must return "
+                        "plain tensors")
         if self.dispatch_modes() or any(type(self.function_mode_at(i)) is not self.default_device
                                         for i in range(self.function_modes())):
             return "forward left a torch function or dispatch mode active; it must return plain tensors and no hooks"

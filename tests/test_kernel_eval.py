@@ -9,7 +9,6 @@ import glob
 import json
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -272,6 +271,83 @@ def test_build_reused_says_whether_the_compile_record_came_from_the_cache(tmp_pa
     assert again.seconds["compile"] == 0.0 and again.status == first[0].status, info
 
 
+# a task whose model takes an int, a float, a tuple and a tensor (drawn unseeded: only the file carries its values)
+INIT_REFERENCE = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, offset, scale, shape, weight):
+        super().__init__()
+        kinds = (type(offset), type(scale), type(shape), type(weight))
+        assert kinds == (int, float, tuple, torch.Tensor), kinds
+        self.offset, self.scale, self.shape, self.weight = offset, scale, shape, weight.clone()
+
+    def forward(self, x):
+        return (x * self.weight * self.scale + self.offset).reshape(self.shape)
+
+def get_inputs():
+    return [torch.randn(2, 8)]
+
+def get_init_inputs():
+    return [3, 0.5, (4, 4), torch.randn(8)]
+"""
+# a candidate whose constructor tries every way to write the init file it was handed, and says how each went
+INIT_WRITER = INIT_REFERENCE.replace("class Model(", "class ModelNew(") + """
+import mmap, os
+
+def attempts(fd):
+    yield "pwrite", lambda: os.pwrite(fd, bytes(8), 0)
+    yield "reopened", lambda: os.pwrite(os.open(f"/proc/self/fd/{fd}", os.O_RDWR), bytes(8), 0)
+    yield "truncate", lambda: os.ftruncate(fd, 0)
+    yield "mmap", lambda: mmap.mmap(fd, 0, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+class Writer(ModelNew):
+    def __init__(self, *init_inputs):
+        outcomes = []
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                if "kernel_eval-init-inputs" not in os.readlink(f"/proc/self/fd/{fd}"):
+                    continue
+            except OSError:
+                continue
+            for name, attempt in attempts(fd):
+                try:
+                    attempt()
+                    outcomes.append(name + " written")
+                except OSError as e:
+                    outcomes.append(f"{name} {type(e).__name__}")
+        raise RuntimeError("init file: " + (", ".join(outcomes) or "not held"))
+
+ModelNew = Writer
+"""
+
+
+def test_init_inputs_travel_in_a_sealed_file_with_their_types(tmp_path):
+    """A model's constructor arguments (an int, a float, a tuple, a tensor) reach the candidate as
+    the reference's get_init_inputs returned them (types and values: the tensor is drawn unseeded,
+    so only the file holds it), in a file the parent sealed: a candidate that tries to write it,
+    through its fd, a reopened fd, a truncate or a writable mapping, is refused every time, and the
+    candidate judged after it on the same session still gets the reference's values."""
+    honest = INIT_REFERENCE.replace("class Model(", "class ModelNew(")
+    cfg = dict(cache_root=str(tmp_path), op_check=False, time_candidate=False, max_parallel_runs=1)
+    writer, after = ke.evaluate_batch([(INIT_REFERENCE, INIT_WRITER), (INIT_REFERENCE, honest)], device="cpu", **cfg)
+    assert after.status == "correct", after.message
+    assert writer.status == "runtime_error" and "init file: pwrite PermissionError, reopened PermissionError, " \
+        "truncate PermissionError, mmap PermissionError" in writer.message, writer.message
+
+
+def test_init_inputs_a_tensor_file_cannot_hold_are_the_tasks_fault(tmp_path):
+    reference = INIT_REFERENCE.replace("def __init__(self, offset, scale, shape, weight):",
+                                       "def __init__(self, options, offset=3, scale=0.5, shape=(4, 4), weight=None):")
+    reference = reference.replace("kinds = (type(offset)", "weight = torch.ones(8)\n        kinds = (type(offset)")
+    reference = reference.replace("return [3, 0.5, (4, 4), torch.randn(8)]", "return [{'scale': 0.5}]")
+    result = ke.evaluate(reference, reference.replace("class Model(", "class ModelNew("), device="cpu",
+                         cache_root=str(tmp_path), op_check=False, time_candidate=False)
+    assert result.status == "reference_error", result.message
+    assert "get_init_inputs() holds what the harness cannot pass to a candidate: a dict cannot travel" in result.message
+
+
 def test_op_check_records_torch_ops_without_loading_dynamo_into_the_candidate(tmp_path):
     """A forward made of torch ops is caught by the op recorder, and the candidate's process has
     not had torch._dynamo loaded by the harness (its first import costs seconds of every boot)."""
@@ -377,19 +453,6 @@ class ModelNew(torch.nn.Module):
     assert poisoned_f and poisoned_s
     assert (comm_f, parent_f) == ("keval-cand", "keval-super")
     assert comm_s.startswith("python")
-
-
-def test_default_parallel_compiles_leaves_the_timing_cpus_to_timing(monkeypatch):
-    """On cpu every core builds; on cuda the builds (build_jobs each) fit in the CPUs not kept for
-    timing windows, where any are kept, and there is always at least one."""
-    for cpus in range(1, 33):
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(100, 100 + n)))
-        for timing_cpus, build_jobs in ((2, 2), (0, 2), (1, 3), (2, 4)):
-            cfg = ke.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
-            assert ke.default_parallel_compiles("cpu", cfg) == cpus
-            n = ke.default_parallel_compiles("cuda", cfg)
-            kept = timing_cpus if timing_cpus and cpus >= 4 * timing_cpus else 0
-            assert n >= 1 and (n == 1 or n * build_jobs <= cpus - kept), (cpus, timing_cpus, build_jobs, n)
 
 
 def test_run_limit_is_a_multiple_of_the_reference_plus_slack_under_the_fixed_ceiling():

@@ -89,6 +89,19 @@ def test_memory_budget_never_admits_more_than_fits_and_runs_a_job_too_large_for_
     assert budget.held == {"device": 0, "host": 0}
 
 
+def test_default_parallel_compiles_leaves_the_timing_cpus_to_timing(monkeypatch):
+    """On cpu every core builds; on cuda the builds (build_jobs each) fit in the CPUs not kept for
+    timing windows, where any are kept, and there is always at least one."""
+    for cpus in range(1, 33):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(100, 100 + n)))
+        for timing_cpus, build_jobs in ((2, 2), (0, 2), (1, 3), (2, 4)):
+            cfg = kernel_eval.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
+            assert kernel_memory.default_parallel_compiles("cpu", cfg) == cpus
+            n = kernel_memory.default_parallel_compiles("cuda", cfg)
+            kept = timing_cpus if timing_cpus and cpus >= 4 * timing_cpus else 0
+            assert n >= 1 and (n == 1 or n * build_jobs <= cpus - kept), (cpus, timing_cpus, build_jobs, n)
+
+
 # ----------------------------------------------------------------------------- tensor files
 
 def tensor_file(sets) -> int:
