@@ -63,8 +63,8 @@ _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 24, 38
 
 @functools.cache
 def load_libc():
-    """libc through ctypes (Python 3.11 has no os.unshare); load it before forking a child that
-    enters the boundary, so that the child loads nothing between fork and exec."""
+    """libc through ctypes (Python 3.11 has no os.unshare), loaded once: load it before forking a
+    child that enters the boundary, so that the child (of a process with threads) loads nothing."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
