@@ -746,7 +746,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl (default: off)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
     ap.add_argument("--sandbox", choices=("auto", "require", "off"), default="auto",
-                    help="the candidates' processes behind namespaces and uid 65534 (kernel_sandbox): auto "
+                    help="the candidates' processes behind namespaces and uid 65534 (kernel_boundary): auto "
                          "(where they work, else a warning), require (refuse without them), off (default: %(default)s)")
     args = ap.parse_args(argv)
     blocked = args.out
@@ -778,11 +778,12 @@ def main(argv=None) -> int:
     # Everything that can refuse the run does so before --out is written to: first a model that is nowhere.
     model_policy = args.policy not in ("oracle", "oracle-corrupt") and not args.base_url
     local_only = local_model(args.policy) if model_policy and not is_candidate_folder(args.policy) else True
+    import kernel_boundary
     import kernel_eval
     args.device = kernel_eval.resolve_device(args.device, "eval.py")
     try:  # --sandbox require refuses here, before --out is written to
-        kernel_eval.sandbox.boundary_for(args.sandbox, gpu=args.device != "cpu")
-    except kernel_eval.sandbox.BoundaryUnavailable as error:
+        kernel_boundary.boundary_for(args.sandbox, gpu=args.device != "cpu")
+    except kernel_boundary.BoundaryUnavailable as error:
         raise SystemExit(f"eval.py: {error}")
     language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]
     task_list = load_tasks(args)

@@ -1,9 +1,9 @@
 """kernel_build: how a candidate's `load_inline` extension is built, for kernel_eval.
 
-Optional: kernel_eval.py with kernel_worker.py, kernel_memory.py and kernel_sandbox.py judges
-candidates without this file (plain `load_inline`, in a build directory per candidate). With it,
-every compile and run worker calls `patch_load_inline` before the candidate's code runs, and
-`torch.utils.cpp_extension.load_inline` (and `load`) then build:
+Optional: kernel_eval.py with kernel_worker.py, kernel_memory.py, kernel_sandbox.py and
+kernel_boundary.py judges candidates without this file (plain `load_inline`, in a build directory
+per candidate). With it, every compile and run worker calls `patch_load_inline` before the
+candidate's code runs, and `torch.utils.cpp_extension.load_inline` (and `load`) then build:
 
 Fairness (what a verdict depends on)
 - in cache_root/build/<sha256 of the call's sources, flags, torch, python, arch>: two candidates
@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from kernel_boundary import UNPRIVILEGED_ID
 from kernel_sandbox import atomic_write, source_hash
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
@@ -155,7 +156,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             raise RuntimeError("this build failed before")
         if fast_load and os.path.exists(built):
             # the compile phase built exactly these sources here: import, skip ninja and the .gch check
-            return ce._import_module_from_library(args["name"], args["build_directory"], args.get("is_python_module", True))
+            python_module = args.get("is_python_module", True)
+            return ce._import_module_from_library(args["name"], args["build_directory"], python_module)
         state["builds"] += 1
         lock = None
         if pch:
@@ -283,7 +285,8 @@ constexpr auto kFloat64 = at::kDouble;
 def op_names(sources: list, ops_dir: str) -> list:
     """The ATen operators the sources call as torch::name( or at::name( that have a header ATen/ops/<name>.h."""
     names = sorted({m for src in sources for m in re.findall(r"\b(?:torch|at)::(\w+)\s*\(", src)})
-    return [n for n in names if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h"))]
+    return [n for n in names
+            if re.fullmatch(r"[a-z_][a-z0-9_]*", n) and os.path.exists(os.path.join(ops_dir, n + ".h"))]
 
 
 def ops_includes(names: list) -> str:
@@ -360,6 +363,46 @@ def build_host_pch(header: str, build_dir: str, timeout_s: float = 300.0) -> boo
         return False
 
 
+# A CUDA extension of the harness's own: its slim-tier build with the default flags leaves the host
+# units' precompiled header (build_host_pch)
+HOST_PCH_SOURCE = r'''
+from torch.utils.cpp_extension import load_inline
+
+load_inline(name="kernel_eval_host_pch", cpp_sources="torch::Tensor kernel_eval_copy(torch::Tensor x);",
+            functions=["kernel_eval_copy"],
+            cuda_sources="""
+__global__ void copy_kernel(const float* x, float* y, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+torch::Tensor kernel_eval_copy(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    copy_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
+    return y;
+}
+""")
+'''
+
+
+def warm_host_pch(cache_root: str, compile_harness_source) -> None:
+    """Build the host units' precompiled header once per cache, where it is missing. A confined
+    candidate's compile may read it, never write it (it would be in every later build), so
+    `compile_harness_source(HOST_PCH_SOURCE)` (kernel_eval's compile of the harness's own source,
+    behind the same boundary, the only one that may write there) builds it; the header's directory
+    is root's again after it."""
+    import torch
+    header = write_host_header(cache_root, torch.__version__)
+    if os.path.exists(header + ".gch"):
+        return
+    directory, root = os.path.dirname(header), os.geteuid() == 0
+    if root:
+        os.chown(directory, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+    try:
+        compile_harness_source(HOST_PCH_SOURCE)
+    finally:
+        if root:
+            for path in [directory] + [os.path.join(directory, f) for f in os.listdir(directory)]:
+                os.chown(path, 0, 0)
 
 
 # a compiler's position in a generated source: gcc "/x/main.cpp:12:5:", nvcc "/x/cuda.cu(12):"
@@ -392,7 +435,10 @@ def point_at_source(diagnostics: str, py_src: str) -> str:
                 continue
             score = sum(1 for d in range(-3, 4) if 0 <= k + d < len(py) and 0 < line + d <= len(generated)
                         and py[k + d] == generated[line - 1 + d])
-            best, best_score, tie = (k, score, False) if score > best_score else (best, best_score, tie or score == best_score)
+            if score > best_score:
+                best, best_score, tie = k, score, False
+            else:
+                tie = tie or score == best_score
         return at if best is None or tie else f"line {best + 1} ({at})"
 
     moved = {}  # generated line -> .py line, for gcc's quoted source lines ("    4 |   return y;")

@@ -13,9 +13,10 @@ candidate C against a reference R:
     python kernel_eval.py REF.py CANDIDATE.py --device cpu --json
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
-This file decides. What runs inside each worker process (the trusted reference's loop, the untrusted
-candidate's) is kernel_worker.py, how those processes are isolated kernel_sandbox.py, how a batch
-fits in memory kernel_memory.py, and how extensions are built the optional kernel_build.py.
+This file decides. What runs inside each worker (the trusted reference's loop, the untrusted
+candidate's) is kernel_worker.py; how workers are started and talked to, kernel_sandbox.py; what a
+candidate's workers run behind, kernel_boundary.py; how a batch fits in memory and how tensors travel
+between processes, kernel_memory.py; how extensions are built, kernel_build.py (optional).
 
 How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
@@ -23,10 +24,9 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    builds its extension (with kernel_build.py: a directory per hash of its sources, -O3, lighter
    headers; without it: plain load_inline in a directory of its own). A diagnostic -> compile_error.
 3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the task's
-   code; it draws the inputs from seeds only the parent knows into memory files the parent seals
-   read-only, and keeps the reference outputs: they never reach a candidate. The task's first run,
-   alone, measures its footprint; plan_copies sizes its copies to the memory there is, MemoryBudget
-   admits only the jobs that fit beside each other (kernel_memory.py).
+   code. It writes the model's init inputs, and the inputs it draws from seeds only the parent knows,
+   to memory files the parent seals read-only; it keeps the reference outputs: they never reach a
+   candidate. The task's first run, alone, measures what its copies take (kernel_memory.py).
 4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed inputs
    (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN blocks on GPU,
    MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's outputs to a memory
@@ -38,14 +38,11 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    the input buffers, in the same loop (TimingLoop: L2 flush and CUDA events on GPU, the worker's CPU
    time on CPU); each set's last output is compared again. paired_verdict pays the speedup only where
    the parent's own clock of every block confirms the candidate's claimed times.
-6. isolation (kernel_sandbox.py): each worker runs in its own session under a subreaper supervisor,
-   with an allowlisted environment and limits; a candidate's workers (compile and run, never the
-   reference's) also run behind the boundary (`sandbox`, recorded in EvalResult.boundary): pid 1 of
-   their own PID namespace, a network namespace with nothing up, home, temp and build cache hidden
-   but for their own build directory (read-only when run), every other file system read-only, uid
-   65534 without capabilities, no_new_privs. On timeout, exit or crash the process group, orphans and
-   whatever carries the worker's tag are killed. A candidate's request may take a multiple of the
-   reference's seconds for the same request plus a slack, under a fixed ceiling (run_limit).
+6. isolation: each worker runs in its own session under a subreaper supervisor, with an allowlisted
+   environment and limits, and a candidate's (never the reference's) behind kernel_boundary's
+   namespaces and uid 65534 (`sandbox`: EvalResult.boundary), the build cache hidden but for its own
+   build directory (_confinement). A candidate's request may take a multiple of the reference's
+   seconds for the same request plus a slack, under a fixed ceiling (run_limit).
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
@@ -53,17 +50,7 @@ reference failed: no verdict on the candidate; a trainer drops the task's sample
 the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
 left out of training, counted by eval.py). A timing the cross-check refuses keeps correct, pays 0.
 
-What this does not stop behind the boundary: skipping the work of timed calls whose outputs are
-not compared (only each timing set's last is), lower precision within the tolerance, a clock that
-under-reports by less than the cross-check allows, GPU work left running into the reference's
-blocks (paid up to ref_slowdown_max), reading what is world-readable outside the hidden directories
-(the system, Python, this repository), filling its tmpfs (kernel_sandbox.TMPFS_BYTES each, memory).
-Without the boundary (sandbox "off", or "auto" where namespaces are refused: a harness that is not
-root, a container without CAP_SYS_ADMIN; a warning says so once, and EvalResult.boundary reads
-"process") the candidate runs with the harness's uid and can also read or ptrace other processes
-of that uid (the reference's included), open the timing inputs early through /proc, write files
-outside its scratch dir (the build cache, poisoning later candidates), use the network, read the
-harness's home directory, and hand work to a process outside its tree on CPU.
+What a candidate can still do, behind the boundary and without it: kernel_boundary.py's docstring.
 """
 from __future__ import annotations
 
@@ -84,8 +71,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import kernel_boundary
 import kernel_sandbox as sandbox
-from kernel_memory import Footprint, MemoryBudget, capacity_failure, gib_per_pool, plan_copies
+from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
+                           plan_copies, seal)
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -94,15 +83,14 @@ except ModuleNotFoundError as e:  # judged with plain load_inline (the module do
         raise
     kernel_build = None
 
-# what the sandbox runs for every process it starts (`python ENTRY --_worker ...`): never imported here
+# what the sandbox runs for every process it starts (`python ENTRY --_worker ...`)
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.py")
 
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
             "harness_error")
 
-# aten ops a forward may run outside the extension: the `aten` column of the allowed rows of kernel_gate.CALLS,
-# the one table of what a candidate may call, with the reason per row (compute happens in the kernel; allocation,
-# views, transposes, copies, casts and sizes are glue). A copy (no import); tests/test_kernel_gate.py holds them equal.
+# aten ops a forward may run outside the extension: the `aten` column of kernel_gate.CALLS' allowed rows (the one
+# table of what a candidate may call, and why; a copy, held equal by tests/test_kernel_gate.py)
 ALLOWED_ATEN_OPS = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like zero_ resize_
 ones ones_like full full_like new_ones new_full fill_
@@ -121,9 +109,7 @@ record_stream
 class EvalConfig:
     """What defines a verdict (trials, tolerances, timing, limits), then how fast a batch goes."""
     n_correct_trials: int = 5
-    # a task too large for n_correct_trials input and output sets keeps fewer (plan_copies), never fewer
-    # than this: two trials on fresh inputs still catch a forward that replays an old output
-    min_correct_trials: int = 2
+    min_correct_trials: int = 2  # what a large task keeps at least (plan_copies)
     tolerances: dict = field(default_factory=lambda: {  # (atol, rtol) per output dtype; KernelBench v0, Kevin: 1e-2
         "float32": (1e-2, 1e-2), "float64": (1e-2, 1e-2), "float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2)})
     op_check: bool = True  # a torch compute operator in forward -> incorrect (flag_ops)
@@ -140,9 +126,7 @@ class EvalConfig:
     timing_buffers: int = 4
     timing_buffer_bytes: int = 2 << 30
     rotation_max_bytes: int = 256 << 20  # input sets this large: one set, one buffer (far larger than L2)
-    # paired timing (paired_verdict): blocks per side, each >= trials / blocks calls and block_ms long on
-    # the parent's clock (sized on the reference); the cross-check per call: the parent's estimate <=
-    # (1 + rel) x claimed + noise x (spread of the reference's overheads) + abs, and > noise x spread + abs
+    # paired timing: blocks per side and their length (_paired_timing), the cross-check's terms (paired_verdict)
     timing_blocks: int = 4
     gpu_block_ms: float = 20.0
     cpu_block_ms: float = 50.0
@@ -152,17 +136,15 @@ class EvalConfig:
     cpu_cross_check_abs_ms: float = 0.02
     ref_slowdown_max: float = 1.5  # on GPU, the reference paid is at most this x its time in the first block
     l2_flush_bytes: int = 256 << 20
-    # on GPU, CPUs kept for timing windows (the last this process may use): builds and checks run on the
-    # others, both timed workers on these; 0: none. Not on cpu, nor with fewer than 4x this many CPUs.
-    timing_cpus: int = 2
+    timing_cpus: int = 2  # on GPU, CPUs kept for timing windows (kernel_memory.cpu_split); 0: none
     compile_timeout_s: float = 600.0
     load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
     check_timeout_s: float = 120.0  # the ceiling of a candidate's check request (run_limit)
     time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
-    # a candidate's run requests get multiple x the reference's seconds for the same request + slack, under
-    # the ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow,
-    # so a naive one 10-20x slower than cuBLAS must stay correct. The slack covers what the reference has
-    # paid and the candidate not yet: a first call's lazy init, cuDNN/cuBLAS setup, a busy machine.
+    # a candidate's run requests get multiple x the reference's seconds for the same request + slack, under the
+    # ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow, so a naive
+    # one 10-20x slower than cuBLAS must stay correct. The slack covers what the reference has paid and the
+    # candidate not yet: a first call's lazy init, cuDNN/cuBLAS setup, a busy machine.
     run_timeout_multiple: float = 30.0
     run_timeout_slack_s: float = 5.0
     # memory (kernel_memory): the share of the device's free memory (the host's available memory on cpu and for
@@ -191,9 +173,7 @@ class EvalConfig:
     compile_nice: int = 10  # builds yield the CPU to the run phase
     compile_zygote: bool = True  # fork compile workers from a zygote that imported torch once
     run_zygote: bool = True  # and run workers (the candidates' and the references')
-    # the boundary around candidates' workers (kernel_sandbox.boundary_for): "auto" namespaces where
-    # they work, else a warning and the harness's uid; "require" refuses to run without them; "off"
-    sandbox: str = "auto"
+    sandbox: str = "auto"  # what candidates' workers run behind (kernel_boundary.boundary_for, SANDBOX_MODES)
 
 
 @dataclass
@@ -217,9 +197,7 @@ class EvalResult:
     seconds: dict = field(default_factory=dict)  # per phase
     timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
     build_reused: bool | None = None  # the compile record came from the build cache (None: never compiled)
-    # what the candidate's processes ran behind: "namespaces" (kernel_sandbox's boundary) or "process"
-    # (their own session, limits and environment, with the harness's uid, file system and network)
-    boundary: str = ""
+    boundary: str = ""  # what the candidate's processes ran behind (kernel_boundary.boundary_for)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -239,7 +217,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    boundary = sandbox.boundary_for(config.sandbox, gpu=device != "cpu")  # "require" without: BoundaryUnavailable
+    boundary = kernel_boundary.boundary_for(config.sandbox, gpu=device != "cpu")  # or BoundaryUnavailable
     batch_start = time.monotonic()
     arch = _device_arch(device, config)
     results: list = [None] * len(pairs)
@@ -259,8 +237,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}
-    # the live CUDA workers the budget leaves room for: every run job's candidate, and a reference
-    # session per distinct task, up to as many again
+    # room for a CUDA context per live worker: every run job's candidate, a session per task (as many again)
     budget = MemoryBudget(config, live_workers=n_runs + min(n_runs, len({pairs[i][0] for i in todo})))
     for i in todo:
         ref_src = pairs[i][0]
@@ -270,8 +247,9 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     finished = False
     try:
         compiles: dict = {}
-        if device != "cpu" and _host_pch_needed(config, device):  # first in the pool: later builds of the batch use it
-            compile_pool.submit(_warm_host_pch, device, arch, config, zygotes)
+        if device != "cpu" and _reads_host_pch(config) and _confined(config, device):  # candidates may only read it
+            compile_pool.submit(kernel_build.warm_host_pch, config.cache_root,  # first: the batch's builds use it
+                                lambda src: _compile(src, device, arch, config, zygotes, writes_host_pch=True))
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
@@ -298,8 +276,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
     """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
 
     def judge(session, cand_src, compiling, alone: bool) -> EvalResult:
-        """One attempt: the task's plan (its reference boots meanwhile), the candidate's worker with
-        limits from it, the verdict inside a memory admission."""
+        """One attempt: the task's plan, the candidate's worker with limits from it, the verdict."""
         scratch, cand, plan, failure = _scratch(config, "kevalrun-"), None, None, None
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
@@ -329,25 +306,19 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
                 session.retry()
                 res = judge(session, cand_src, compiling, alone=True)
                 res.alone = True
-                plan = (plan_copies(session.footprint, config, budget.capacity, cuda=device != "cpu")
-                        if session.footprint is not None and budget.capacity else None)
-                if (res.status == "runtime_error" and capacity_failure(res.message) and plan
-                        and any(plan["session"][k] + plan["candidate"][k] > budget.capacity[k] for k in plan["session"])):
-                    res.status = "harness_error"
-                    res.message = ("no verdict: judging this task needs more memory than there is "
-                                   f"({gib_per_pool(plan['session'])} GiB for the reference's session and "
-                                   f"{gib_per_pool(plan['candidate'])} GiB for the candidate, capacity "
-                                   f"{gib_per_pool(budget.capacity)} GiB): " + res.message)
+                too_large = budget.too_large(session.footprint, cuda=device != "cpu")
+                if res.status == "runtime_error" and capacity_failure(res.message) and too_large:
+                    res.status, res.message = "harness_error", f"no verdict: {too_large}: {res.message}"
         finally:
             session.release()
-        record = compiling.result()
         # latency: from this candidate's compile start (or its job's start, when cached) to verdict
-        res.seconds["latency"] = time.monotonic() - record.get("started", t0)
+        res.seconds["latency"] = time.monotonic() - compiling.result().get("started", t0)
         res.seconds["since_batch_start"] = time.monotonic() - batch_start
         return res
 
     futures = {run_pool.submit(job, i): i for i in todo}
-    with (__import__("tqdm").tqdm(total=len(futures), desc="kernel_eval") if progress else contextlib.nullcontext()) as bar:
+    shown = __import__("tqdm").tqdm(total=len(futures), desc="kernel_eval") if progress else contextlib.nullcontext()
+    with shown as bar:
         for fut in futures:
             results[futures[fut]] = fut.result()
             if bar:
@@ -406,10 +377,11 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         result.seconds["reference"] = time.monotonic() - t1
 
         t2 = time.monotonic()
-        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed}, session.init_bytes)
+        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
+             fds=(session.files["init"],))
         check_limit = session.output_limit("check")
         limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
-        out_fd = sandbox.memfd("kernel_eval-candidate-outputs")
+        out_fd = memfd("kernel_eval-candidate-outputs")
         try:
             reply, _ = _ask(cand, "candidate", "check", limit_s,
                             {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
@@ -440,7 +412,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         return
     t_wait = time.monotonic()
     time_limit = session.output_limit("time")
-    out_fd = sandbox.memfd("kernel_eval-candidate-timed-outputs")
+    out_fd = memfd("kernel_eval-candidate-timed-outputs")
     try:
         with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
             result.seconds["device_wait"] += time.monotonic() - t_wait
@@ -459,8 +431,8 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
 
             ref_blocks, cand_blocks = _paired_timing(
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg, deadline,
-                plan["buffers"])
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg,
+                deadline, plan["buffers"])
             cand_ask({"cmd": "time_outputs"}, (out_fd,))
         _seal_output(out_fd, time_limit)
         with _device_lock(cfg, device, exclusive=False):
@@ -519,7 +491,7 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
              "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes,
-             "cpus": _cpu_split(device == "cpu", cfg)[1]}, (time_file,))
+             "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
     # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
     # clock (a worker's own clock is the candidate's to patch)
     warm_start = time.monotonic()
@@ -712,24 +684,14 @@ class _Failure(Exception):
         self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
 
 
-def _reference_failure(f: _Failure) -> _Failure:
-    """The trusted reference failed (load, init, inputs, outputs, timed calls): the task's fault, so no
-    candidate is judged (or paid 0) for it. A candidate could kill the reference worker during timing (same
-    uid): that buys it no reward (reference_error pays nothing) but cancels its task's group."""
-    if f.status == "reference_error":
-        return f
-    return _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
-
-
 # ----------------------------------------------------------------------------- the reference session
 
 class ReferenceSession:
-    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one task within a
-    batch: its inputs come from seeds only the parent knows, shared by all candidates of the task (a group is judged
-    on the same inputs), in two sealed memory files (correctness trials, timing sets); its outputs never leave its
-    process. A worker that dies (say on a candidate's malformed output file) is started again on the same seeds; a
-    reference that fails on its own fails every candidate of the task (reference_error). `lock` serialises requests;
-    callers that need the device take the device lock first."""
+    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one task in a
+    batch: all candidates of the task are judged on the same inputs, from seeds only the parent knows; its
+    outputs never leave its process. A worker that dies (say on a candidate's malformed output file) is started
+    again on the same seeds; a reference that fails on its own fails every candidate of the task
+    (reference_error). `lock` serialises requests; callers that need the device take the device lock first."""
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
                  zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
@@ -741,24 +703,23 @@ class ReferenceSession:
                       "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
         self.init_seed = secrets.randbits(31)
         self.worker = self.scratch = self.failure = None
-        self.files = {}  # part -> sealed memory file of input sets
-        self.generated, self.init_bytes = False, b""
+        self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
+        self.generated = False
         # the worker's seconds per request on the parent's clock, for run_limit: "check" (drawing every
         # input set and computing its outputs: more than a candidate's check), each timing request by _request_key
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
             "footprint", ref_src, device == "cpu", arch, torch.__version__)[:32] + ".json")
-        known = sandbox.read_json(self.footprint_path)
-        self.footprint = Footprint(**known) if isinstance(known, dict) and set(known) == {
-            "set_bytes", "out_bytes", "peak_bytes"} and all(isinstance(v, int) for v in known.values()) else None
+        self.footprint = Footprint.read(self.footprint_path)
 
     def _call(self, phase: str, timeout_s: float, msg: dict, fds: tuple = (), deadline: float | None = None) -> tuple:
-        """A request to the worker; its failure is the task's (reference_error), and stops the worker."""
+        """A request to the worker. Its failure (load, init, inputs, outputs, timed calls) is the task's
+        (reference_error: no candidate is judged, nor paid, for it), and stops the worker."""
         try:
             return _ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
         except _Failure as f:
-            self.failure = _reference_failure(f)
+            self.failure = _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
             self._stop()
             raise self.failure from None
 
@@ -774,7 +735,9 @@ class ReferenceSession:
             free = ready.get("device_free")
             self.budget.set_capacity(free if isinstance(free, int) else None)
             self._call("load", cfg.load_timeout_s, {"cmd": "load"})
-            _, self.init_bytes = self._call("init", cfg.load_timeout_s, {"cmd": "init", "seed": self.init_seed})
+            self.files["init"] = memfd("kernel_eval-init-inputs")  # the reference writes it, every candidate reads it
+            self._call("init", cfg.load_timeout_s, {"cmd": "init", "seed": self.init_seed}, fds=(self.files["init"],))
+            seal(self.files["init"])
 
     def plan(self) -> dict:
         """plan_copies for this task; the first time the task is seen, its reference runs once
@@ -796,7 +759,7 @@ class ReferenceSession:
             raise self.failure
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "probe", "seed": secrets.randbits(62)})
         self.footprint = Footprint(*(int(reply[k]) for k in ("set_bytes", "out_bytes", "peak_bytes")))
-        sandbox.atomic_write(self.footprint_path, json.dumps(dataclasses.asdict(self.footprint)))
+        self.footprint.write(self.footprint_path)
 
     def ready(self) -> None:
         """Inputs written and sealed, reference outputs held. Hold the device lock (shared) and an
@@ -812,21 +775,24 @@ class ReferenceSession:
             return
         self._probe()
         plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
-        self.files = {part: sandbox.memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+        inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
+        self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
         t = time.monotonic()
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
-                              fds=(self.files["check"], self.files["time"]))
+                              fds=(inputs["check"], inputs["time"]))
         self.seconds["check"] = time.monotonic() - t
-        for fd in self.files.values():
-            sandbox.seal(fd)
+        for fd in inputs.values():
+            seal(fd)
         self.out_bytes, self.generated = reply["out_bytes"], True
 
-    def evict(self) -> None:
-        """Stop the worker to free its memory (no job of this task is admitted); the next job
-        starts it again and regenerates on the same seeds."""
+    def close(self) -> None:
+        """Stop the worker: the batch is done, or (evict) to free its memory while no job of this task
+        is admitted; the next job starts it again and regenerates on the same seeds."""
         with self.lock:
             self._stop()
+
+    evict = close  # MemoryBudget's name for it
 
     def retry(self) -> None:
         """Forget a failure that running out of memory beside other workers explains."""
@@ -889,10 +855,6 @@ class ReferenceSession:
             if self.users <= 0:
                 self._stop()
 
-    def close(self) -> None:
-        with self.lock:
-            self._stop()
-
 
 # ----------------------------------------------------------------------------- the workers it drives
 
@@ -906,8 +868,8 @@ def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cf
     try:
         return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(device, arch, cfg, compiling),
                               entry=ENTRY, fsize=fsize, output_bytes=cfg.max_file_bytes,
-                              message_bytes=cfg.max_message_bytes, as_bytes=as_bytes, nice=nice,
-                              cpus=_cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
+                              message_bytes=16 << 20, as_bytes=as_bytes, nice=nice,  # tensors travel in files
+                              cpus=cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
                               confine=confine)
     except sandbox.Interrupted as e:
         raise _Failure("runtime_error", str(e)) from None
@@ -929,16 +891,13 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
         task_bytes = sum(plan["candidate"].values()) + sum(plan["session"].values()) if plan else 0
         fsize = cfg.max_message_bytes + 2 * (plan["candidate"]["host"] if plan else 0)
         as_bytes = int(cfg.cpu_memory_limit_gb * (1 << 30)) + 2 * task_bytes
-    confine = None if mode == "ref" else _confinement(cfg, path, os.path.dirname(path), src, device, arch, compiling=False)
-    worker = _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
-                           compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
-                           confine=confine)
-    # replies are small (tensors go through memory files); the trusted reference also sends init inputs
-    worker.channel.max_bytes = 1 << 30 if mode == "ref" else 16 << 20
-    return worker
+    confine = None if mode == "ref" else _confinement(cfg, path, os.path.dirname(path), src, device, arch, False)
+    return _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
+                         compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
+                         confine=confine)
 
 
-def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict, payload: bytes = b"",
+def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict,
          deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
     """Send a command (and file descriptors), wait for the reply with the same nonce; failures become _Failure.
     An empty `msg`: wait for the worker's next message (its boot). `limit_note`: how timeout_s was derived."""
@@ -949,7 +908,7 @@ def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: di
         if msg:
             if fds:
                 worker.send_fds(list(fds))
-            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), payload, deadline)
+            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), b"", deadline)
         while True:
             reply, data = worker.channel.recv(deadline)
             if "error" in reply:
@@ -962,17 +921,19 @@ def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: di
                        waited_s=time.monotonic() - start) from e
     except sandbox.ChannelError as e:
         if str(e) != "closed":
-            raise _Failure("runtime_error", f"{who} wrote malformed data on the result channel during {phase} ({e})") from e
+            why = f"{who} wrote malformed data on the result channel during {phase} ({e})"
+            raise _Failure("runtime_error", why) from e
         raise _Failure("runtime_error", f"{who} {_death_reason(worker, phase)}") from e
 
 
 def _death_reason(worker: sandbox.Worker, phase: str) -> str:
+    from kernel_worker import trim_error  # the worker's own message format (it imports this module: here, not on top)
     return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
 
 
 def _seal_output(fd: int, max_bytes: int) -> None:
     try:
-        sandbox.seal(fd)
+        seal(fd)
     except OSError as e:
         raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
     size = os.fstat(fd).st_size
@@ -983,7 +944,7 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
              zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
-    `writes_host_pch`: the harness's own source (_warm_host_pch), whose worker alone may write there."""
+    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there."""
     key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
@@ -1031,25 +992,23 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
 
 
 def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
-    """A compile's cache key: what its build depends on, and where builds go (a confined candidate's
-    in a directory of its own, _confinement)."""
+    """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
     import torch
     return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg),
                                _confined(cfg, device))
 
 
 def _confined(cfg: EvalConfig, device: str) -> bool:
-    return sandbox.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
+    return kernel_boundary.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
 
 
 def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
                  compiling: bool, writes_host_pch: bool = False) -> dict | None:
-    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The
-    build cache and the scratch root are hidden; back in them: the candidate's source (read-only)
-    and its own build directory at cache_root/build and op_headers (writable while it compiles,
-    read-only when it runs: no candidate writes where another's build or record is read; without
-    kernel_build.py, writable then too: plain load_inline takes a lock file in it to load), and the
-    shared host header (read-only)."""
+    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The build cache
+    and the scratch root are hidden; back in them: the candidate's source (read-only), its own build directory
+    at cache_root/build and op_headers (writable while it compiles, read-only when it runs: no candidate writes
+    where another's build or record is read; without kernel_build.py writable then too: plain load_inline takes
+    a lock file in it to load), and the shared host header (read-only)."""
     if not _confined(cfg, device):
         return None
     own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
@@ -1059,65 +1018,25 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         path = os.path.join(own, part)
         os.makedirs(path, exist_ok=True)
         if os.geteuid() == 0 and writable:
-            os.chown(path, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
+            os.chown(path, kernel_boundary.UNPRIVILEGED_ID, kernel_boundary.UNPRIVILEGED_ID)
         binds.append((path, os.path.join(cfg.cache_root, part), writable))
-    options = _build_options(cfg)
-    if options and options["host_pch"] and options["cuda_header_tiers"]:  # patch_load_inline writes it if missing
-        import torch  # the header, written here: its directory is read-only there (_warm_host_pch aside)
+    if _reads_host_pch(cfg):  # patch_load_inline writes it if missing
+        import torch  # the header, written here: its directory is read-only there (warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
-    return sandbox.confinement(workdir, binds=binds, hide=[cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()])
-
-
-# A CUDA extension of the harness's own, built once per cache by _warm_host_pch: its slim-tier build with
-# the default flags leaves the host units' precompiled header (kernel_build.build_host_pch)
-HOST_PCH_SOURCE = r'''
-from torch.utils.cpp_extension import load_inline
-
-load_inline(name="kernel_eval_host_pch", cpp_sources="torch::Tensor kernel_eval_copy(torch::Tensor x);",
-            functions=["kernel_eval_copy"],
-            cuda_sources="""
-__global__ void copy_kernel(const float* x, float* y, int64_t n) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = x[i];
-}
-torch::Tensor kernel_eval_copy(torch::Tensor x) {
-    auto y = torch::empty_like(x);
-    copy_kernel<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
-    return y;
-}
-""")
-'''
-
-
-def _host_pch_needed(cfg: EvalConfig, device: str) -> bool:
-    options = _build_options(cfg)
-    return bool(options and options["host_pch"] and options["cuda_header_tiers"]) and _confined(cfg, device)
-
-
-def _warm_host_pch(device: str, arch: str, cfg: EvalConfig, zygotes) -> None:
-    """Build the host units' precompiled header once per cache, where it is missing. A candidate's
-    compile may read it, never write it (it would be in every later build), so a compile of the
-    harness's own source (HOST_PCH_SOURCE) does, behind the same boundary, the only one that may;
-    the header's directory is root's again after it."""
-    import torch
-    header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
-    if os.path.exists(header + ".gch"):
-        return
-    directory, root = os.path.dirname(header), os.geteuid() == 0
-    if root:
-        os.chown(directory, sandbox.UNPRIVILEGED_ID, sandbox.UNPRIVILEGED_ID)
-    try:
-        _compile(HOST_PCH_SOURCE, device, arch, cfg, zygotes, writes_host_pch=True)
-    finally:
-        if root:
-            for path in [directory] + [os.path.join(directory, f) for f in os.listdir(directory)]:
-                os.chown(path, 0, 0)
+    hide = [cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()]
+    return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
 
 
 def _build_options(cfg: EvalConfig) -> dict | None:
     """kernel_build.BuildConfig's fields as the workers get them (None without kernel_build.py)."""
     return dataclasses.asdict(cfg.build or kernel_build.BuildConfig()) if kernel_build else None
+
+
+def _reads_host_pch(cfg: EvalConfig) -> bool:
+    """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
+    options = _build_options(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"])
 
 
 def _job(src_path: str, device: str, arch: str, cfg: EvalConfig) -> dict:
@@ -1138,24 +1057,6 @@ def _worker_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dic
     if arch:
         env["TORCH_CUDA_ARCH_LIST"] = arch
     return env
-
-
-def _cpu_split(cpu: bool, cfg: EvalConfig) -> tuple:
-    """(CPUs for builds and checks, CPUs for timing windows), or (None, None): no split (cpu, none
-    kept, or fewer than 4 x timing_cpus CPUs: builds keep at least three quarters of them)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if cpu or cfg.timing_cpus <= 0 or len(allowed) < 4 * cfg.timing_cpus:
-        return None, None
-    return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
-
-
-def default_parallel_compiles(device: str, cfg: EvalConfig) -> int:
-    """Builds at once when max_parallel_compiles is None: on cpu every core (one C++ unit per build); on
-    cuda the CPUs not kept for timing windows / build_jobs (a .cu unit and a host unit side by side). More
-    builds at once finish a batch sooner and each candidate later; rollout waits for a turn's whole batch."""
-    build_cpus, _ = _cpu_split(device == "cpu", cfg)
-    cores = len(build_cpus) if build_cpus else len(os.sched_getaffinity(0))
-    return cores if device == "cpu" else max(1, cores // max(1, cfg.build_jobs))
 
 
 def _device_lock(cfg: EvalConfig, device: str, exclusive: bool) -> sandbox.DeviceLock:
@@ -1189,30 +1090,6 @@ def _scratch(cfg: EvalConfig, prefix: str) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=root)
 
 
-_ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
-
-
-def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
-    """The first useful lines of a compiler/traceback dump, for the model's feedback."""
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    lines = [re.sub(r"/\S*/(build|torch_extensions|kevalrun-[^/]*)/\S*?/", "", ln) for ln in lines]
-    lines = [ln for ln in lines if not ln.startswith(("ninja: build stopped", "[", "FAILED:"))
-             and "c++ -MMD" not in ln and "nvcc --generate" not in ln and " -c " not in ln[:200]]
-    picked, seen = [], set()
-    for i, ln in enumerate(lines):
-        if _ERROR_LINE.search(ln):
-            for j in range(max(0, i - 1), min(len(lines), i + 3)):
-                if j not in seen:
-                    seen.add(j)
-                    picked.append(lines[j])
-        if len(picked) >= max_lines:
-            break
-    if not picked:
-        picked = lines[-max_lines:]
-    out = "\n".join(picked[:max_lines])
-    return out if len(out) <= max_chars else out[: max_chars - 3] + "..."
-
-
 def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
@@ -1231,7 +1108,8 @@ def resolve_device(device: str | None, prog: str) -> str:
         raise SystemExit(f"{prog}: --device {device}: expected cpu, cuda or cuda:N")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            build = f"torch {torch.__version__} was built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+            build = (f"torch {torch.__version__} was built without CUDA" if torch.version.cuda is None
+                     else "no GPU is visible")
             raise SystemExit(f"{prog}: --device {device}: torch sees no CUDA device ({build}); use --device cpu")
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
@@ -1278,7 +1156,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-time", action="store_true", help="check correctness only")
     p.add_argument("--cache-root", default=None,
                    help="build cache (default: $KERNEL_EVAL_CACHE or ~/.cache/kernel_eval)")
-    p.add_argument("--sandbox", choices=sandbox.SANDBOX_MODES, default="auto",
+    p.add_argument("--sandbox", choices=kernel_boundary.SANDBOX_MODES, default="auto",
                    help="the candidate's processes behind namespaces and uid 65534: auto (where they work, "
                         "else a warning), require (refuse without them), off (default: auto)")
     a = p.parse_args(argv)
@@ -1293,7 +1171,7 @@ def main(argv=None) -> int:
         cfg["cpu_trials" if device == "cpu" else "gpu_trials"] = a.trials
     try:
         result = evaluate(srcs[0], srcs[1], device=device, **cfg)
-    except sandbox.BoundaryUnavailable as e:
+    except kernel_boundary.BoundaryUnavailable as e:
         print(f"kernel_eval.py: {e}", file=sys.stderr)
         return 1
     if a.json:

@@ -1,4 +1,5 @@
-"""kernel_memory: how a batch of kernel_eval's evaluations fits in memory.
+"""kernel_memory: what a batch of kernel_eval's evaluations may hold (memory, CPUs), and how tensors
+travel between its processes.
 
 Judging a task keeps copies of it: the input sets of the correctness trials and of the timing window
 (in memory files), the reference outputs, the timed calls' rotating input buffers, each candidate's
@@ -7,19 +8,33 @@ plan_copies sizes its copies to the memory there is (a large task keeps fewer tr
 the reasons for copies fade with size); MemoryBudget admits a job only when its bytes fit beside those
 of the jobs and reference sessions already admitted, evicts idle sessions to make room, and runs a job
 that fits nowhere alone. A failure that running out of memory explains (capacity_failure) is judged
-again with the device to itself (kernel_eval._judge_all).
+again with the device to itself (kernel_eval._judge_all). On GPU the last CPUs are kept for timing
+windows, the builds and checks run on the others (cpu_split, default_parallel_compiles).
+
+Tensors travel in memory files (memfd), never through a pipe or a pickle: raw bytes at aligned
+offsets and a JSON index (TensorFileWriter, write_tensor_sets), read in place and validated
+(read_tensor_sets). The parent seals a file (F_SEAL_WRITE: seal) once its writer is done, so that no
+holder can change it afterwards: the init inputs and the input sets the reference writes, each
+output file a candidate writes.
 
 `cfg` is kernel_eval.EvalConfig, read by attribute (n_correct_trials, min_correct_trials,
 timing_input_sets, timing_buffers, timing_buffer_bytes, rotation_max_bytes, l2_flush_bytes,
-memory_fraction, context_bytes, memory_capacity_bytes). Standard library only.
+memory_fraction, context_bytes, memory_capacity_bytes, timing_cpus, build_jobs). Standard library
+only (torch is imported inside the tensor-file functions, which run where torch is loaded).
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
+import math
 import os
 import re
 import threading
+import dataclasses
 from dataclasses import dataclass
+
+from kernel_sandbox import atomic_write, read_json, write_all
 
 
 @dataclass
@@ -30,6 +45,18 @@ class Footprint:
     set_bytes: int
     out_bytes: int
     peak_bytes: int
+
+    @classmethod
+    def read(cls, path: str) -> Footprint | None:
+        """The footprint `write` cached in `path`, or None (missing or malformed)."""
+        known = read_json(path)
+        fields = {"set_bytes", "out_bytes", "peak_bytes"}
+        if isinstance(known, dict) and set(known) == fields and all(isinstance(v, int) for v in known.values()):
+            return cls(**known)
+        return None
+
+    def write(self, path: str) -> None:
+        atomic_write(path, json.dumps(dataclasses.asdict(self)))
 
 
 def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
@@ -53,7 +80,9 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
     s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
     rotate = s < cfg.rotation_max_bytes
     n_time = cfg.timing_input_sets if rotate else 1
-    buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers)) if rotate else 1
+    buffers = 1
+    if rotate:
+        buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers))
     keep = min(capacity.values()) // 4
     n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
     timing = (n_time + buffers) * s + p + n_time * o + (cfg.l2_flush_bytes if cuda else 0)
@@ -162,6 +191,15 @@ class MemoryBudget:
                     self.exclusive_waiting -= 1
                 self.cond.notify_all()
 
+    def too_large(self, fp: Footprint | None, cuda: bool) -> str:
+        """Why a task of footprint `fp` cannot be judged even alone, or "" when it can (or is unmeasured)."""
+        plan = plan_copies(fp, self.cfg, self.capacity, cuda) if fp is not None and self.capacity else None
+        if not plan or not any(plan["session"][k] + plan["candidate"][k] > self.capacity[k] for k in plan["session"]):
+            return ""
+        return (f"judging this task needs more memory than there is ({gib_per_pool(plan['session'])} GiB for the "
+                f"reference's session and {gib_per_pool(plan['candidate'])} GiB for the candidate, capacity "
+                f"{gib_per_pool(self.capacity)} GiB)")
+
     def forget(self, session) -> None:
         """The session's worker stopped: its bytes are free."""
         with self.cond:
@@ -191,3 +229,176 @@ CAPACITY_FAILURE = re.compile(r"out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF
 def capacity_failure(message: str) -> bool:
     """A failure that running out of memory (or of CUDA contexts) explains: retried alone."""
     return bool(CAPACITY_FAILURE.search(message or ""))
+
+
+# ----------------------------------------------------------------------------- CPUs
+
+def cpu_split(cpu: bool, cfg) -> tuple:
+    """(CPUs for builds and checks, CPUs kept for timing windows: the last timing_cpus this process
+    may use, both timed workers on them), or (None, None): no split (cpu, none kept, or fewer than
+    4 x timing_cpus CPUs: builds keep at least three quarters of them)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cpu or cfg.timing_cpus <= 0 or len(allowed) < 4 * cfg.timing_cpus:
+        return None, None
+    return allowed[:-cfg.timing_cpus], allowed[-cfg.timing_cpus:]
+
+
+def default_parallel_compiles(device: str, cfg) -> int:
+    """Builds at once when max_parallel_compiles is None: on cpu every core (one C++ unit per build); on
+    cuda the CPUs not kept for timing windows / build_jobs (a .cu unit and a host unit side by side). More
+    builds at once finish a batch sooner and each candidate later; rollout waits for a turn's whole batch."""
+    build_cpus, _ = cpu_split(device == "cpu", cfg)
+    cores = len(build_cpus) if build_cpus else len(os.sched_getaffinity(0))
+    return cores if device == "cpu" else max(1, cores // max(1, cfg.build_jobs))
+
+
+# ----------------------------------------------------------------------------- tensor files
+# Bulk tensors (hundreds of MB per call on real tasks) go through memory files, not the pipe: raw
+# bytes at 64-byte aligned offsets, then a JSON index, its length and a magic tag. Readers view the
+# bytes in place (no copy, no pickle) after validating every offset, size and dtype: a candidate
+# writes its own output file and may put anything in it. The same format carries the init inputs.
+
+TENSOR_FILE_MAGIC = b"KEVALTS1"
+TENSOR_FILE_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128",
+                      "int8", "int16", "int32", "int64", "uint8", "bool")
+TENSOR_FILE_ALIGN = 64
+TRUSTED_FILE_MAX_BYTES = 1 << 46  # input files: written by the reference session, sealed by the parent
+
+
+class TensorFileWriter:
+    """Writes sets of values to an empty file, one set at a time, in the layout read_tensor_sets
+    reads: tensors, and beside them numbers, strings, None and lists or tuples of these (`add`
+    raises TypeError on anything else). Device tensors go through a small pinned buffer: a pageable
+    device-to-host copy into fresh memory is several times slower."""
+
+    STAGING_BYTES = 64 << 20
+
+    def __init__(self, fd: int):
+        self.fd, self.pos, self.index, self.staging = fd, 0, [], None
+
+    def add(self, values: list) -> None:
+        import torch
+        entries = []
+        for v in values:
+            if not isinstance(v, torch.Tensor):
+                entries.append({"value": _encode(v)})
+                continue
+            dtype = str(v.dtype).replace("torch.", "")
+            if dtype not in TENSOR_FILE_DTYPES or v.layout != torch.strided:
+                raise TypeError(f"a {dtype} tensor ({v.layout}) cannot travel in a tensor file")
+            t = v.detach()
+            t = t.contiguous() if t.device.type == "cuda" else t.to("cpu").contiguous()
+            pad = -self.pos % TENSOR_FILE_ALIGN
+            write_all(self.fd, bytes(pad))
+            self.pos += pad
+            nbytes = t.nbytes
+            if nbytes:
+                flat = t.reshape(-1).view(torch.uint8)
+                if t.device.type == "cuda":
+                    if self.staging is None:
+                        self.staging = torch.empty(self.STAGING_BYTES, dtype=torch.uint8, pin_memory=True)
+                    for i in range(0, nbytes, self.STAGING_BYTES):
+                        n = min(self.STAGING_BYTES, nbytes - i)
+                        self.staging[:n].copy_(flat[i: i + n])
+                        write_all(self.fd, self.staging[:n].numpy())
+                else:
+                    write_all(self.fd, flat.numpy())
+            entries.append({"dtype": dtype, "shape": list(t.shape),
+                            "offset": self.pos, "nbytes": nbytes})
+            self.pos += nbytes
+        self.index.append(entries)
+
+    def close(self) -> None:
+        footer = json.dumps({"sets": self.index}).encode()
+        write_all(self.fd, footer + len(footer).to_bytes(8, "little") + TENSOR_FILE_MAGIC)
+        self.staging = None
+
+
+def _encode(value):
+    """A value beside the tensors, as the index holds it: JSON, a tuple marked (code may tell it from a list)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v) for v in value]
+        return {"tuple": items} if isinstance(value, tuple) else items
+    raise TypeError(f"a {type(value).__name__} cannot travel in a tensor file (tensors can, and beside them "
+                    "numbers, strings, None and lists or tuples of these)")
+
+
+def _decode(value):
+    if isinstance(value, dict):
+        if set(value) != {"tuple"} or not isinstance(value["tuple"], list):
+            raise ValueError("bad value entry")
+        return tuple(_decode(v) for v in value["tuple"])
+    return [_decode(v) for v in value] if isinstance(value, list) else value
+
+
+def write_tensor_sets(fd: int, sets: list) -> None:
+    """Write lists of tensors (or JSON values) to an empty file, streaming."""
+    writer = TensorFileWriter(fd)
+    for values in sets:
+        writer.add(values)
+    writer.close()
+
+
+def read_tensor_sets(fd: int, max_bytes: int) -> list:
+    """The sets a tensor file holds, as CPU tensors viewing the mapped file (read-only: copy to
+    write). Raises ValueError on anything malformed."""
+    import mmap
+    import warnings
+    import torch
+    size = os.fstat(fd).st_size
+    if size < 16 or size > max_bytes:
+        raise ValueError(f"tensor file of {size} bytes (limit {max_bytes})")
+    # MAP_POPULATE: fault the pages in at once (one syscall) rather than one by one on first touch
+    mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+    if mapped[size - 8:] != TENSOR_FILE_MAGIC:
+        raise ValueError("not a tensor file")
+    n = int.from_bytes(mapped[size - 16: size - 8], "little")
+    data_end = size - 16 - n
+    if not 0 < n <= min(size - 16, 1 << 26):
+        raise ValueError("bad index length")
+    try:
+        index = json.loads(mapped[data_end: size - 16])
+    except ValueError as e:
+        raise ValueError("unreadable index") from e
+    sets = index.get("sets") if isinstance(index, dict) else None
+    if not isinstance(sets, list) or not all(isinstance(s, list) for s in sets):
+        raise ValueError("bad index")
+    out = []
+    for entries in sets:
+        values = []
+        for e in entries:
+            if not isinstance(e, dict):
+                raise ValueError("bad index entry")
+            if "value" in e:
+                values.append(_decode(e["value"]))
+                continue
+            dtype, shape, offset, nbytes = e.get("dtype"), e.get("shape"), e.get("offset"), e.get("nbytes")
+            if (dtype not in TENSOR_FILE_DTYPES or not isinstance(shape, list) or len(shape) > 16
+                    or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape)
+                    or not isinstance(offset, int) or not isinstance(nbytes, int)
+                    or offset < 0 or offset % TENSOR_FILE_ALIGN or offset + nbytes > data_end):
+                raise ValueError("bad tensor entry")
+            dt = getattr(torch, dtype)
+            if nbytes != math.prod(shape) * dt.itemsize:
+                raise ValueError("tensor size does not match its shape")
+            if nbytes == 0:
+                values.append(torch.empty(shape, dtype=dt))
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "non-writable buffer": readers copy before writing
+                flat = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
+            values.append(flat.view(dt).view(shape))
+        out.append(values)
+    return out
+
+
+def memfd(name: str) -> int:
+    return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+
+
+def seal(fd: int) -> None:
+    """Make a memory file immutable for every holder; fails (EBUSY) while anyone maps it writable."""
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)

@@ -1,8 +1,7 @@
 """kernel_sandbox: where kernel_eval runs code it does not trust, and how it talks to it.
 
-Standard library only (torch is imported inside the tensor-file functions, which run once torch is
-loaded). It knows nothing of verdicts: it starts processes, limits them, moves bytes to and from
-them, and kills them.
+Standard library only. It knows nothing of verdicts: it starts processes, limits them, moves bytes
+to and from them, and kills them.
 
 - A worker is `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S ARGS...` (ENTRY: the
   caller's script, kernel_worker.py, whose __main__ hands `--_supervise` and `--_zygote` back here)
@@ -10,26 +9,19 @@ them, and kills them.
   argv is public) in its own session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no
   core files, nice, CPU affinity), keeps a bounded tail of stdout/stderr (a flood is killed), and
   on exit, SIGTERM or the harness's death (it is reparented) kills the worker's process group and
-  every orphan reparented to it.
+  every orphan reparented to it. A confined worker (a candidate's) is its supervisor's child behind
+  kernel_boundary's namespaces and uid: the supervisor enters them before any of its code runs.
 - Every process of a worker carries its tag (TAG_ENV) in its initial environment block, which the
   parent sweeps /proc for (kill_by_tag) after each worker and when a batch is interrupted
   (stop_everything). The environment is an allowlist (worker_env), never the trainer's API keys;
   MALLOC_PERTURB_ poisons fresh heap memory.
-- The boundary (`confinement`, `enter_boundary`): a confined worker is pid 1 of a new PID namespace
-  (its supervisor unshares it, then forks it), in new network, IPC, UTS and mount namespaces: the
-  home and temp directories (and what the caller names) are empty tmpfs, with back in them only
-  what it needs (Python, the entry's directory, the caller's binds), every other file system is
-  read-only, /proc is its namespace's; then uid/gid 65534 (when the harness is root), no
-  capabilities, no_new_privs. `boundary_for(mode)` says which boundary a batch gets (SANDBOX_MODES).
 - Zygotes: a process that ran the caller's `preload` (import torch) once forks supervisors and
   their workers on request, each with its own tag written over the zygote's: the same isolation,
   without an interpreter start and `import torch` per worker. One out of service (killed, say)
   makes Worker spawn instead.
 - Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's
-  side (serve: the worker's side). Tensors travel in memory files (memfd): raw bytes at aligned
-  offsets and a JSON index, read in place and validated (read_tensor_sets); the parent seals a
-  file (F_SEAL_WRITE) so that no holder can change it afterwards. File descriptors go over a
-  Unix socket.
+  side (serve: the worker's side). File descriptors (the memory files tensors travel in,
+  kernel_memory) go over a Unix socket.
 - DeviceLock (checks share a device, a timed run has it alone), atomic_write (the harness's one
   atomic write, with fsync), source_hash.
 """
@@ -39,16 +31,13 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import math
 import os
-import re
 import secrets
 import select
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -149,7 +138,9 @@ HEADER_MAX_BYTES = 16 << 20
 
 
 class Channel:
-    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits."""
+    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits.
+    Not multiprocessing.connection: its recv_bytes blocks past any deadline once a length header has
+    arrived, so a candidate that wrote 4 bytes and stopped would hang the parent."""
 
     def __init__(self, read_fd: int, write_fd: int, max_bytes: int):
         self.read_fd, self.write_fd, self.max_bytes = read_fd, write_fd, max_bytes
@@ -272,443 +263,6 @@ def serve(cmd_fd: int, reply_fd: int, fd_sock: int, commands: dict, describe, be
         finally:
             for fd in fds:  # closed once, after the reply: the parent seals output files then
                 os.close(fd)
-
-
-# ----------------------------------------------------------------------------- tensor files
-# Bulk tensors (hundreds of MB per call on real tasks) go through memory files, not the pipe: raw
-# bytes at 64-byte aligned offsets, then a JSON index, its length and a magic tag. Readers view the
-# bytes in place (no copy, no pickle) after validating every offset, size and dtype: a candidate
-# writes its own output file and may put anything in it.
-
-TENSOR_FILE_MAGIC = b"KEVALTS1"
-TENSOR_FILE_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128",
-                      "int8", "int16", "int32", "int64", "uint8", "bool")
-TENSOR_FILE_ALIGN = 64
-TRUSTED_FILE_MAX_BYTES = 1 << 46  # input files: written by the reference session, sealed by the parent
-
-
-class TensorFileWriter:
-    """Writes sets of tensors (or JSON values such as ints) to an empty file, one set at a time, in
-    the layout read_tensor_sets reads. Device tensors go through a small pinned buffer: a pageable
-    device-to-host copy into fresh memory is several times slower."""
-
-    STAGING_BYTES = 64 << 20
-
-    def __init__(self, fd: int):
-        self.fd, self.pos, self.index, self.staging = fd, 0, [], None
-
-    def add(self, values: list) -> None:
-        import torch
-        entries = []
-        for v in values:
-            if not isinstance(v, torch.Tensor):
-                json.dumps(v)  # a value the index cannot hold fails here, loudly
-                entries.append({"value": v})
-                continue
-            t = v.detach()
-            t = t.contiguous() if t.device.type == "cuda" else t.to("cpu").contiguous()
-            pad = -self.pos % TENSOR_FILE_ALIGN
-            write_all(self.fd, bytes(pad))
-            self.pos += pad
-            nbytes = t.nbytes
-            if nbytes:
-                flat = t.reshape(-1).view(torch.uint8)
-                if t.device.type == "cuda":
-                    if self.staging is None:
-                        self.staging = torch.empty(self.STAGING_BYTES, dtype=torch.uint8, pin_memory=True)
-                    for i in range(0, nbytes, self.STAGING_BYTES):
-                        n = min(self.STAGING_BYTES, nbytes - i)
-                        self.staging[:n].copy_(flat[i: i + n])
-                        write_all(self.fd, self.staging[:n].numpy())
-                else:
-                    write_all(self.fd, flat.numpy())
-            entries.append({"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
-                            "offset": self.pos, "nbytes": nbytes})
-            self.pos += nbytes
-        self.index.append(entries)
-
-    def close(self) -> None:
-        footer = json.dumps({"sets": self.index}).encode()
-        write_all(self.fd, footer + len(footer).to_bytes(8, "little") + TENSOR_FILE_MAGIC)
-        self.staging = None
-
-
-def write_tensor_sets(fd: int, sets: list) -> None:
-    """Write lists of tensors (or JSON values) to an empty file, streaming."""
-    writer = TensorFileWriter(fd)
-    for values in sets:
-        writer.add(values)
-    writer.close()
-
-
-def read_tensor_sets(fd: int, max_bytes: int) -> list:
-    """The sets a tensor file holds, as CPU tensors viewing the mapped file (read-only: copy to
-    write). Raises ValueError on anything malformed."""
-    import mmap
-    import warnings
-    import torch
-    size = os.fstat(fd).st_size
-    if size < 16 or size > max_bytes:
-        raise ValueError(f"tensor file of {size} bytes (limit {max_bytes})")
-    # MAP_POPULATE: fault the pages in at once (one syscall) rather than one by one on first touch
-    mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
-    if mapped[size - 8:] != TENSOR_FILE_MAGIC:
-        raise ValueError("not a tensor file")
-    n = int.from_bytes(mapped[size - 16: size - 8], "little")
-    data_end = size - 16 - n
-    if not 0 < n <= min(size - 16, 1 << 26):
-        raise ValueError("bad index length")
-    try:
-        index = json.loads(mapped[data_end: size - 16])
-    except ValueError as e:
-        raise ValueError("unreadable index") from e
-    sets = index.get("sets") if isinstance(index, dict) else None
-    if not isinstance(sets, list) or not all(isinstance(s, list) for s in sets):
-        raise ValueError("bad index")
-    out = []
-    for entries in sets:
-        values = []
-        for e in entries:
-            if not isinstance(e, dict):
-                raise ValueError("bad index entry")
-            if "value" in e:
-                values.append(e["value"])
-                continue
-            dtype, shape, offset, nbytes = e.get("dtype"), e.get("shape"), e.get("offset"), e.get("nbytes")
-            if (dtype not in TENSOR_FILE_DTYPES or not isinstance(shape, list) or len(shape) > 16
-                    or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape)
-                    or not isinstance(offset, int) or not isinstance(nbytes, int)
-                    or offset < 0 or offset % TENSOR_FILE_ALIGN or offset + nbytes > data_end):
-                raise ValueError("bad tensor entry")
-            dt = getattr(torch, dtype)
-            if nbytes != math.prod(shape) * dt.itemsize:
-                raise ValueError("tensor size does not match its shape")
-            if nbytes == 0:
-                values.append(torch.empty(shape, dtype=dt))
-                continue
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # "non-writable buffer": readers copy before writing
-                flat = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset)
-            values.append(flat.view(dt).view(shape))
-        out.append(values)
-    return out
-
-
-def memfd(name: str) -> int:
-    return os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-
-
-def seal(fd: int) -> None:
-    """Make a memory file immutable for every holder; fails (EBUSY) while anyone maps it writable."""
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
-                fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-
-
-# ----------------------------------------------------------------------------- the boundary
-# The module docstring says what a confined worker sees. The GPU rules out a user namespace (CUDA
-# does not work in one), so the unprivileged uid comes from dropping root's.
-
-SANDBOX_MODES = ("auto", "require", "off")
-UNPRIVILEGED_ID = 65534  # nobody / nogroup
-TMPFS_BYTES = 1 << 30  # each tmpfs a confined worker may write (RAM: a candidate could fill it)
-# directories never hidden (nor their ancestors): the system a worker runs on
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc", "/dev", "/proc", "/sys", "/opt", "/var",
-                "/run", "/boot", "/snap", "/nix")
-_HIDDEN_BY_DEFAULT = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run/user", "/mnt", "/media", "/srv")
-_PSEUDO_MOUNTS = ("/proc", "/sys", "/dev")  # left as they are (their writes need privileges; GPU nodes live in /dev)
-
-_CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-_CLONE_NEWPID, _CLONE_NEWNET = 0x20000000, 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_MOUNT_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": 1024,
-                       "nodiratime": 2048, "relatime": 1 << 21}
-_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 24, 38
-
-
-def _libc():
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    return libc
-
-
-def _checked(ret: int, what: str) -> None:
-    if ret != 0:
-        import ctypes
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _strictly_hidden(path: str, hidden) -> bool:
-    """Inside a hidden directory, and holding none (binding it would show a hidden one again)."""
-    return any(_inside(path, h) and path != h for h in hidden) and not any(_inside(h, path) for h in hidden)
-
-
-def confinement(workdir: str, binds=(), hide=(), tmpfs_bytes: int = TMPFS_BYTES) -> dict:
-    """The boundary's plan for one worker (JSON: it travels in the supervisor's spec), computed by
-    the trusted parent: `workdir` (the worker's scratch, seen as an empty directory it owns), the
-    directories hidden under an empty tmpfs (the defaults, $HOME and `hide`), and the binds into
-    them: [source, target, writable] of `binds`, then, read-only, every path of this Python (its
-    prefixes, sys.path, CUDA_HOME) that a hidden directory would cover."""
-    uid = UNPRIVILEGED_ID if os.geteuid() == 0 else os.geteuid()
-    gid = UNPRIVILEGED_ID if os.geteuid() == 0 else os.getegid()
-    home = [os.environ.get("HOME", "")]
-    with contextlib.suppress(ImportError, KeyError):
-        home.append(__import__("pwd").getpwuid(os.geteuid()).pw_dir)
-    own_home = os.path.realpath(home[0]) if home[0] else ""
-    # the temp directories a compiler or torch may write to (TMPDIR elsewhere: read-only, unless hidden)
-    temp = {os.path.realpath(p) for p in ("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir(),
-                                          *(os.environ.get(k, "") for k in ("TMPDIR", "TMP", "TEMP"))) if p}
-    hidden = []
-    for path in [*_HIDDEN_BY_DEFAULT, *temp, *home, *hide]:
-        path = os.path.realpath(path) if path else ""
-        if (not path or not os.path.isdir(path) or path in hidden
-                or any(_inside(system, path) for system in ("/", *_SYSTEM_DIRS))):
-            continue
-        hidden.append(path)
-    workdir = os.path.realpath(workdir)
-    needed = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable),
-              *sys.path, os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", "")]
-    keep = []
-    for path in needed:
-        if not path or not os.path.exists(path):
-            continue
-        for p in {os.path.abspath(path), os.path.realpath(path)}:  # a hidden directory itself is never kept
-            if _strictly_hidden(p, hidden) and not any(_inside(p, k) for k in keep):
-                keep = [k for k in keep if not _inside(k, p)] + [p]
-    plan_binds = [[os.path.realpath(p), p, False] for p in keep]
-    plan_binds += [[os.path.realpath(src), os.path.abspath(dst), bool(rw)] for src, dst, rw in binds]
-    # [path, kind]: an empty directory, "own" (the worker's to write: its scratch, its home), "temp"
-    # (anyone's, sticky) or "empty" (root's)
-    hide_plan = [[p, "own" if p == own_home else "temp" if p in temp else "empty"]
-                 for p in sorted(hidden, key=lambda p: p.count("/"))] + [[workdir, "own"]]
-    return {"hide": hide_plan, "binds": plan_binds, "workdir": workdir, "uid": uid, "gid": gid,
-            "tmpfs_bytes": int(tmpfs_bytes)}
-
-
-def _mount_points() -> list:
-    """(mount point, per-mount flags) of this mount namespace, from /proc/self/mountinfo."""
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            options = fields[5].split(",")
-            flags = sum(_MOUNT_OPTION_FLAGS.get(o, 0) for o in options)
-            points.append((point, flags, "ro" in options))
-    return points
-
-
-def enter_boundary(plan: dict) -> None:
-    """In a fresh child that is pid 1 of a new PID namespace (see `supervise`), still root: the rest
-    of the boundary, then drop privileges. Raises OSError when any step fails: the worker must then
-    not run at all."""
-    libc = _libc()
-
-    def mount(source, target, fstype, flags, data=None):
-        enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
-        _checked(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
-
-    _checked(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS), "unshare")
-    mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted here reaches the harness's namespace
-    os.umask(0o022)  # directories made here must be traversable by the worker's uid
-    sources = [os.open(src, os.O_PATH | os.O_CLOEXEC) for src, _, _ in plan["binds"]]  # before hiding them
-    try:
-        for point, flags, ro in _mount_points():  # every file system read-only to the worker
-            if ro or any(_inside(point, p) for p in _PSEUDO_MOUNTS):
-                continue
-            try:
-                mount(None, point, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | flags)
-            except OSError:
-                if point == "/":
-                    raise
-                # another special mount (left writable where its permissions allow: the worker is not root)
-        uid, gid, size = plan["uid"], plan["gid"], plan["tmpfs_bytes"]
-        # shallowest first, so that what is mounted deeper (its scratch inside a kept directory, a bind
-        # inside a hidden one) lands on top; a path whose innermost mount is a tmpfs of ours is created
-        # there, any other is mounted over
-        steps = [(path, 0, kind, None) for path, kind in plan["hide"]]
-        steps += [(dst, 1, (src, rw), fd) for (src, dst, rw), fd in zip(plan["binds"], sources)]
-        mounted = []  # (path, a tmpfs of ours)
-
-        def in_our_tmpfs(path: str) -> bool:
-            covering = [ours for point, ours in mounted if _inside(path, point)]
-            return bool(covering) and covering[-1]
-
-        for path, kind, what, fd in sorted(steps, key=lambda step: (step[0].count("/"), step[1])):
-            if kind == 0:  # hidden: an empty directory of the kind `what` says
-                if in_our_tmpfs(path):
-                    os.makedirs(path, mode=0o755, exist_ok=True)
-                    if what == "own":
-                        os.chown(path, uid, gid)
-                    elif what == "temp":
-                        os.chmod(path, 0o1777)
-                    continue
-                ids = f",uid={uid},gid={gid}" if what == "own" else ""
-                mode = "1777" if what == "temp" else "0755"
-                mount("tmpfs", path, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={mode},size={size}{ids}")
-                mounted.append((path, True))
-                continue
-            rw = what[1]
-            if not os.path.lexists(path):
-                if not in_our_tmpfs(path):
-                    raise OSError(f"bind target {path} is outside the hidden directories")
-                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-                if os.path.isdir(f"/proc/self/fd/{fd}"):
-                    os.mkdir(path, 0o755)
-                else:
-                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
-            mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
-            # a bind keeps its source's flags, and every source was made read-only above
-            mount(None, path, None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV | (0 if rw else _MS_RDONLY))
-            mounted.append((path, False))
-    finally:
-        for fd in sources:
-            os.close(fd)
-    mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)  # this PID namespace's processes only
-    os.chdir(plan["workdir"])  # not the harness's directory, which a relative path would still reach
-    _drop_privileges(libc, plan["uid"], plan["gid"])
-
-
-def _drop_privileges(libc, uid: int, gid: int) -> None:
-    if os.geteuid() == 0:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last_cap = int(f.read())
-        for cap in range(last_cap + 1):  # no capability can come back (file capabilities, setuid)
-            _checked(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "PR_CAPBSET_DROP")
-        os.setgroups([])
-        os.setresgid(gid, gid, gid)
-        os.setresuid(uid, uid, uid)  # from root to another uid: the permitted and effective sets are emptied
-    _checked(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
-    # a uid change made the process undumpable: its /proc/self files would be root's, unreadable to it
-    _checked(libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
-    with open("/proc/self/status") as f:
-        status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-    if int(status["CapEff"], 16) or int(status["CapPrm"], 16) or status["NoNewPrivs"].strip() != "1" or (
-            os.getuid() == 0 and uid != 0):
-        raise OSError(f"privileges still held: CapEff {status['CapEff'].strip()}, uid {os.getuid()}")
-
-
-def unshare_pid_namespace() -> None:
-    """The caller's next child is pid 1 of a new PID namespace (and the caller can start no thread)."""
-    _checked(_libc().unshare(_CLONE_NEWPID), "unshare(CLONE_NEWPID)")
-
-
-_boundary_problem: str | None = None
-_gpu_problem: str | None = None
-_boundary_lock = threading.Lock()
-_warned = False
-_GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0")  # what a CUDA process opens first
-
-
-def boundary_problem(gpu: bool = False) -> str:
-    """Why confined workers cannot run here ("" when they can), found once per process by starting
-    one: a child of a fresh interpreter enters the boundary and checks what it sees. `gpu`: and why
-    they could not use the GPU (its device files closed to the unprivileged uid)."""
-    global _boundary_problem, _gpu_problem
-    with _boundary_lock:
-        if _boundary_problem is None:
-            _boundary_problem, _gpu_problem = _probe_boundary()
-        return _boundary_problem or (gpu and _gpu_problem or "")
-
-
-def _probe_boundary() -> tuple:
-    """(why confined workers cannot run, why they could not open the GPU's devices)"""
-    if not sys.platform.startswith("linux"):
-        return f"namespaces are Linux's ({sys.platform})", ""
-    if os.geteuid() != 0:
-        return "the harness is not root (it drops candidates to uid 65534; a user namespace would hide the GPU)", ""
-    workdir = tempfile.mkdtemp(prefix="kevalprobe-")
-    try:
-        code = ("import sys; sys.path.insert(0, %r); import kernel_sandbox; sys.exit(kernel_sandbox._probe_child(%r, %r))"
-                % (os.path.dirname(os.path.abspath(__file__)), json.dumps(confinement(workdir)), list(_GPU_DEVICES)))
-        try:
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                  env=worker_env({}))
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"the probe did not run: {e}", ""
-        if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines()
-            return (lines[-1] if lines else f"the probe exited with code {done.returncode}"), ""
-        return "", done.stdout.strip()
-    finally:
-        __import__("shutil").rmtree(workdir, ignore_errors=True)
-
-
-def _probe_child(plan_json: str, gpu_devices: list) -> int:
-    """The probe's child side: pid 1 of a new namespace enters the boundary and checks it."""
-    plan = json.loads(plan_json)
-    try:
-        unshare_pid_namespace()
-    except OSError as e:
-        print(f"no PID namespace: {e}", file=sys.stderr)
-        return 1
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            enter_boundary(plan)
-            problems = []
-            if os.getpid() != 1 or sorted(filter(str.isdigit, os.listdir("/proc"))) != ["1"]:
-                problems.append("other processes are visible")
-            if os.getuid() == 0:
-                problems.append("still root")
-            interfaces = [name for _, name in socket.if_nameindex()]
-            if interfaces != ["lo"]:
-                problems.append(f"network interfaces {interfaces}")
-            __import__("colorsys")  # the standard library is still readable, and what Python imports
-            unreadable = [p for p in sys.path if os.path.isdir(p) and not os.access(p, os.R_OK | os.X_OK)]
-            if unreadable:
-                problems.append(f"uid {os.getuid()} cannot read {unreadable[0]}")
-            with open(os.path.join(plan["workdir"], "probe"), "w") as f:  # and its scratch writable
-                f.write("ok")
-            closed = [d for d in gpu_devices if os.path.exists(d) and not os.access(d, os.R_OK | os.W_OK)]
-            if closed:  # stdout: a problem for GPU work only
-                print(f"uid {os.getuid()} cannot open {closed[0]}", flush=True)
-            if problems:
-                print("; ".join(problems), file=sys.stderr)
-            else:
-                code = 0
-        except BaseException as e:  # noqa: BLE001 - reported as the probe's answer
-            print(f"{type(e).__name__}: {e}", file=sys.stderr)
-        finally:
-            sys.stderr.flush()
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
-class BoundaryUnavailable(RuntimeError):
-    """sandbox="require" where confined workers cannot run."""
-
-
-def boundary_for(mode: str, gpu: bool = False) -> str:
-    """The boundary candidates run under for `mode` (SANDBOX_MODES): "namespaces", or "process" (their
-    own session, limits and environment, the harness's uid). "auto" where namespaces are unavailable
-    (`gpu`: or the GPU could not be used behind them): a warning, once per process; "require":
-    BoundaryUnavailable."""
-    global _warned
-    if mode not in SANDBOX_MODES:
-        raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {mode!r}")
-    if mode == "off":
-        return "process"
-    problem = boundary_problem(gpu)
-    if not problem:
-        return "namespaces"
-    if mode == "require":
-        raise BoundaryUnavailable(f"sandbox 'require': candidates cannot be confined here: {problem}")
-    with _boundary_lock:
-        if not _warned:
-            _warned = True
-            import warnings
-            warnings.warn(f"kernel_sandbox: candidates run WITHOUT a boundary (the harness's uid, its file "
-                          f"system and network): {problem}. sandbox='require' refuses instead.",
-                          RuntimeWarning, stacklevel=3)
-    return "process"
 
 
 # ----------------------------------------------------------------------------- processes
@@ -839,12 +393,13 @@ def _fork_worker(spec: dict, out_w: int, err_w: int, limits, worker_main) -> _Pi
 def supervise(spec: dict, worker_main=None) -> int:
     """Child subreaper: run the worker, then kill it and every orphan reparented to us.
     `worker_main`: we are a fork of a zygote, and the worker is a fork of us running it (no exec).
-    `spec["confine"]` (a `confinement` plan): the worker is pid 1 of a new PID namespace and enters
+    `spec["confine"]` (a kernel_boundary.confinement plan): the worker is pid 1 of a new PID namespace and enters
     the rest of the boundary before any of its code runs."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     confine = spec.get("confine")
     if confine:
-        _libc()  # loaded here, not in the child between fork and exec
+        import kernel_boundary as boundary
+        boundary.load_libc()  # loaded here, not in the child between fork and exec
 
     def limits():
         import resource
@@ -859,7 +414,7 @@ def supervise(spec: dict, worker_main=None) -> int:
             os.sched_setaffinity(0, spec["cpus"])
         if confine:
             try:
-                enter_boundary(confine)
+                boundary.enter_boundary(confine)
             except OSError as e:
                 os.write(2, f"kernel_sandbox: the boundary could not be entered: {e}\n".encode())
                 raise
@@ -897,7 +452,7 @@ def supervise(spec: dict, worker_main=None) -> int:
         t.start()
     try:
         if confine:
-            unshare_pid_namespace()  # the worker, our next and only child, is its pid 1
+            boundary.unshare_pid_namespace()  # the worker, our next and only child, is its pid 1
         if worker_main is not None:
             worker = _fork_worker(spec, out_w, err_w, limits, worker_main)
         else:
@@ -993,21 +548,17 @@ class Worker:
     MODE ... ARGS` (or its fork from a zygote), in `scratch`, with the allowlisted environment plus
     `env_extra`. Limits: `fsize` bytes a file (RLIMIT_FSIZE), `as_bytes` of address space (0: none),
     `output_bytes` of stdout + stderr kept (more kills it), `message_bytes` a message's payload,
-    `nice`, `cpus` (None: this process's). `confine`: a `confinement` plan, the boundary it runs
-    behind (None: none, as the trusted reference's worker)."""
+    `nice`, `cpus` (None: this process's). `confine`: a kernel_boundary.confinement plan, the
+    boundary it runs behind (None: none, as the trusted reference's worker)."""
 
     def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, *, entry: str, fsize: int,
                  output_bytes: int, message_bytes: int, as_bytes: int = 0, nice: int = 0, cpus: list | None = None,
                  zygotes: Zygotes | None = None, confine: dict | None = None):
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
-        if confine:  # what a spawned worker runs, and imports from: the entry's directory (or its modules)
-            entry_dir, hidden = os.path.realpath(os.path.dirname(os.path.abspath(entry))), [p for p, _ in confine["hide"]]
-            if _strictly_hidden(entry_dir, hidden):
-                confine = dict(confine, binds=[*confine["binds"], [entry_dir, entry_dir, False]])
-            elif any(_inside(entry_dir, h) for h in hidden):  # a hidden directory, or one holding one
-                modules = [os.path.join(entry_dir, f) for f in os.listdir(entry_dir) if f.endswith(".py")]
-                confine = dict(confine, binds=[*confine["binds"], *([m, m, False] for m in modules)])
+        if confine:
+            import kernel_boundary
+            confine = kernel_boundary.with_entry(confine, entry)
         cmd_r, cmd_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # file descriptors (memory files of tensors) travel over a socket, next to the command pipe
@@ -1109,7 +660,8 @@ class Worker:
         elif code is None:
             how = "closed its channel"
         elif code < 0:
-            how = f"was killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else f"died (signal {-code})"
+            known = -code in signal.Signals._value2member_map_
+            how = f"was killed by {signal.Signals(-code).name}" if known else f"died (signal {-code})"
         else:
             how = f"exited with code {code}"
         tail = summarize(self.tail())
@@ -1208,8 +760,9 @@ class _Zygote:
     It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
     secret (the allowlisted environment, the requests it served); the candidate's code runs only in
     a forked worker, never in the zygote (which an unconfined candidate can still ptrace or kill, as
-    any process of its uid; a confined one cannot see it). When it cannot serve, `fork` returns None and the caller spawns; a supervisor the
-    dying zygote had forked sees it has been reparented and stops its worker."""
+    any process of its uid; a confined one cannot see it). When it cannot serve, `fork` returns None
+    and the caller spawns; a supervisor the dying zygote had forked sees it has been reparented and
+    stops its worker."""
 
     def __init__(self, env: dict, entry: str):
         self.env, self.entry = env, entry  # env without the tag, which is each worker's own

@@ -1,6 +1,6 @@
 """kernel_worker: what runs inside a worker process of kernel_eval, sandboxed by kernel_sandbox.
 
-kernel_eval names this file as the entry of every process it starts and never imports it:
+kernel_eval names this file as the entry of every process it starts (and imports only trim_error):
 `python kernel_worker.py --_worker MODE --cmd-fd C --reply-fd R --fd-sock S --job JOB`, forked from a
 zygote (`--_zygote`, torch imported once) or spawned, under a supervisor (`--_supervise`). A worker
 is one of three, each a function here:
@@ -9,10 +9,10 @@ is one of three, each a function here:
   kernel_build's patch when kernel_build.py is there, plain load_inline otherwise), and reports once:
   ok (how many builds, the header tier, a time profile), a build error (the compiler's diagnostics at
   the candidate's lines), or another import error (judged again at load).
-- ref (_reference_worker), trusted: the task's own code. It draws the inputs from the parent's secret
-  seeds into the two input memory files the parent seals, keeps the reference outputs (they never
-  leave this process) and compares a candidate's output file with them (compare_outputs): it sends
-  back the first difference, or None.
+- ref (_reference_worker), trusted: the task's own code. It writes the model's init inputs, and the
+  inputs it draws from the parent's secret seeds, to memory files the parent seals, keeps the
+  reference outputs (they never leave this process) and compares a candidate's output file with
+  them (compare_outputs): it sends back the first difference, or None.
 - cand (_candidate_worker), untrusted: the candidate's code. It is given inputs only, runs the check
   trials on clones of them under an aten operator recorder and writes each call's outputs to a memory
   file of its own; it sends back which inputs each trial changed and the ops it saw, never a verdict.
@@ -30,12 +30,14 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 import traceback
 
 import kernel_sandbox as sandbox
-from kernel_eval import _cut, compare_outputs, kernel_build, trim_error
+from kernel_eval import _cut, compare_outputs, kernel_build
+from kernel_memory import TRUSTED_FILE_MAX_BYTES, TensorFileWriter, read_tensor_sets, write_tensor_sets
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
 _process_time = time.process_time  # CPU timing: this process's CPU time (all threads), not wall
@@ -151,7 +153,7 @@ class _TaskWorker:
         def prepare(msg, fds, payload):  # inputs onto the device and warm-up, off the parent's clock
             if msg.get("cpus"):
                 os.sched_setaffinity(0, msg["cpus"])
-            sets = [self.to_dev(xs) for xs in sandbox.read_tensor_sets(fds[0], sandbox.TRUSTED_FILE_MAX_BYTES)]
+            sets = [self.to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
             if self.cuda and self.flush is None:
                 self.flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=self.dev)
             self.timing = TimingLoop(self.model, sets, self.flush, self.cuda, self.sync, msg["buffers"],
@@ -186,10 +188,14 @@ def _reference_worker(w: _TaskWorker) -> None:
                 torch.manual_seed(seed)
         return list(w.module.get_inputs())
 
-    def init(msg, fds, payload):  # the model, and its constructor's arguments for the candidate
-        inputs = w.module.get_init_inputs()
+    def init(msg, fds, payload):  # the model; its constructor's arguments to a file the parent seals for candidates
+        inputs = list(w.module.get_init_inputs())
         w.build_model(inputs, msg["seed"])
-        return {}, _tensors_to_bytes([x.detach().cpu() if isinstance(x, torch.Tensor) else x for x in inputs])
+        try:
+            write_tensor_sets(fds[0], [inputs])
+        except TypeError as e:
+            raise sandbox.Refusal(f"get_init_inputs() holds what the harness cannot pass to a candidate: {e}") from None
+        return {}
 
     def probe(msg, fds, payload):
         """The task's footprint (plan_copies), alone on the device: one input set, its outputs, the
@@ -211,7 +217,7 @@ def _reference_worker(w: _TaskWorker) -> None:
         """Inputs from the parent's secret seeds to the two input files, one set at a time (a large
         task's sets are never all on the device at once); the outputs stay here."""
         for fd, part in zip(fds, ("check", "time")):
-            writer, outputs[part] = sandbox.TensorFileWriter(fd), []
+            writer, outputs[part] = TensorFileWriter(fd), []
             for seed in msg["seeds"][part]:
                 xs = draw_inputs(seed)
                 with torch.no_grad():
@@ -227,7 +233,7 @@ def _reference_worker(w: _TaskWorker) -> None:
         """The first difference between a candidate's output file and the reference's outputs."""
         expected = outputs[msg["part"]]
         try:
-            cand = sandbox.read_tensor_sets(fds[0], msg["max_bytes"])
+            cand = read_tensor_sets(fds[0], msg["max_bytes"])
         except ValueError as e:  # the candidate wrote this file: its failure, not ours
             return {"unreadable": str(e)}
         if len(cand) != len(expected):
@@ -268,15 +274,16 @@ def _candidate_worker(w: _TaskWorker) -> None:
     with OpRecorder():  # a dispatch mode's first use loads what dispatch needs: during boot
         torch.ones(1, device=w.dev).add(1)
 
-    def init(msg, fds, payload):
-        w.build_model(_bytes_to_tensors(payload), msg["seed"])
+    def init(msg, fds, payload):  # the reference's init inputs, from the file the parent sealed
+        [inputs] = read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)  # tensors: views of a read-only mapping
+        w.build_model([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs], msg["seed"])
         return {}
 
     def run(msg, fds, payload):
         """The check trials: each call on clones of the inputs (compared with them after), its
         outputs written before the next call (a buffer reused across calls is still checked per call)."""
-        outputs, changed, ops = sandbox.TensorFileWriter(fds[1]), [], set()
-        for xs in sandbox.read_tensor_sets(fds[0], sandbox.TRUSTED_FILE_MAX_BYTES):
+        outputs, changed, ops = TensorFileWriter(fds[1]), [], set()
+        for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES):
             pristine = w.to_dev(xs)
             call = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
             if w.cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
@@ -297,7 +304,7 @@ def _candidate_worker(w: _TaskWorker) -> None:
         return {"changed": changed, "ops": sorted(ops)}
 
     def time_outputs(msg, fds, payload):  # each input set's last timed output, to be checked again
-        sandbox.write_tensor_sets(fds[0], w.timing.last)
+        write_tensor_sets(fds[0], w.timing.last)
         return {}
 
     w.refuse_outputs = True
@@ -391,7 +398,8 @@ class OutputCheck:
                 what = "a torch.Tensor subclass" if issubclass(kind, self.tensor) else "not a tensor"
                 return f"{name} is {_type_name(kind)} ({what}); forward must return plain torch.Tensor outputs"
             if self.dispatch_keys(o).has(self.python_key):
-                return f"{name} is a torch.Tensor with Python dispatch (a disguised subclass); forward must return plain tensors"
+                return (f"{name} is a torch.Tensor with Python dispatch (a disguised subclass); forward must return "
+                        "plain tensors")
         if self.dispatch_modes() or any(type(self.function_mode_at(i)) is not self.default_device
                                         for i in range(self.function_modes())):
             return "forward left a torch function or dispatch mode active; it must return plain tensors and no hooks"
@@ -410,6 +418,30 @@ def _import_source(path: str, module_name: str):
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+_ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
+
+
+def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
+    """The first useful lines of a compiler/traceback dump, for the model's feedback."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    lines = [re.sub(r"/\S*/(build|torch_extensions|kevalrun-[^/]*)/\S*?/", "", ln) for ln in lines]
+    lines = [ln for ln in lines if not ln.startswith(("ninja: build stopped", "[", "FAILED:"))
+             and "c++ -MMD" not in ln and "nvcc --generate" not in ln and " -c " not in ln[:200]]
+    picked, seen = [], set()
+    for i, ln in enumerate(lines):
+        if _ERROR_LINE.search(ln):
+            for j in range(max(0, i - 1), min(len(lines), i + 3)):
+                if j not in seen:
+                    seen.add(j)
+                    picked.append(lines[j])
+        if len(picked) >= max_lines:
+            break
+    if not picked:
+        picked = lines[-max_lines:]
+    out = "\n".join(picked[:max_lines])
+    return out if len(out) <= max_chars else out[: max_chars - 3] + "..."
 
 
 def describe_exception(exc: BaseException, path: str, max_lines: int = 6, max_chars: int = 800) -> str:
@@ -443,20 +475,6 @@ def _as_list(out) -> list:
 def _tensor_bytes(values: list) -> int:
     import torch
     return sum(v.nbytes for v in values if isinstance(v, torch.Tensor))
-
-
-def _tensors_to_bytes(obj) -> bytes:  # init inputs (small: a task's constructor arguments)
-    import io
-    import torch
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _bytes_to_tensors(data: bytes):
-    import io
-    import torch
-    return torch.load(io.BytesIO(data), weights_only=True)
 
 
 def _worker_main(argv: list) -> None:

@@ -327,12 +327,13 @@ def main(argv=None) -> None:
             print(f"train.py: {config.out} has finished its {config.steps} steps and exported its model; "
                   "nothing to do (a larger --steps trains on)")
         return
+    import kernel_boundary
     import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
     config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
     config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
     try:   # --sandbox require refuses before any work
-        kernel_eval.sandbox.boundary_for(config.sandbox, gpu=config.device != "cpu")
-    except kernel_eval.sandbox.BoundaryUnavailable as error:
+        kernel_boundary.boundary_for(config.sandbox, gpu=config.device != "cpu")
+    except kernel_boundary.BoundaryUnavailable as error:
         raise SystemExit(f"train.py: {error}")
     sampling = rollout_config(config, tasks_module.LANGUAGE_FOR_DEVICE[config.device])
     if sampling.temperature <= 0:

@@ -1,4 +1,4 @@
-"""What kernel_sandbox's boundary costs a candidate: the same worker started with and without it.
+"""What kernel_boundary costs a candidate: the same worker started with and without it.
 
 Two measures, sandbox "auto" (namespaces, uid 65534) and "off" taken in turn in one run:
   worker start   a candidate's run worker forked from the zygote, from the harness's request to the
@@ -22,6 +22,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import kernel_boundary  # noqa: E402
 import kernel_eval  # noqa: E402
 import kernel_sandbox  # noqa: E402
 
@@ -50,7 +51,7 @@ def main() -> None:
     p.add_argument("--evals", type=int, default=5, help="evaluations per mode (0: none)")
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir")
     a = p.parse_args()
-    problem = kernel_sandbox.boundary_problem()
+    problem = kernel_boundary.boundary_problem()
     if problem:
         raise SystemExit(f"bench/sandbox.py: no namespaces here: {problem}")
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-sandbox-cache-")

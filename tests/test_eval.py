@@ -357,8 +357,8 @@ def test_oracle_and_corrupted_oracle_on_two_builtin_tasks_on_cpu(tmp_path):
     good = json.loads((tmp_path / "oracle" / "summary.json").read_text())
     assert good["n_kernels"] == 2 and good["correct_kernel"] == 1.0
     assert good["correct_avg"] == good["correct_best"] == 1.0 and good["fast_p"]["0"] == 1.0
-    import kernel_sandbox  # each record says what the candidate ran behind (--sandbox auto: namespaces where they work)
-    assert {r["boundary"] for r in read_records(tmp_path / "oracle")} == {kernel_sandbox.boundary_for("auto")}
+    import kernel_boundary  # each record says what the candidate ran behind (--sandbox auto: namespaces where they work)
+    assert {r["boundary"] for r in read_records(tmp_path / "oracle")} == {kernel_boundary.boundary_for("auto")}
     assert evaluation.main(["--policy", "oracle-corrupt", *base, "--trajectories", "1", "--turns", "1",
                             "--sandbox", "off", "--out", str(tmp_path / "corrupt")]) == 0
     bad = json.loads((tmp_path / "corrupt" / "summary.json").read_text())

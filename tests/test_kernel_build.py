@@ -221,7 +221,7 @@ def test_point_at_source_maps_generated_lines_to_the_candidates_file(tmp_path):
 def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_headers(tmp_path):
     """A source that includes ATen/cuda/CUDAContext.h and calls its device-property functions and
     AT_CUDA_CHECK builds on the slim tier (SLIM_CUDA_CONTEXT), and the host headers' precompiled form
-    that the batch leaves (built by the harness's own compile, kernel_eval._warm_host_pch, where
+    that the batch leaves (built by the harness's own compile, kernel_build.warm_host_pch, where
     candidates are confined; else by the first slim build) is valid for the flags torch gives a host
     unit on this machine."""
     src = open(os.path.join(ADV, "cuda", "benign.py")).read().replace('name="ext"', 'name="ext_context"')

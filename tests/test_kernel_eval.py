@@ -9,7 +9,6 @@ import glob
 import json
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -18,7 +17,9 @@ import time
 import pytest
 import torch
 
+import kernel_boundary
 import kernel_eval as ke
+import kernel_memory
 import kernel_sandbox as sandbox
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,27 +74,6 @@ def leftover_processes(marker: bytes) -> list:
 
 
 # ----------------------------------------------------------------------------- pure helpers
-
-def test_trim_error_keeps_the_first_errors_and_drops_build_commands():
-    dump = "\n".join(
-        ["[1/2] c++ -MMD -MF main.o.d -DTORCH_EXTENSION_NAME=ext -O3 -c /root/.cache/build/abc/main.cpp -o main.o"]
-        + ["FAILED: main.o", "/root/.cache/kernel_eval/build/abc123/main.cpp: In function 'at::Tensor f(at::Tensor)':",
-           "/root/.cache/kernel_eval/build/abc123/main.cpp:7:5: error: 'foo' was not declared in this scope",
-           "    7 |     foo(x);", "      |     ^~~"]
-        + [f"note: candidate {i}" for i in range(300)]
-        + ["ninja: build stopped: subcommand failed."])
-    out = ke.trim_error(dump, max_lines=12)
-    assert "error: 'foo' was not declared in this scope" in out
-    assert "c++ -MMD" not in out and "ninja: build stopped" not in out
-    assert len(out.splitlines()) <= 12
-    assert "/root/.cache" not in out  # build paths are noise for the model
-
-
-def test_trim_error_without_error_lines_keeps_the_tail():
-    out = ke.trim_error("\n".join(f"line {i}" for i in range(100)), max_lines=5)
-    assert out.splitlines() == [f"line {i}" for i in range(95, 100)]
-    assert len(ke.trim_error("error " * 10000, max_chars=200)) <= 200
-
 
 def test_compare_outputs_agrees_with_naive_allclose():
     torch.manual_seed(0)
@@ -248,8 +228,8 @@ def test_finite_speedup_refuses_claims_with_no_finite_ratio():
 
 
 def _tensor_file(sets) -> int:
-    fd = sandbox.memfd("test")
-    sandbox.write_tensor_sets(fd, sets)
+    fd = kernel_memory.memfd("test")
+    kernel_memory.write_tensor_sets(fd, sets)
     return fd
 
 
@@ -291,6 +271,83 @@ def test_build_reused_says_whether_the_compile_record_came_from_the_cache(tmp_pa
     assert again.seconds["compile"] == 0.0 and again.status == first[0].status, info
 
 
+# a task whose model takes an int, a float, a tuple and a tensor (drawn unseeded: only the file carries its values)
+INIT_REFERENCE = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, offset, scale, shape, weight):
+        super().__init__()
+        kinds = (type(offset), type(scale), type(shape), type(weight))
+        assert kinds == (int, float, tuple, torch.Tensor), kinds
+        self.offset, self.scale, self.shape, self.weight = offset, scale, shape, weight.clone()
+
+    def forward(self, x):
+        return (x * self.weight * self.scale + self.offset).reshape(self.shape)
+
+def get_inputs():
+    return [torch.randn(2, 8)]
+
+def get_init_inputs():
+    return [3, 0.5, (4, 4), torch.randn(8)]
+"""
+# a candidate whose constructor tries every way to write the init file it was handed, and says how each went
+INIT_WRITER = INIT_REFERENCE.replace("class Model(", "class ModelNew(") + """
+import mmap, os
+
+def attempts(fd):
+    yield "pwrite", lambda: os.pwrite(fd, bytes(8), 0)
+    yield "reopened", lambda: os.pwrite(os.open(f"/proc/self/fd/{fd}", os.O_RDWR), bytes(8), 0)
+    yield "truncate", lambda: os.ftruncate(fd, 0)
+    yield "mmap", lambda: mmap.mmap(fd, 0, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+
+class Writer(ModelNew):
+    def __init__(self, *init_inputs):
+        outcomes = []
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                if "kernel_eval-init-inputs" not in os.readlink(f"/proc/self/fd/{fd}"):
+                    continue
+            except OSError:
+                continue
+            for name, attempt in attempts(fd):
+                try:
+                    attempt()
+                    outcomes.append(name + " written")
+                except OSError as e:
+                    outcomes.append(f"{name} {type(e).__name__}")
+        raise RuntimeError("init file: " + (", ".join(outcomes) or "not held"))
+
+ModelNew = Writer
+"""
+
+
+def test_init_inputs_travel_in_a_sealed_file_with_their_types(tmp_path):
+    """A model's constructor arguments (an int, a float, a tuple, a tensor) reach the candidate as
+    the reference's get_init_inputs returned them (types and values: the tensor is drawn unseeded,
+    so only the file holds it), in a file the parent sealed: a candidate that tries to write it,
+    through its fd, a reopened fd, a truncate or a writable mapping, is refused every time, and the
+    candidate judged after it on the same session still gets the reference's values."""
+    honest = INIT_REFERENCE.replace("class Model(", "class ModelNew(")
+    cfg = dict(cache_root=str(tmp_path), op_check=False, time_candidate=False, max_parallel_runs=1)
+    writer, after = ke.evaluate_batch([(INIT_REFERENCE, INIT_WRITER), (INIT_REFERENCE, honest)], device="cpu", **cfg)
+    assert after.status == "correct", after.message
+    assert writer.status == "runtime_error" and "init file: pwrite PermissionError, reopened PermissionError, " \
+        "truncate PermissionError, mmap PermissionError" in writer.message, writer.message
+
+
+def test_init_inputs_a_tensor_file_cannot_hold_are_the_tasks_fault(tmp_path):
+    reference = INIT_REFERENCE.replace("def __init__(self, offset, scale, shape, weight):",
+                                       "def __init__(self, options, offset=3, scale=0.5, shape=(4, 4), weight=None):")
+    reference = reference.replace("kinds = (type(offset)", "weight = torch.ones(8)\n        kinds = (type(offset)")
+    reference = reference.replace("return [3, 0.5, (4, 4), torch.randn(8)]", "return [{'scale': 0.5}]")
+    result = ke.evaluate(reference, reference.replace("class Model(", "class ModelNew("), device="cpu",
+                         cache_root=str(tmp_path), op_check=False, time_candidate=False)
+    assert result.status == "reference_error", result.message
+    assert "get_init_inputs() holds what the harness cannot pass to a candidate: a dict cannot travel" in result.message
+
+
 def test_op_check_records_torch_ops_without_loading_dynamo_into_the_candidate(tmp_path):
     """A forward made of torch ops is caught by the op recorder, and the candidate's process has
     not had torch._dynamo loaded by the harness (its first import costs seconds of every boot)."""
@@ -314,7 +371,7 @@ def _reference_outputs(session, part: str) -> list:
     torch.manual_seed(session.init_seed)
     model = module.Model(*module.get_init_inputs())
     with torch.no_grad():
-        return [[model(*xs)] for xs in sandbox.read_tensor_sets(session.files[part], 1 << 30)]
+        return [[model(*xs)] for xs in kernel_memory.read_tensor_sets(session.files[part], 1 << 30)]
 
 
 def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
@@ -322,7 +379,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     session = ke.ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
     session.ready()
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
-    inputs_before = sandbox.read_tensor_sets(session.files["check"], 1 << 30)
+    inputs_before = kernel_memory.read_tensor_sets(session.files["check"], 1 << 30)
     right = _reference_outputs(session, "check")
     assert len(right) == cfg.n_correct_trials
 
@@ -338,7 +395,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     wrong[3][0][0, 0] += 1.0
     assert judge(wrong).startswith("trial 4/5: output: 1 of")
     assert "expected 5 output sets" in judge(right[:4])
-    fd = sandbox.memfd("garbage")
+    fd = kernel_memory.memfd("garbage")
     os.write(fd, b"not a tensor file" * 10)
     with pytest.raises(ke._Failure, match="unreadable outputs"):
         session.judge(fd, "check", 1 << 30)
@@ -350,7 +407,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     with pytest.raises(ke._Failure, match="could not be compared"):
         judge(right)
     session.ready()
-    inputs_after = sandbox.read_tensor_sets(session.files["check"], 1 << 30)
+    inputs_after = kernel_memory.read_tensor_sets(session.files["check"], 1 << 30)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_after))
     assert judge(right) is None
     session.release()
@@ -396,19 +453,6 @@ class ModelNew(torch.nn.Module):
     assert poisoned_f and poisoned_s
     assert (comm_f, parent_f) == ("keval-cand", "keval-super")
     assert comm_s.startswith("python")
-
-
-def test_default_parallel_compiles_leaves_the_timing_cpus_to_timing(monkeypatch):
-    """On cpu every core builds; on cuda the builds (build_jobs each) fit in the CPUs not kept for
-    timing windows, where any are kept, and there is always at least one."""
-    for cpus in range(1, 33):
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(100, 100 + n)))
-        for timing_cpus, build_jobs in ((2, 2), (0, 2), (1, 3), (2, 4)):
-            cfg = ke.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
-            assert ke.default_parallel_compiles("cpu", cfg) == cpus
-            n = ke.default_parallel_compiles("cuda", cfg)
-            kept = timing_cpus if timing_cpus and cpus >= 4 * timing_cpus else 0
-            assert n >= 1 and (n == 1 or n * build_jobs <= cpus - kept), (cpus, timing_cpus, build_jobs, n)
 
 
 def test_run_limit_is_a_multiple_of_the_reference_plus_slack_under_the_fixed_ceiling():
@@ -530,15 +574,15 @@ class ModelNew(nn.Module):
 '''
 
 
-ALONE_FILES = ("kernel_eval.py", "kernel_memory.py", "kernel_sandbox.py", "kernel_worker.py")
+ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_memory.py", "kernel_sandbox.py", "kernel_worker.py")
 
 
 @pytest.mark.slow
 def test_the_harness_files_alone_judge_a_cpp_candidate(tmp_path):
-    """kernel_eval.py, kernel_memory.py, kernel_sandbox.py and kernel_worker.py copied alone into an
-    empty folder (no kernel_build.py, nothing of this project importable) judge a C++ candidate
-    correct: plain load_inline, in a build directory of the candidate's own, with every worker,
-    supervisor and zygote started from the copies."""
+    """kernel_eval.py and its sibling modules (ALONE_FILES) copied alone into an empty folder (no
+    kernel_build.py, nothing of this project importable) judge a C++ candidate correct: plain
+    load_inline, in a build directory of the candidate's own, with every worker, supervisor and
+    zygote started from the copies."""
     import shutil
     alone = tmp_path / "alone"
     alone.mkdir()
@@ -841,11 +885,11 @@ def test_builtin_solutions_are_accepted_on_cpu(cache_root):
 
 
 # ----------------------------------------------------------------------------- the boundary (issue 39)
-# Candidates that go for what the harness's uid could reach before kernel_sandbox's boundary: other
+# Candidates that go for what the harness's uid could reach before kernel_boundary's boundary: other
 # processes through /proc, their supervisor, the network, the home directory, the shared build cache.
 # Each must score nothing and leave nothing behind. On cpu (slow) and, the same cases in CUDA, on a GPU.
 
-BOUNDARY_PROBLEM = sandbox.boundary_problem()
+BOUNDARY_PROBLEM = kernel_boundary.boundary_problem()
 needs_namespaces = pytest.mark.skipif(bool(BOUNDARY_PROBLEM), reason=f"no namespaces here: {BOUNDARY_PROBLEM}")
 DEVICES = [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=pytest.mark.gpu)]
 # the suite's cases whose processes meet the boundary (a crash, a hang killed from outside its PID
@@ -1003,13 +1047,13 @@ def test_the_boundary_is_chosen_by_sandbox_and_recorded(monkeypatch):
     assert ke.evaluate(REFERENCE, "x", device="cpu", sandbox="off", precheck=refused).boundary == "process"
     with pytest.raises(ValueError, match="sandbox must be one of"):
         ke.evaluate(REFERENCE, "x", device="cpu", sandbox="maybe", precheck=refused)
-    monkeypatch.setattr(sandbox, "_boundary_problem", "no namespaces in this test")
-    with pytest.raises(sandbox.BoundaryUnavailable, match="no namespaces in this test"):
+    monkeypatch.setattr(kernel_boundary, "_boundary_problem", "no namespaces in this test")
+    with pytest.raises(kernel_boundary.BoundaryUnavailable, match="no namespaces in this test"):
         ke.evaluate(REFERENCE, "x", device="cpu", sandbox="require", precheck=refused)
 
 
 def test_cli_refuses_sandbox_require_without_namespaces_in_one_line(monkeypatch, capsys):
-    monkeypatch.setattr(sandbox, "_boundary_problem", "no namespaces in this test")
+    monkeypatch.setattr(kernel_boundary, "_boundary_problem", "no namespaces in this test")
     code = ke.main([os.path.join(ADV, "reference.py"), CPP_CASES["benign"], "--device", "cpu", "--sandbox", "require"])
     err = capsys.readouterr().err.strip()
     assert code == 1 and err == ("kernel_eval.py: sandbox 'require': candidates cannot be confined here: "

@@ -1,8 +1,18 @@
 """Tests for kernel_memory: how many copies judging a task keeps (plan_copies, against the formulas of
-its docstring) and the memory budget's admission of jobs (never more than fits, a job too large runs
-alone, idle sessions are evicted). Judging under memory pressure end to end is in test_kernel_eval.py."""
+its docstring), the memory budget's admission of jobs (never more than fits, a job too large runs
+alone, idle sessions are evicted), and the tensor memory files (every dtype and value round trips,
+a sealed file cannot be changed, a malformed one is refused). Judging under memory pressure end to
+end is in test_kernel_eval.py."""
+import json
+import mmap
+import os
+import subprocess
+import sys
 import threading
 import time
+
+import pytest
+import torch
 
 import kernel_eval
 import kernel_memory
@@ -77,3 +87,117 @@ def test_memory_budget_never_admits_more_than_fits_and_runs_a_job_too_large_for_
     for session in sessions:
         budget.forget(session)
     assert budget.held == {"device": 0, "host": 0}
+
+
+def test_default_parallel_compiles_leaves_the_timing_cpus_to_timing(monkeypatch):
+    """On cpu every core builds; on cuda the builds (build_jobs each) fit in the CPUs not kept for
+    timing windows, where any are kept, and there is always at least one."""
+    for cpus in range(1, 33):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(100, 100 + n)))
+        for timing_cpus, build_jobs in ((2, 2), (0, 2), (1, 3), (2, 4)):
+            cfg = kernel_eval.EvalConfig(timing_cpus=timing_cpus, build_jobs=build_jobs)
+            assert kernel_memory.default_parallel_compiles("cpu", cfg) == cpus
+            n = kernel_memory.default_parallel_compiles("cuda", cfg)
+            kept = timing_cpus if timing_cpus and cpus >= 4 * timing_cpus else 0
+            assert n >= 1 and (n == 1 or n * build_jobs <= cpus - kept), (cpus, timing_cpus, build_jobs, n)
+
+
+# ----------------------------------------------------------------------------- tensor files
+
+def tensor_file(sets) -> int:
+    fd = kernel_memory.memfd("test")
+    kernel_memory.write_tensor_sets(fd, sets)
+    return fd
+
+
+def test_tensor_files_round_trip_every_dtype_and_value():
+    sets = [[torch.randn(3, 5), torch.randn(4, dtype=torch.float64), 7, 2.5, True, None, "x", [3, (1, 2)], (4, [5])],
+            [torch.randn(2, 3).to(torch.bfloat16), torch.tensor([True, False, True]), torch.tensor(3.5),
+             torch.empty(0, 4), torch.arange(6, dtype=torch.int64).view(2, 3)[:, 1:],  # a non-contiguous view
+             torch.randn(2, 2, dtype=torch.complex64), torch.randint(-5, 5, (3,), dtype=torch.int8)]]
+    fd = tensor_file(sets)
+    back = kernel_memory.read_tensor_sets(fd, 1 << 30)
+    os.close(fd)
+    assert len(back) == 2 and [len(s) for s in back] == [9, 7]
+    for want, got in zip(sets[0] + sets[1], back[0] + back[1]):
+        if isinstance(want, torch.Tensor):
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want.contiguous())
+        else:  # a tuple stays a tuple, a list a list, at every depth
+            assert got == want and repr(got) == repr(want)
+
+
+@pytest.mark.parametrize("value", [{"a": 1}, [torch.ones(2)], object(), torch.ones(2, dtype=torch.uint16),
+                                   torch.ones(2).to_sparse()])
+def test_a_value_a_tensor_file_cannot_hold_is_refused_when_written(value):
+    fd = kernel_memory.memfd("test")
+    with pytest.raises(TypeError, match="cannot travel in a tensor file"):
+        kernel_memory.write_tensor_sets(fd, [[torch.ones(3), value]])
+    os.close(fd)
+
+
+def test_sealed_tensor_file_cannot_be_changed_by_any_holder():
+    fd = tensor_file([[torch.ones(1000)]])
+    other = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # what another process of this uid could open
+    kernel_memory.seal(fd)
+    for holder in (fd, other):
+        with pytest.raises(PermissionError):
+            os.pwrite(holder, b"x" * 8, 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(holder, 0)
+        with pytest.raises(PermissionError):
+            mmap.mmap(holder, 0, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    assert torch.equal(kernel_memory.read_tensor_sets(other, 1 << 20)[0][0], torch.ones(1000))
+    os.close(other)
+    os.close(fd)
+
+
+def test_a_file_mapped_writable_cannot_be_sealed():
+    fd = tensor_file([[torch.ones(10)]])
+    live = mmap.mmap(fd, 0)  # a candidate that keeps a writable mapping could rewrite it after the check
+    with pytest.raises(OSError):
+        kernel_memory.seal(fd)
+    live.close()
+    kernel_memory.seal(fd)
+    os.close(fd)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "magic", "offset", "size", "dtype", "index", "huge", "value"])
+def test_malformed_tensor_files_are_refused(damage):
+    fd = tensor_file([[torch.arange(16, dtype=torch.float32).view(4, 4)]])
+    data = bytearray(os.pread(fd, 1 << 20, 0))
+    os.close(fd)
+    n = int.from_bytes(data[-16:-8], "little")
+    index = json.loads(data[-16 - n: -16])
+    entry = index["sets"][0][0]
+    if damage == "truncated":
+        data = data[:-3]
+    elif damage == "magic":
+        data[-1:] = b"X"
+    elif damage == "offset":
+        entry["offset"] = len(data) * 4
+    elif damage == "size":
+        entry["nbytes"] = 8
+    elif damage == "dtype":
+        entry["dtype"] = "object"
+    elif damage == "index":
+        index = {"sets": "nope"}
+    elif damage == "huge":
+        entry["shape"] = [1 << 41, 4]
+    elif damage == "value":
+        index["sets"][0].append({"value": {"dict": 1}})  # only a tuple is marked
+    if damage in ("offset", "size", "dtype", "index", "huge", "value"):
+        footer = json.dumps(index).encode()
+        data = data[: -16 - n] + footer + len(footer).to_bytes(8, "little") + kernel_memory.TENSOR_FILE_MAGIC
+    fd = kernel_memory.memfd("damaged")
+    os.write(fd, bytes(data))
+    with pytest.raises(ValueError):
+        kernel_memory.read_tensor_sets(fd, 1 << 20)
+    os.close(fd)
+
+
+def test_memory_imports_only_the_standard_library():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import sys; sys.path.insert(0, %r); import kernel_memory; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))" % root)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,7 +1,7 @@
 """Tests for kernel_worker: what a worker process runs, here in the test's process (no sandbox):
 the timing loop both sides are timed by, the check that a forward's outputs are plain tensors with
-no torch mode left active, and how a failure of the task's code is described. The workers'
-commands are tested through kernel_eval's verdicts (tests/test_kernel_eval.py)."""
+no torch mode left active, and how a failure of the task's code or a build is described. The
+workers' commands are tested through kernel_eval's verdicts (tests/test_kernel_eval.py)."""
 import pytest
 import torch
 
@@ -98,6 +98,27 @@ def test_output_check_sees_disguised_subclasses_and_modes_left_active():
     finally:
         torch.set_default_device(None)
     assert check([torch.ones(2)]) is None
+
+
+def test_trim_error_keeps_the_first_errors_and_drops_build_commands():
+    dump = "\n".join(
+        ["[1/2] c++ -MMD -MF main.o.d -DTORCH_EXTENSION_NAME=ext -O3 -c /root/.cache/build/abc/main.cpp -o main.o"]
+        + ["FAILED: main.o", "/root/.cache/kernel_eval/build/abc123/main.cpp: In function 'at::Tensor f(at::Tensor)':",
+           "/root/.cache/kernel_eval/build/abc123/main.cpp:7:5: error: 'foo' was not declared in this scope",
+           "    7 |     foo(x);", "      |     ^~~"]
+        + [f"note: candidate {i}" for i in range(300)]
+        + ["ninja: build stopped: subcommand failed."])
+    out = kernel_worker.trim_error(dump, max_lines=12)
+    assert "error: 'foo' was not declared in this scope" in out
+    assert "c++ -MMD" not in out and "ninja: build stopped" not in out
+    assert len(out.splitlines()) <= 12
+    assert "/root/.cache" not in out  # build paths are noise for the model
+
+
+def test_trim_error_without_error_lines_keeps_the_tail():
+    out = kernel_worker.trim_error("\n".join(f"line {i}" for i in range(100)), max_lines=5)
+    assert out.splitlines() == [f"line {i}" for i in range(95, 100)]
+    assert len(kernel_worker.trim_error("error " * 10000, max_chars=200)) <= 200
 
 
 def test_describe_exception_gives_the_line_in_the_code_and_no_harness_frames(tmp_path):
