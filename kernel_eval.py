@@ -373,34 +373,16 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
     with _device_lock(cfg, device, exclusive=False):  # correctness: checks share the device
         result.seconds["device_wait"] = time.monotonic() - t_wait
         t1 = time.monotonic()
-        session.ready()
+        inputs = session.ready()
         result.seconds["reference"] = time.monotonic() - t1
-
         t2 = time.monotonic()
-        _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
-             fds=(session.files["init"],))
-        check_limit = session.output_limit("check")
-        limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
-        out_fd = memfd("kernel_eval-candidate-outputs")
         try:
-            reply, _ = _ask(cand, "candidate", "check", limit_s,
-                            {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
-                            fds=(session.files["check"], out_fd), limit_note=limit_note)
-            _seal_output(out_fd, check_limit)
-            ops, changed = reply.get("ops", []), reply.get("changed")
-            if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                    or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
-                    or not all(isinstance(c, list) for c in changed)):
-                raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
-            flagged = flag_ops(ops) if cfg.op_check else []
-            if flagged:
-                result.ops = flagged
-                raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
-                               + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
-            result.trials = len(changed)
-            reason = session.judge(out_fd, "check", check_limit)
+            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
+                 fds=(inputs["init"],))
+            changed, reason = _check(session, cand, cfg, inputs["check"], result)
         finally:
-            os.close(out_fd)
+            for fd in inputs.values():
+                os.close(fd)
         result.seconds["check"] = time.monotonic() - t2
         if reason:
             raise _Failure("incorrect", reason)
@@ -412,12 +394,13 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         return
     t_wait = time.monotonic()
     time_limit = session.output_limit("time")
-    out_fd = memfd("kernel_eval-candidate-timed-outputs")
+    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
     try:
         with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
             result.seconds["device_wait"] += time.monotonic() - t_wait
             t3 = time.monotonic()
             deadline = time.monotonic() + cfg.time_timeout_s
+            time_fd = session.ready(("time",))["time"]
 
             def cand_ask(msg, fds=()):
                 """Within run_limit of the reference's seconds for the same request (it asks first),
@@ -431,14 +414,16 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
 
             ref_blocks, cand_blocks = _paired_timing(
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, session.files["time"], device, cfg,
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, device, cfg,
                 deadline, plan["buffers"])
             cand_ask({"cmd": "time_outputs"}, (out_fd,))
         _seal_output(out_fd, time_limit)
         with _device_lock(cfg, device, exclusive=False):
             reason = session.judge(out_fd, "time", time_limit)
     finally:
-        os.close(out_fd)
+        for fd in (out_fd, time_fd):
+            if fd is not None:
+                os.close(fd)
     result.seconds["time"] = time.monotonic() - t3
     if reason:
         result.correct = False
@@ -458,6 +443,35 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
                           f"candidate ({result.speedup:.3g}x), timed in turn in one window"
                           + (f" ({verdict['note']})" if verdict["note"] else ""))
+
+
+def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
+           result: EvalResult) -> tuple:
+    """The candidate's check run on the sealed inputs, judged by the reference session: (per trial, the
+    inputs it changed; the first output difference, or None)."""
+    check_limit = session.output_limit("check")
+    limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
+    out_fd = memfd("kernel_eval-candidate-outputs")
+    try:
+        reply, _ = _ask(cand, "candidate", "check", limit_s,
+                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
+                        fds=(check_fd, out_fd), limit_note=limit_note)
+        _seal_output(out_fd, check_limit)
+        ops, changed = reply.get("ops", []), reply.get("changed")
+        if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
+                or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
+                or not all(isinstance(c, list) for c in changed)):
+            raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+        flagged = flag_ops(ops) if cfg.op_check else []
+        if flagged:
+            result.ops = flagged
+            raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+                           + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+        result.trials = len(changed)
+        reason = session.judge(out_fd, "check", check_limit)
+    finally:
+        os.close(out_fd)
+    return changed, reason
 
 
 def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> tuple:
@@ -761,11 +775,13 @@ class ReferenceSession:
         self.footprint = Footprint(*(int(reply[k]) for k in ("set_bytes", "out_bytes", "peak_bytes")))
         self.footprint.write(self.footprint_path)
 
-    def ready(self) -> None:
-        """Inputs written and sealed, reference outputs held. Hold the device lock (shared) and an
-        admission of the memory budget."""
+    def ready(self, parts=("init", "check")) -> dict:
+        """Inputs written and sealed, reference outputs held. Hold the device lock and an admission of the
+        memory budget. Returns duplicates of the sealed files of `parts` ("init", "check", "time"), the
+        caller's to close: another candidate's outputs may stop this worker, and close its files, meanwhile."""
         with self.lock:
             self._ready()
+            return {part: os.dup(self.files[part]) for part in parts}
 
     def _ready(self) -> None:
         self._boot()
@@ -820,8 +836,7 @@ class ReferenceSession:
         None. An unreadable file, or one that kills this worker, is the candidate's runtime_error."""
         cfg = self.cfg
         with self.lock:
-            if self.failure or not self.generated:
-                raise _Failure("runtime_error", "internal: the reference session is not ready")
+            self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
             try:
                 reply, _ = _ask(self.worker, "reference", "judge", cfg.check_timeout_s,
                                 {"cmd": "judge", "part": part, "max_bytes": max_bytes,
@@ -1131,14 +1146,10 @@ def _read_source(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
-    except IsADirectoryError:
-        _usage_error(f"{path}: is a directory")
-    except FileNotFoundError:
-        _usage_error(f"{path}: no such file")
     except UnicodeDecodeError as e:
         _usage_error(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})")
-    except OSError as e:
-        _usage_error(f"{path}: {e.strerror}")
+    except OSError as e:  # "is a directory", "no such file or directory", ...
+        _usage_error(f"{path}: {e.strerror.lower()}")
 
 
 def main(argv=None) -> int:

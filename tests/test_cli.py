@@ -74,8 +74,8 @@ def test_kernel_eval_unreadable_files_are_one_line_and_exit_2(tmp_path):
         ([REFERENCE, str(binary)], f"kernel_eval.py: {binary}: not UTF-8 text (byte 0xff at offset 13)"),
         ([str(binary), BENIGN], f"kernel_eval.py: {binary}: not UTF-8 text (byte 0xff at offset 13)"),
         ([REFERENCE, str(tmp_path)], f"kernel_eval.py: {tmp_path}: is a directory"),
-        ([REFERENCE, str(tmp_path / "missing.py")], f"kernel_eval.py: {tmp_path / 'missing.py'}: no such file"),
-        ([str(tmp_path / "missing.py"), BENIGN], f"kernel_eval.py: {tmp_path / 'missing.py'}: no such file"),
+        ([REFERENCE, str(tmp_path / "missing.py")], f"kernel_eval.py: {tmp_path / 'missing.py'}: no such file or directory"),
+        ([str(tmp_path / "missing.py"), BENIGN], f"kernel_eval.py: {tmp_path / 'missing.py'}: no such file or directory"),
     ]
     for files, message in cases:
         proc = run([os.path.join(ROOT, "kernel_eval.py"), *files, "--device", "cpu"], tmp_path)

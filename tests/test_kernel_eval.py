@@ -363,7 +363,7 @@ def test_op_check_records_torch_ops_without_loading_dynamo_into_the_candidate(tm
     assert "aten::relu" in result.ops
 
 
-def _reference_outputs(session, part: str) -> list:
+def _reference_outputs(session, check_fd: int) -> list:
     """What the reference session holds, recomputed here from the session's own seeds and files."""
     import types
     module = types.ModuleType("adversarial_reference")
@@ -371,16 +371,16 @@ def _reference_outputs(session, part: str) -> list:
     torch.manual_seed(session.init_seed)
     model = module.Model(*module.get_init_inputs())
     with torch.no_grad():
-        return [[model(*xs)] for xs in kernel_memory.read_tensor_sets(session.files[part], 1 << 30)]
+        return [[model(*xs)] for xs in kernel_memory.read_tensor_sets(check_fd, 1 << 30)]
 
 
 def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2)
     session = ke.ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
-    session.ready()
+    files = session.ready()
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
-    inputs_before = kernel_memory.read_tensor_sets(session.files["check"], 1 << 30)
-    right = _reference_outputs(session, "check")
+    inputs_before = kernel_memory.read_tensor_sets(files["check"], 1 << 30)
+    right = _reference_outputs(session, files["check"])
     assert len(right) == cfg.n_correct_trials
 
     def judge(sets):
@@ -401,15 +401,21 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
         session.judge(fd, "check", 1 << 30)
     os.close(fd)
     # the reference worker dies (say a candidate's file crashed it): that candidate's verdict is a
-    # runtime_error, and the next one gets a fresh worker on the same secret seeds
+    # runtime_error; a candidate that got its inputs before still reads them (its own duplicates) and
+    # is judged by a fresh worker on the same secret seeds, without asking for its inputs again
     for pid in sandbox.children_of(session.worker.proc.pid):
         os.kill(pid, 9)
     with pytest.raises(ke._Failure, match="could not be compared"):
         judge(right)
-    session.ready()
-    inputs_after = kernel_memory.read_tensor_sets(session.files["check"], 1 << 30)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_after))
+    assert session.worker is None and session.files == {}
+    inputs_held = kernel_memory.read_tensor_sets(files["check"], 1 << 30)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_held))
     assert judge(right) is None
+    files_after = session.ready()
+    inputs_after = kernel_memory.read_tensor_sets(files_after["check"], 1 << 30)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(inputs_before, inputs_after))
+    for fd in list(files.values()) + list(files_after.values()):
+        os.close(fd)
     session.release()
     assert session.worker is None and session.files == {}
 
