@@ -5,6 +5,7 @@ undefined identifier), every source new to the cache, correctness only (train.py
 
     python bench/turn.py --device cuda --turns 3
     python bench/turn.py --device cpu --turns 2          # C++ kernels
+    python bench/turn.py --device cuda --broken python   # the broken ones fail before any build
 
 Prints, per turn, the batch's wall seconds and, per kind of candidate, its status and the p50 of its
 compile seconds and of its latency (compile start to verdict).
@@ -29,13 +30,16 @@ from warm_start import DEFAULT_TASKS, drop_declaration  # noqa: E402
 KINDS = ("correct", "no_compile")
 
 
-def turn_batch(task_list: list, language: str, tag: str) -> list:
-    """(kind, reference, candidate) per task and kind; `tag` makes every source new to the cache."""
+def turn_batch(task_list: list, language: str, tag: str, broken: str) -> list:
+    """(kind, reference, candidate) per task and kind; `tag` makes every source new to the cache.
+    `broken`: "undefined" (a C++/CUDA compile error) or "python" (a syntax error: nothing is built)."""
     batch = []
     for task in task_list:
         solution = task.solutions[language].replace("import torch", f"import torch  # {tag}", 1)
         batch.append(("correct", task.reference_src, solution))
-        batch.append(("no_compile", task.reference_src, drop_declaration(solution)[0]))
+        bad = (drop_declaration(solution)[0] if broken == "undefined"
+               else solution.replace("import torch", "import torch\nthis is not python", 1))
+        batch.append(("no_compile", task.reference_src, bad))
     return batch
 
 
@@ -46,6 +50,8 @@ def main() -> None:
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in task ids without 'builtin/', comma-separated")
     p.add_argument("--max-parallel-compiles", type=int, default=max(1, (os.cpu_count() or 2) // 4),
                    help="default: train.py's on one rank")
+    p.add_argument("--broken", default="undefined", choices=("undefined", "python"),
+                   help="how the non-compiling kernels fail: an undefined identifier in the kernel, or Python syntax")
     p.add_argument("--sandbox", default="auto", choices=("auto", "require", "off"))
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
     a = p.parse_args()
@@ -58,7 +64,7 @@ def main() -> None:
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-turn-")
     print(f"| turn | wall s | kind | statuses | compile s p50 | latency s p50 |\n|---:|---:|---|---|---:|---:|")
     for turn in range(1, a.turns + 1):
-        batch = turn_batch(task_list, language, f"turn {turn} {time.time_ns()}")
+        batch = turn_batch(task_list, language, f"turn {turn} {time.time_ns()}", a.broken)
         t0 = time.monotonic()
         results = kernel_eval.evaluate_batch([(r, c) for _, r, c in batch], device=a.device, time_candidate=False,
                                              sandbox=a.sandbox, max_parallel_compiles=a.max_parallel_compiles,
