@@ -37,12 +37,14 @@ def cpu_by_process(command: list) -> tuple:
 
 def test_cpu_by_process_counts_a_childs_cpu_time_under_its_kind():
     """A child that burns ~1 CPU s and then sleeps is seen while alive and counted under its kind;
-    the sleeping parent command is counted near zero; the exit status is the command's."""
+    the sleeping parent command is counted near zero; the exit status is the command's. The bench
+    samples the whole machine, so another short-lived Python process of the same kind may be counted
+    beside the child (seen in a full-suite run): the kind's CPU seconds are the child's to within 0.3."""
     burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(0.5)"
     out, rows = cpu_by_process(["bash", "-c", f"{sys.executable} -c '{burn}'; exit 3"])
     assert out.returncode == 3, out.stderr[-2000:]
     count, cpu_s = rows["python: other"]
-    assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
+    assert count >= 1 and 0.9 <= cpu_s <= 1.3, out.stdout
     assert rows.get("bash", (1, 0.0))[1] < 0.3, out.stdout
 
 
@@ -54,7 +56,7 @@ def test_cpu_by_process_counts_a_forked_worker_by_the_role_it_names():
     out, rows = cpu_by_process([sys.executable, "-c", burn])
     assert out.returncode == 0, out.stderr[-2000:]
     count, cpu_s = rows["python: candidate worker"]
-    assert count == 1 and 0.9 <= cpu_s <= 1.3, out.stdout
+    assert count >= 1 and 0.9 <= cpu_s <= 1.3, out.stdout
 
 
 @pytest.mark.slow
