@@ -62,7 +62,7 @@ def main() -> None:
         raise SystemExit(f"bench/turn.py: no built-in task {e.args[0]}") from None
     language = "cpp" if a.device == "cpu" else "cuda"
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-turn-")
-    print(f"| turn | wall s | kind | statuses | compile s p50 | latency s p50 |\n|---:|---:|---|---|---:|---:|")
+    print("| turn | wall s | kind | statuses | compile s p50 | latency s p50 |\n|---:|---:|---|---|---:|---:|")
     for turn in range(1, a.turns + 1):
         batch = turn_batch(task_list, language, f"turn {turn} {time.time_ns()}", a.broken)
         t0 = time.monotonic()
