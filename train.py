@@ -300,6 +300,15 @@ def bind_rank_cpus(local_rank: int, local_world: int) -> None:
         os.sched_setaffinity(0, cpus[local_rank * share:(local_rank + 1) * share])
 
 
+def builds_at_once(eval_device: str, local_world: int) -> int:
+    """The harness's own count of builds at once, every build CPU busy: a turn's batch ends sooner than with
+    fewer (docs/PERFORMANCE.md, "A training step's evaluation"). A cuda rank's CPUs are its own share
+    already (bind_rank_cpus); ranks on cpu share the node's."""
+    import kernel_eval
+    builds = kernel_eval.default_parallel_compiles(eval_device, kernel_eval.EvalConfig())
+    return builds if eval_device != "cpu" else max(1, builds // local_world)
+
+
 def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
     """Whether the next step would end past --max-minutes, agreed by all ranks (their clocks differ)."""
     late = torch.tensor(float(projected_seconds > 60 * max_minutes), device=device)
@@ -392,10 +401,10 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     late = dataclasses.replace(sampling, max_new_tokens=config.late_max_new_tokens or sampling.max_new_tokens)
     clock = {}   # seconds per phase of this step
     engine.generate = train_log.timed(engine.generate, clock, "generation")
+    eval_device = str(device) if device.type == "cuda" else "cpu"
     evaluate = train_log.timed(functools.partial(
-        kernel_eval.evaluate_batch, device=str(device) if device.type == "cuda" else "cpu",
-        time_candidate=config.time_kernels, sandbox=config.sandbox,
-        max_parallel_compiles=max(1, (os.cpu_count() or 2) // (4 * local_world))), clock, "evaluation")
+        kernel_eval.evaluate_batch, device=eval_device, time_candidate=config.time_kernels, sandbox=config.sandbox,
+        max_parallel_compiles=builds_at_once(eval_device, local_world)), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = rollout.reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -145,6 +145,17 @@ def test_ranks_of_a_node_get_disjoint_cpu_shares():
     assert shares == [allowed[:half], allowed[half:2 * half]]
 
 
+def test_builds_at_once_keep_every_build_cpu_busy_and_split_cpu_ranks(monkeypatch):
+    """The harness's own count (a cuda rank's CPUs are already its share); ranks on cpu share the node's."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    import kernel_eval
+    config = kernel_eval.EvalConfig()
+    kept = config.timing_cpus
+    assert train.builds_at_once("cuda:0", 1) == (16 - kept) // config.build_jobs  # 7 on a 16-core H200 node
+    assert train.builds_at_once("cuda:0", 4) == train.builds_at_once("cuda:0", 1)
+    assert [train.builds_at_once("cpu", n) for n in (1, 2, 32)] == [16, 8, 1]
+
+
 def test_tokenizer_without_eos_is_refused(tmp_path):
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
     config = train.Config(model=str(tmp_path / "m"))
