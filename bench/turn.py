@@ -48,8 +48,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in task ids without 'builtin/', comma-separated")
-    p.add_argument("--max-parallel-compiles", type=int, default=max(1, (os.cpu_count() or 2) // 4),
-                   help="default: train.py's on one rank")
+    p.add_argument("--max-parallel-compiles", type=int, default=None,
+                   help="default: the harness's own count, which train.py passes on one rank")
     p.add_argument("--broken", default="undefined", choices=("undefined", "python"),
                    help="how the non-compiling kernels fail: an undefined identifier in the kernel, or Python syntax")
     p.add_argument("--sandbox", default="auto", choices=("auto", "require", "off"))
@@ -62,12 +62,14 @@ def main() -> None:
         raise SystemExit(f"bench/turn.py: no built-in task {e.args[0]}") from None
     language = "cpp" if a.device == "cpu" else "cuda"
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-turn-")
+    builds = a.max_parallel_compiles or kernel_eval.default_parallel_compiles(a.device, kernel_eval.EvalConfig())
+    print(f"{builds} builds at once, {os.cpu_count()} CPUs")
     print("| turn | wall s | kind | statuses | compile s p50 | latency s p50 |\n|---:|---:|---|---|---:|---:|")
     for turn in range(1, a.turns + 1):
         batch = turn_batch(task_list, language, f"turn {turn} {time.time_ns()}", a.broken)
         t0 = time.monotonic()
         results = kernel_eval.evaluate_batch([(r, c) for _, r, c in batch], device=a.device, time_candidate=False,
-                                             sandbox=a.sandbox, max_parallel_compiles=a.max_parallel_compiles,
+                                             sandbox=a.sandbox, max_parallel_compiles=builds,
                                              cache_root=cache_root)
         wall = time.monotonic() - t0
         for kind in KINDS:

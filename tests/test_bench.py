@@ -116,3 +116,19 @@ def test_harness_bench_judges_each_kernelbench_candidate_in_its_own_process(tmp_
     for r in rows:  # a load, not a rebuild: a small part of what its build took
         assert r["compile_s"] < 0.5 * r["build_s"], r
         assert r["latency_s"] >= r["build_s"] + r["seconds"] - 1.0, r
+
+
+@pytest.mark.slow
+def test_turn_bench_judges_a_new_correct_and_a_new_broken_kernel_per_task_each_turn():
+    """One task, one turn on the CPU: its two rows say what the kinds are judged (the sources are new,
+    so each compiles: a latency of a build's length, not of a cache hit)."""
+    out = subprocess.run([sys.executable, "bench/turn.py", "--device", "cpu", "--turns", "1",
+                          "--tasks", "level1/01_relu", "--max-parallel-compiles", "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("2 builds at once")
+    rows = re.findall(r"^\| 1 \| ([\d.]+) \| (\w+) \| ([\w, ]+) \| ([\d.]+) \| ([\d.]+) \|$", out.stdout, re.M)
+    assert [(kind, statuses) for _, kind, statuses, _, _ in rows] == [("correct", "correct"),
+                                                                      ("no_compile", "compile_error")]
+    for wall, _, _, compile_s, latency_s in rows:
+        assert 1.0 < float(compile_s) <= float(latency_s) <= float(wall)
