@@ -16,7 +16,10 @@ Speed (BuildConfig; a build's result is the same either way)
   dispatch macros, the CUDA stream headers and lean copies of the headers of the ops the source
   names, instead of torch/extension.h (all of torch's C++ API: parsing it is most of a build);
   "light" is all of ATen. A source that does not build on a tier falls back to the next, then to
-  the source as written, so a tier costs a failed attempt, never a verdict.
+  the source as written, so a tier costs a failed attempt, never a verdict. The one exception to
+  that fallback is a failure the full headers cannot rescue: every error an undefined identifier
+  that the headers as written do not declare where the source looks it up, as a probe of the
+  harness's own answered (name probes, below); the build as written would fail on the same names.
 - the slim tier's host units read their headers from a precompiled header built once per cache
   (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
 - compiler diagnostics point at the candidate's .py lines (point_at_source).
@@ -115,7 +118,14 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                         build_host_pch(host_header, tier_args["build_directory"])
                     return module
                 except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
-                    state["build_error"] = None  # a heavier tier may still build it: fall back
+                    tier_error, state["build_error"] = state["build_error"], None  # a heavier tier may build it
+            lookups = name_lookups(args, tier_error or "", default_cflags)
+            answer = read_name_probe(cache_root, lookups["probe"]) if lookups else None
+            if answer == "undeclared":
+                state["build_error"] = tier_error  # the build as written fails on the same names
+                raise RuntimeError(tier_error)
+            if lookups and answer is None:  # kernel_eval probes them once this build has failed
+                state["name_probes"] = {key: lookups[key] for key in ("names", "directives", "namespaces")}
         return build(args, cuda)
 
     def header_tier_args(args: dict, tier: str) -> dict:
@@ -153,7 +163,9 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
         built = os.path.join(args["build_directory"], args["name"] + ".so")
         failed_marker = os.path.join(args["build_directory"], "FAILED")
         if remember_failure and os.path.exists(failed_marker):
-            raise RuntimeError("this build failed before")
+            with open(failed_marker, errors="replace") as f:
+                state["build_error"] = f.read() or "this build failed before"
+            raise RuntimeError(state["build_error"])
         if fast_load and os.path.exists(built):
             # the compile phase built exactly these sources here: import, skip ninja and the .gch check
             python_module = args.get("is_python_module", True)
@@ -180,8 +192,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                 os.remove(os.path.join(args["build_directory"], "lock"))
             return run(inline, args)
         except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
-            if remember_failure:
-                open(failed_marker, "w").close()
+            if remember_failure:  # with its diagnostics: they may still spare the build as written
+                atomic_write(failed_marker, state["build_error"] or "")
             raise
         finally:
             dir_lock.close()
@@ -210,6 +222,134 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
     return state
 
 
+
+
+# ----------------------------------------------------------------------------- name probes
+# A name probe: the unit load_inline writes as written (AS_WRITTEN_CUDA_PREFIX, then the source's
+# directives: the same headers in the same macro state), then the failed names looked up where the
+# source looks them up (global scope and the namespaces the source opens or uses), compiled by
+# kernel_eval as a source of the harness's own behind the boundary, once per such text. Its answer,
+# "undeclared" (every lookup failed, no name is a macro, nothing else failed) or "declared", is a fact
+# about that exact text, kept in cache_root/name_probes under its hash, which candidates read and
+# never write; one compile costs about what the build as written costs. A source qualifies only
+# where its text cannot make the two lookups differ: no conditional or other directives, no base
+# classes (member lookup), no namespace aliases, and no name called or given template arguments
+# (argument-dependent lookup); its build must have used the default flags (the probe's). What the
+# rule cannot see: a
+# macro of the full headers, absent from the tier's, named like an identifier the source declares
+# (its expansion could declare the name); only a source written for it would meet one, and it
+# would cost that source its own build, no other's verdict.
+AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+_UNDEFINED = re.compile(r'cuda\.cu\W{1,3}\d+\W{1,3} ?error: identifier "(\w+)" is undefined\s*$')
+_ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
+_PROBE_DIRECTIVE = re.compile(r"#\s*(include\s*<[\w./+-]+>|define\s+\w+(?:[ \t].*)?|undef\s+\w+|pragma\s+once)\s*")
+_NOT_PROBED = re.compile(r"_Pragma|__has_include|\bnamespace\s+\w+\s*=|\b(?:class|struct)\s+\w+\s*(?:final\s*)?:(?!:)")
+MAX_PROBED_NAMES = 4
+
+
+def undefined_names(build_error: str) -> list | None:
+    """The identifiers a failed CUDA build calls undefined in its cuda.cu unit, when those are all of
+    its errors (EDG's count agrees, no other unit failed); None when anything else may have failed."""
+    names, counted, failed = [], 0, []
+    for line in build_error.splitlines():
+        line = line.strip()
+        if _UNDEFINED.search(line):
+            names.append(_UNDEFINED.search(line).group(1))
+        elif _ERRORS_DETECTED.match(line):
+            counted += int(_ERRORS_DETECTED.match(line).group(1))
+        elif line.startswith("FAILED:"):
+            failed.append(line)
+        elif (re.search(r"error|Error", line) and not line.startswith(("[", "Error building extension"))
+              and not (" -c " in line and " -o " in line)):  # a command ninja echoes (paths may say "error")
+            return None  # another diagnostic
+    if not names or counted != len(names) or any("cuda.cuda.o" not in f for f in failed):
+        return None
+    return sorted(set(names))
+
+
+def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
+    """{"names", "directives", "namespaces", "probes"} for a load_inline call that failed on a tier
+    with undefined names only, whose source and flags qualify (above); else None."""
+    names = undefined_names(build_error)
+    cuda = args.get("cuda_sources") or []
+    source = cuda if isinstance(cuda, str) else "\n".join(cuda)
+    if (not names or len(names) > MAX_PROBED_NAMES or _NOT_PROBED.search(source)
+            or list(args.get("extra_cflags") or []) != list(default_cflags)
+            or list(args.get("extra_cuda_cflags") or []) != ["-O3"] or args.get("extra_include_paths")):
+        return None
+    directives = [line.strip() for line in source.splitlines() if line.lstrip().startswith("#")]
+    if any(not _PROBE_DIRECTIVE.fullmatch(d) or d.endswith("\\") for d in directives):
+        return None
+    if any(not re.search(rf"\b{n}\b", source) or re.search(rf"\b{n}\s*[(<]", source) for n in names):
+        return None
+    namespaces = sorted(set(re.findall(r"\busing\s+namespace\s+((?:::)?\w+(?:::\w+)*)\s*;", source))
+                        | set(re.findall(r"\bnamespace\s+(\w+(?:::\w+)*)\s*\{", source)))
+    return {"names": names, "directives": directives, "namespaces": namespaces,
+            "probe": name_probe_source(directives, namespaces, names)}
+
+
+def name_probe_source(directives: list, namespaces: list, names: list) -> str:
+    """The .cu unit of a name probe (see above); raises ValueError on parts a probe may not hold."""
+    if (not names or len(names) > MAX_PROBED_NAMES or any(not re.fullmatch(r"[A-Za-z_]\w*", n) for n in names)
+            or any(not re.fullmatch(r"(?:::)?\w+(?:::\w+)*", n) for n in namespaces)
+            or any(not _PROBE_DIRECTIVE.fullmatch(d) or "\n" in d for d in directives)):
+        raise ValueError("name probe: a name, namespace or directive of a form a probe may not hold")
+    macros = "".join(f"#ifdef {n}\n#error {n} is a macro\n#endif\n" for n in names)
+    opened = "".join(f"namespace {n.removeprefix('::')} {{}}\n" for n in namespaces)
+    used = "".join(f"using namespace ::{n.removeprefix('::')};\n" for n in namespaces)
+    lookups = "".join(f"__host__ __device__ inline void probe_{k}() {{ (void){n}; }}\n" for k, n in enumerate(names))
+    return (AS_WRITTEN_CUDA_PREFIX + "".join(d + "\n" for d in directives) + macros + opened
+            + f"namespace kernel_eval_name_probe {{\n{used}{lookups}}}\n")
+
+
+def name_probe_path(cache_root: str, probe_source: str) -> str:
+    return os.path.join(cache_root, "name_probes", source_hash("name probe", probe_source)[:32])
+
+
+def read_name_probe(cache_root: str, probe_source: str) -> str | None:
+    """"undeclared", "declared", or None (not probed yet)."""
+    try:
+        with open(name_probe_path(cache_root, probe_source)) as f:
+            answer = f.read()
+    except OSError:
+        return None
+    return answer if answer in ("undeclared", "declared") else None
+
+
+def name_probe_harness_source(probe_source: str) -> str:
+    """A source of the harness's own that builds one probe as written (no tier: no_implicit_headers)."""
+    return ("from torch.utils.cpp_extension import load_inline\n\n"
+            f"load_inline(name='kernel_eval_name_probe', cpp_sources='#include <torch/extension.h>\\n',\n"
+            f"            cuda_sources={probe_source!r}, no_implicit_headers=True)\n")
+
+
+def answer_name_probes(requested: dict, cache_root: str, compile_harness_source) -> None:
+    """Compile the probes a failed build's worker asked for (its state["name_probes"]), each a source
+    of the harness's own built from the request's parts (a request not of those forms is dropped), with
+    kernel_eval's `compile_harness_source` (behind the boundary, like warm_host_pch's), and keep each
+    answer where later builds read it. A worker chooses which facts are learned, never what they say."""
+    try:
+        names = requested["names"]
+        probe = name_probe_source(requested["directives"], requested["namespaces"], names)
+    except (KeyError, TypeError, ValueError):
+        return
+    path = name_probe_path(cache_root, probe)
+    if not os.path.exists(path):
+        answer = name_probe_answer(names, compile_harness_source(name_probe_harness_source(probe)))
+        if answer is not None:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            atomic_write(path, answer)
+
+
+def name_probe_answer(names: list, compile_record: dict) -> str | None:
+    """What a probe's compile says: "undeclared" when it failed on exactly those names' lookups and on
+    nothing else, "declared" when it built or failed otherwise, None when it says nothing (no verdict)."""
+    if compile_record.get("status") == "ok":
+        return "declared"
+    if compile_record.get("status") != "compile_error":
+        return None
+    # the worker's reading of its whole build dump (the record's message is cut for the policy)
+    return "undeclared" if compile_record.get("undefined_names") == sorted(set(names)) else "declared"
 
 
 PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)

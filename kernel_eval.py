@@ -957,15 +957,16 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 
 def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False) -> dict:
+             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
-    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there."""
+    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
+    `probes`: after a compile error on undefined names, answer the name probes its worker asked for."""
     key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
         return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
-    t0 = time.monotonic()
+    t0, requested = time.monotonic(), None
     scratch = _scratch(cfg, "kevalbuild-")
     src_path = os.path.join(scratch, "candidate.py")
     with open(src_path, "w") as f:
@@ -987,6 +988,10 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
                       "profile": {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}}
         elif msg.get("kind") == "build":
             record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
+            undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
+            if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
+                record["undefined_names"] = undefined
+            requested = msg.get("name_probes")
         else:
             record = {"status": "deferred", "message": str(msg.get("message", ""))}
     except sandbox.ChannelTimeout:
@@ -1003,7 +1008,11 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
     if deterministic:
         sandbox.atomic_write(record_path, json.dumps(record))
-    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
+    result = dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
+    if probes and isinstance(requested, dict) and deterministic:  # once per name: later builds skip a build
+        kernel_build.answer_name_probes(requested, cfg.cache_root,
+                                        lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
+    return result
 
 
 def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
@@ -1023,7 +1032,7 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
     and the scratch root are hidden; back in them: the candidate's source (read-only), its own build directory
     at cache_root/build and op_headers (writable while it compiles, read-only when it runs: no candidate writes
     where another's build or record is read; without kernel_build.py writable then too: plain load_inline takes
-    a lock file in it to load), and the shared host header (read-only)."""
+    a lock file in it to load), the shared host header and the name probes' answers (read-only)."""
     if not _confined(cfg, device):
         return None
     own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
@@ -1035,6 +1044,10 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         if os.geteuid() == 0 and writable:
             os.chown(path, kernel_boundary.UNPRIVILEGED_ID, kernel_boundary.UNPRIVILEGED_ID)
         binds.append((path, os.path.join(cfg.cache_root, part), writable))
+    if kernel_build is not None and device != "cpu":  # the name probes' answers (read-only: the harness writes them)
+        probes_dir = os.path.join(cfg.cache_root, "name_probes")
+        os.makedirs(probes_dir, exist_ok=True)
+        binds.append((probes_dir, probes_dir, False))
     if _reads_host_pch(cfg):  # patch_load_inline writes it if missing
         import torch  # the header, written here: its directory is read-only there (warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)

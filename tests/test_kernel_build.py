@@ -8,7 +8,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import sysconfig
 
 import pytest
 import torch
@@ -81,6 +83,175 @@ def test_cuda_header_tiers_rewrite_and_fall_back(monkeypatch, tmp_path):
     assert tried(written) == ["slim", "light", "as written"]
     assert fake.last["cuda_sources"] == written  # the call as the candidate wrote it
     assert tried(written) == ["as written"]  # the failed tiers are remembered, not retried
+
+
+NINJA_UNDEFINED = """Error building extension 'ext_v1': [1/3] /usr/local/cuda/bin/nvcc -c /b/cuda.cu -o cuda.cuda.o
+FAILED: [code=2] cuda.cuda.o
+/usr/local/cuda/bin/nvcc -DTORCH_EXTENSION_NAME=ext_v1 -I/tmp/error-cache/x -c /b/cuda.cu -o cuda.cuda.o
+/b/cuda.cu(13): error: identifier "stride" is undefined
+      for (int64_t i = start; i < n; i += stride) {
+                                          ^
+
+/b/cuda.cu(18): error: identifier "lane" is undefined
+
+/b/cuda.cu(19): error: identifier "stride" is undefined
+
+3 errors detected in the compilation of "/b/cuda.cu".
+ninja: build stopped: subcommand failed.
+"""
+
+
+def test_undefined_names_are_a_builds_only_errors_or_none():
+    assert kb.undefined_names(NINJA_UNDEFINED) == ["lane", "stride"]
+    # as the worker reports it: positions pointed at the candidate's lines
+    pointed = NINJA_UNDEFINED.replace("/b/cuda.cu(13):", "line 40 (cuda.cu:13):")
+    assert kb.undefined_names(pointed) == ["lane", "stride"]
+    assert kb.undefined_names(NINJA_UNDEFINED.replace("3 errors", "4 errors")) is None  # one not seen
+    other = NINJA_UNDEFINED.replace('identifier "lane" is undefined', 'expected a ";"')
+    assert kb.undefined_names(other) is None
+    host = NINJA_UNDEFINED + "FAILED: main.o\n/b/main.cpp:3:1: error: 'x' does not name a type\n"
+    assert kb.undefined_names(host) is None
+    assert kb.undefined_names("") is None
+
+
+def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_probe():
+    source = ("#include <torch/extension.h>\n#define BLOCK 256\nusing namespace at;\nnamespace mine {\n"
+              "__global__ void k(float* y, int64_t n) { for (int64_t i = 0; i < n; i += stride) y[i] = lane; }\n}\n")
+    args = {"cuda_sources": [source], "extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3"]}
+    found = kb.name_lookups(args, NINJA_UNDEFINED, ("-O3",))
+    assert found["names"] == ["lane", "stride"] and found["namespaces"] == ["at", "mine"]
+    assert found["directives"] == ["#include <torch/extension.h>", "#define BLOCK 256"]
+    probe = found["probe"]
+    assert probe.startswith(kb.AS_WRITTEN_CUDA_PREFIX + "#include <torch/extension.h>\n#define BLOCK 256\n")
+    assert "#ifdef stride" in probe and "using namespace ::at;" in probe and "(void)stride;" in probe
+    assert "#ifdef lane" in probe and "(void)lane;" in probe
+    refused = {
+        "a conditional": source.replace("#define BLOCK 256", "#ifdef BLOCK\n#endif"),
+        "a quoted include": source.replace("<torch/extension.h>", '"my.h"'),
+        "a base class": source + "struct S : at::Tensor {};\n",
+        "a call of the name": source + "void g() { stride(1); }\n",
+        "template arguments": source + "int v = lane<int>;\n",
+        "a namespace alias": source + "namespace t = torch;\n",
+        "a name it does not write": source.replace("lane", "other"),
+    }
+    for why, text in refused.items():
+        assert kb.name_lookups(dict(args, cuda_sources=text), NINJA_UNDEFINED, ("-O3",)) is None, why
+    assert kb.name_lookups(dict(args, extra_cuda_cflags=["-O3", "-DX"]), NINJA_UNDEFINED, ("-O3",)) is None
+    assert kb.name_lookups(args, NINJA_UNDEFINED.replace("3 errors", "2 errors"), ("-O3",)) is None
+    for parts in ((["#if 1"], [], ["n"]), ([], ["a b"], ["n"]), ([], [], ["n;"]), ([], [], [])):
+        with pytest.raises(ValueError):
+            kb.name_probe_source(*parts)
+
+
+def test_name_probes_are_answered_from_the_harness_compile_of_the_requests_parts(tmp_path):
+    """What a probe's compile says becomes its answer: "undeclared" only when it failed on every name's
+    lookup and on nothing else; a request of other forms compiles nothing; a probe answered before is
+    not compiled again."""
+    compiled = []
+    undefined = 'cuda.cu(9): error: identifier "{}" is undefined\n'
+
+    def compile_harness_source(src):
+        compiled.append(src)
+        names = [n for n in re.findall(r"\(void\)(\w+);", src) if not n.startswith("Py_")]
+        if not names:
+            return {"status": "ok"}
+        dump = "".join(undefined.format(n) for n in names) + (
+            f'{len(names)} errors detected in the compilation of "cuda.cu".')
+        return {"status": "compile_error", "message": dump[:40], "undefined_names": kb.undefined_names(dump)}
+
+    cache, parts = str(tmp_path), {"directives": ["#include <torch/extension.h>"], "namespaces": ["at"]}
+    answered = {}
+    for names in (["a_name", "z_name"], ["Py_declared", "a_name"], ["Py_declared"]):
+        kb.answer_name_probes(dict(parts, names=names), cache, compile_harness_source)
+        answered[tuple(names)] = kb.read_name_probe(cache, kb.name_probe_source(**parts, names=names))
+    assert answered == {("a_name", "z_name"): "undeclared", ("Py_declared", "a_name"): "declared",
+                        ("Py_declared",): "declared"}
+    assert len(compiled) == 3 and "no_implicit_headers=True" in compiled[0]
+    kb.answer_name_probes(dict(parts, names=["a_name", "z_name"]), cache, compile_harness_source)
+    assert len(compiled) == 3  # answered before
+    for bad in ({"names": ["x"], "directives": ["#if 1"], "namespaces": []}, {"names": ["x;y"]}, "names"):
+        kb.answer_name_probes(bad, cache, compile_harness_source)
+    assert len(compiled) == 3
+    assert kb.name_probe_answer(["n"], {"status": "timeout"}) is None
+
+
+FAKE_COMPILER = r"""#!/bin/sh
+# logs the unit it compiles; fails a unit that names undefined_name, or needs_full_header without
+# torch/types.h (what load_inline puts first in a .cu unit as written), as EDG would; else writes -o
+for a; do case "$a" in *.cu|*.cpp) src="$a";; esac; done
+out=""; prev=""; for a; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+[ -z "$out" ] && exec REAL "$@"
+echo "$(basename "$0") $(basename "${src:-link}")" >> LOG
+if [ -n "$src" ] && { grep -q undefined_name "$src" || { grep -q needs_full_header "$src" && ! grep -q torch/types.h "$src"; }; }; then
+  echo "$src(3): error: identifier \"undefined_name\" is undefined"
+  echo "1 error detected in the compilation of \"$src\"."; exit 1
+fi
+touch "$out"
+"""
+
+
+def test_a_tier_failure_on_names_probed_undeclared_skips_the_build_as_written(monkeypatch, tmp_path):
+    """Real ninja, fake compilers that log each unit they compile: a source that fails on the slim tier with an
+    undefined name is built as written unless the name's probe answered "undeclared"; without an
+    answer, the worker asks for the probe (state["name_probes"]); "declared" means the build as written."""
+    import shutil
+    import torch.utils.cpp_extension as ce
+    log, cache = tmp_path / "log", tmp_path / "cache"
+    cuda_home = tmp_path / "cuda"
+    (cuda_home / "bin").mkdir(parents=True)
+    (cuda_home / "lib64").mkdir()
+    for path in (cuda_home / "bin" / "nvcc", tmp_path / "cxx"):
+        path.write_text(FAKE_COMPILER.replace("LOG", str(log)).replace("REAL", shutil.which("c++")))
+        path.chmod(0o755)
+    monkeypatch.setenv("CXX", str(tmp_path / "cxx"))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    monkeypatch.setattr(ce, "CUDA_HOME", str(cuda_home))
+    for name in ("load_inline", "load", "remove_extension_h_precompiler_headers", "JIT_EXTENSION_VERSIONER"):
+        monkeypatch.setattr(ce, name, getattr(ce, name))
+    state = kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False)
+    source = "__global__ void k(float* y) { y[0] = undefined_name; }"
+    probe = kb.name_probe_source([], [], ["undefined_name"])
+
+    def units_compiled() -> list:
+        log.write_text("")
+        state.update(build_error=None, name_probes=None)
+        ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
+        with pytest.raises((RuntimeError, ImportError)):
+            ce.load_inline("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=source)
+        return log.read_text().split("\n").count("nvcc cuda.cu")  # builds of the .cu unit
+
+    assert units_compiled() == 2  # no answer yet: the slim tier, then as written
+    assert state["name_probes"] == {"names": ["undefined_name"], "directives": [], "namespaces": []}
+    assert kb.read_name_probe(str(cache), probe) is None
+    os.makedirs(os.path.dirname(kb.name_probe_path(str(cache), probe)))
+    open(kb.name_probe_path(str(cache), probe), "w").write("undeclared")
+    assert units_compiled() == 0  # the tier's failure is remembered with its diagnostics: no build at all
+    assert 'identifier "undefined_name" is undefined' in state["build_error"] and not state["name_probes"]
+    source += " // again"  # a new source
+    assert units_compiled() == 1  # the slim tier only
+    assert 'identifier "undefined_name" is undefined' in state["build_error"] and not state["name_probes"]
+    open(kb.name_probe_path(str(cache), probe), "w").write("declared")
+    assert units_compiled() == 1 and not state["name_probes"]  # the tier remembered; then as written
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
+def test_name_probes_compiled_by_nvcc_say_undeclared_only_for_a_failed_lookup(tmp_path):
+    """The probe as nvcc sees it (torch's headers as load_inline writes a .cu unit, torch's flags): a
+    name nothing declares fails its lookup alone; a macro of torch's headers fails otherwise."""
+    import torch.utils.cpp_extension as ce
+    flags = ["-std=c++17", "--expt-relaxed-constexpr", "-DTORCH_API_INCLUDE_EXTENSION_H"] + [
+        f"-I{p}" for p in ce.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    for names, expected in ((["kernel_eval_a", "kernel_eval_b"], "undeclared"),
+                            (["TORCH_CHECK", "kernel_eval_a"], "declared")):
+        unit = tmp_path / f"{names[0]}.cu"
+        unit.write_text(kb.name_probe_source(["#include <torch/extension.h>"], ["at"], names))
+        done = subprocess.run(["nvcc", "-c", str(unit), "-o", str(tmp_path / "x.o")] + flags,
+                              capture_output=True, text=True, timeout=600)
+        dump = (done.stdout + done.stderr).replace(str(unit), "/b/cuda.cu")
+        record = {"status": "ok"} if done.returncode == 0 else {
+            "status": "compile_error", "message": dump, "undefined_names": kb.undefined_names(dump)}
+        assert kb.name_probe_answer(names, record) == expected, record
 
 
 def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tmp_path):
@@ -245,3 +416,39 @@ def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_heade
     done = subprocess.run([*shlex.split(cxx), *shlex.split(cflags), "-Winvalid-pch", "-H", "-fsyntax-only",
                            os.path.join(build_dir, "main.cpp")], capture_output=True, text=True)
     assert done.returncode == 0 and f"! {gch}" in done.stderr.splitlines(), done.stderr[-2000:]
+
+
+@pytest.mark.gpu
+def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_path):
+    """Through evaluate: a kernel with an undefined name fails on the slim tier, is built as written
+    (a compile error), and its name is probed; a new kernel with the same name is then a compile
+    error after the slim build alone. A name the full headers declare (Python's _Py_NoneStruct, which
+    torch/extension.h brings) keeps its kernel building as written, and its probe says "declared"."""
+    benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
+    broken = benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
+    assert broken != benign
+    rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&_Py_NoneStruct != nullptr);\n"
+                             "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
+    cache = str(tmp_path / "cache")
+
+    def builds_of(extension: str) -> int:
+        return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
+                   for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
+
+    first = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_first"'), device="cuda",
+                                 cache_root=cache, gpu_trials=30)
+    assert first.status == "compile_error" and "kernel_eval_undeclared" in first.message, first.message
+    answers = [open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*"))]
+    assert answers == ["undeclared"] and builds_of("ext_first") == 2  # the slim tier, then as written
+    second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
+                                  cache_root=cache, gpu_trials=30)
+    assert second.status == "compile_error" and "kernel_eval_undeclared" in second.message, second.message
+    assert builds_of("ext_second") == 1  # the slim tier alone
+    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
+    assert result.status == "correct", result.message  # built as written; nothing to probe after a build
+    both = rescued.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
+    result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
+                                  cache_root=cache, gpu_trials=30)
+    assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message
+    assert sorted(open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*"))) == [
+        "declared", "undeclared"]  # _Py_NoneStruct's probe built: the headers declare it
