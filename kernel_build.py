@@ -235,10 +235,9 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 # where its text cannot make the two lookups differ: no conditional or other directives, no base
 # classes (member lookup), no namespace aliases, and no name called or given template arguments
 # (argument-dependent lookup); its build must have used the default flags (the probe's). What the
-# rule cannot see: a
-# macro of the full headers, absent from the tier's, named like an identifier the source declares
-# (its expansion could declare the name); only a source written for it would meet one, and it
-# would cost that source its own build, no other's verdict.
+# rule cannot see: a macro of the full headers, absent from the tier's, named like an identifier the
+# source declares (its expansion could declare the name); only a source written for it would meet
+# one, and it would cost that source its own build, no other's verdict.
 AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
 _UNDEFINED = re.compile(r'cuda\.cu\W{1,3}\d+\W{1,3} ?error: identifier "(\w+)" is undefined\s*$')
 _ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
@@ -268,7 +267,7 @@ def undefined_names(build_error: str) -> list | None:
 
 
 def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
-    """{"names", "directives", "namespaces", "probes"} for a load_inline call that failed on a tier
+    """{"names", "directives", "namespaces", "probe"} for a load_inline call that failed on a tier
     with undefined names only, whose source and flags qualify (above); else None."""
     names = undefined_names(build_error)
     cuda = args.get("cuda_sources") or []
