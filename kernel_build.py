@@ -19,7 +19,9 @@ Speed (BuildConfig; a build's result is the same either way)
   the source as written, so a tier costs a failed attempt, never a verdict. The one exception to
   that fallback is a failure the full headers cannot rescue: every error an undefined identifier
   that the headers as written do not declare where the source looks it up, as a probe of the
-  harness's own answered (name probes, below); the build as written would fail on the same names.
+  harness's own answers (name probes, below); the build as written would fail on the same names.
+  A name set no probe has answered yet is probed first, and the source built as written only if
+  the probe says the headers declare one of its names.
 - the slim tier's host units read their headers from a precompiled header built once per cache
   (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
 - compiler diagnostics point at the candidate's .py lines (point_at_source).
@@ -65,9 +67,12 @@ class BuildConfig:
         self.default_cflags, self.cuda_header_tiers = tuple(self.default_cflags), tuple(tiers)
 
 
-def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load: bool) -> dict:
+def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load: bool,
+                      await_name_probes: bool = False) -> dict:
     """Force load_inline/load into per-hash build dirs; inject -O3, the header tiers and the
     precompiled headers. `fast_load` (run workers): import what the compile worker built here.
+    `await_name_probes` (kernel_eval's compile workers): a tier failure on names no probe has answered
+    raises at once and leaves state["name_probes"] (the build as written waits for kernel_eval's answer).
     Returns the worker's build record: {"builds", "build_error", "header_tier", "build_s"}."""
     import inspect
     import torch
@@ -124,8 +129,10 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             if answer == "undeclared":
                 state["build_error"] = tier_error  # the build as written fails on the same names
                 raise RuntimeError(tier_error)
-            if lookups and answer is None:  # kernel_eval probes them once this build has failed
+            if lookups and answer is None and await_name_probes:  # kernel_eval probes, then builds this again
                 state["name_probes"] = {key: lookups[key] for key in ("names", "directives", "namespaces")}
+                state["build_error"] = tier_error
+                raise RuntimeError(tier_error)
         return build(args, cuda)
 
     def header_tier_args(args: dict, tier: str) -> dict:
@@ -231,7 +238,11 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 # kernel_eval as a source of the harness's own behind the boundary, once per such text. Its answer,
 # "undeclared" (every lookup failed, no name is a macro, nothing else failed) or "declared", is a fact
 # about that exact text, kept in cache_root/name_probes under its hash, which candidates read and
-# never write; one compile costs about what the build as written costs. A source qualifies only
+# never write; one compile costs about what the build as written costs, and is paid instead of it:
+# a compile worker whose tier failed on unanswered names stops (patch_load_inline's
+# await_name_probes), kernel_eval answers the probe, then compiles the source again, which reads the
+# answer (and the tier's remembered failure): "undeclared" ends it, "declared" builds it as written.
+# Two compiles that ask for one probe at once wait for one answer (a lock file). A source qualifies only
 # where its text cannot make the two lookups differ: no conditional or other directives, no base
 # classes (member lookup), no namespace aliases, and no name called or given template arguments
 # (argument-dependent lookup); its build must have used the default flags (the probe's). What the
@@ -315,10 +326,18 @@ def read_name_probe(cache_root: str, probe_source: str) -> str | None:
     return answer if answer in ("undeclared", "declared") else None
 
 
+# The probe's host unit: an empty module of Python's C API (torch/extension.h there took longer to
+# compile than the probe's .cu unit, and ninja lets a running unit finish after another failed)
+PROBE_HOST_UNIT = """#include <Python.h>
+static struct PyModuleDef probe_module = {PyModuleDef_HEAD_INIT, "kernel_eval_name_probe", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit_kernel_eval_name_probe(void) { return PyModule_Create(&probe_module); }
+"""
+
+
 def name_probe_harness_source(probe_source: str) -> str:
     """A source of the harness's own that builds one probe as written (no tier: no_implicit_headers)."""
     return ("from torch.utils.cpp_extension import load_inline\n\n"
-            f"load_inline(name='kernel_eval_name_probe', cpp_sources='#include <torch/extension.h>\\n',\n"
+            f"load_inline(name='kernel_eval_name_probe', cpp_sources={PROBE_HOST_UNIT!r},\n"
             f"            cuda_sources={probe_source!r}, no_implicit_headers=True)\n")
 
 
@@ -333,11 +352,13 @@ def answer_name_probes(requested: dict, cache_root: str, compile_harness_source)
     except (KeyError, TypeError, ValueError):
         return
     path = name_probe_path(cache_root, probe)
-    if not os.path.exists(path):
-        answer = name_probe_answer(names, compile_harness_source(name_probe_harness_source(probe)))
-        if answer is not None:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write(path, answer)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a") as lock:  # one compile per probe, across threads and processes
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(path):
+            answer = name_probe_answer(names, compile_harness_source(name_probe_harness_source(probe)))
+            if answer is not None:
+                atomic_write(path, answer)
 
 
 def name_probe_answer(names: list, compile_record: dict) -> str | None:

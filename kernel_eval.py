@@ -960,7 +960,8 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
              zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
     `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
-    `probes`: after a compile error on undefined names, answer the name probes its worker asked for."""
+    `probes`: a build that failed on undefined names waits for their name probe (kernel_build.py), which
+    this answers before compiling the source again; else such a build goes on as written."""
     key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
@@ -972,9 +973,9 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     with open(src_path, "w") as f:
         f.write(candidate_src)
     workdir = os.path.join(scratch, "w")
-    worker = _start_worker("compile", _job(src_path, device, arch, cfg), workdir, device, arch,
-                           cfg, compiling=True, fsize=cfg.max_build_file_bytes, nice=cfg.compile_nice,
-                           zygotes=zygotes if cfg.compile_zygote else None,
+    job = dict(_job(src_path, device, arch, cfg), name_probes=probes)
+    worker = _start_worker("compile", job, workdir, device, arch, cfg, compiling=True, fsize=cfg.max_build_file_bytes,
+                           nice=cfg.compile_nice, zygotes=zygotes if cfg.compile_zygote else None,
                            confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
                                                 writes_host_pch=writes_host_pch))
     try:
@@ -991,7 +992,8 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
             if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
                 record["undefined_names"] = undefined
-            requested = msg.get("name_probes")
+        elif msg.get("kind") == "name_probes" and probes:
+            record, requested = {"status": "name_probes", "message": ""}, msg.get("name_probes")
         else:
             record = {"status": "deferred", "message": str(msg.get("message", ""))}
     except sandbox.ChannelTimeout:
@@ -1008,11 +1010,12 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
     if deterministic:
         sandbox.atomic_write(record_path, json.dumps(record))
-    result = dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
-    if probes and isinstance(requested, dict) and deterministic:  # once per name: later builds skip a build
-        kernel_build.answer_name_probes(requested, cfg.cache_root,
-                                        lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
-    return result
+    if record["status"] == "name_probes":  # once per name set; the source's next build reads the answer
+        if isinstance(requested, dict):
+            kernel_build.answer_name_probes(requested, cfg.cache_root,
+                                            lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
+        record = _compile(candidate_src, device, arch, cfg, zygotes, writes_host_pch, probes=False)
+    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
 
 
 def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
@@ -1032,7 +1035,8 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
     and the scratch root are hidden; back in them: the candidate's source (read-only), its own build directory
     at cache_root/build and op_headers (writable while it compiles, read-only when it runs: no candidate writes
     where another's build or record is read; without kernel_build.py writable then too: plain load_inline takes
-    a lock file in it to load), the shared host header and the name probes' answers (read-only)."""
+    a lock file in it to load), the shared host header and, to compile workers, the name probes' answers
+    (read-only)."""
     if not _confined(cfg, device):
         return None
     own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
@@ -1044,7 +1048,7 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         if os.geteuid() == 0 and writable:
             os.chown(path, kernel_boundary.UNPRIVILEGED_ID, kernel_boundary.UNPRIVILEGED_ID)
         binds.append((path, os.path.join(cfg.cache_root, part), writable))
-    if kernel_build is not None and device != "cpu":  # the name probes' answers (read-only: the harness writes them)
+    if kernel_build is not None and device != "cpu" and compiling:  # the name probes' answers (the harness writes them)
         probes_dir = os.path.join(cfg.cache_root, "name_probes")
         os.makedirs(probes_dir, exist_ok=True)
         binds.append((probes_dir, probes_dir, False))

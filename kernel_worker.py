@@ -45,7 +45,9 @@ _process_time = time.process_time  # CPU timing: this process's CPU time (all th
 
 def _compile_worker(a, job: dict) -> None:
     """Import the candidate (its load_inline builds the extension) and report once: ok, a build
-    error (its diagnostics, at the candidate's lines), or another import error (judged at load)."""
+    error (its diagnostics, at the candidate's lines), the name probes its build waits for
+    (kernel_build.py: kernel_eval answers them and compiles it again), or another import error
+    (judged at load)."""
     t0 = _perf_counter()
     preloaded = "torch" in sys.modules  # forked by a zygote
     import torch  # noqa: F401 - timed apart from the build (diagnostics: the record's profile)
@@ -53,6 +55,8 @@ def _compile_worker(a, job: dict) -> None:
     state = _install_builder(job, fast_load=False)
     try:
         _import_source(job["source"], "candidate_module")
+        if state.get("name_probes"):  # even if the candidate went on without its extension
+            raise RuntimeError("awaiting a name probe")
         if not kernel_build:  # plain load_inline: a directory per extension it built
             state["builds"] = len(os.listdir(state["dir"])) if os.path.isdir(state["dir"]) else 0
         rest = _perf_counter() - t0 - t_torch - state["build_s"]
@@ -66,13 +70,16 @@ def _compile_worker(a, job: dict) -> None:
             sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import",
                                             "message": trim_error(traceback.format_exc())})
             return
+        if state.get("name_probes"):  # a tier failed on names no probe has answered: kernel_eval asks it
+            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "name_probes", "name_probes": state["name_probes"]})
+            return
         undefined = None
         if kernel_build:
             undefined = kernel_build.undefined_names(build_error)  # of the whole dump (a probe's answer)
             with open(job["source"]) as f:
                 build_error = kernel_build.point_at_source(build_error, f.read())
         sandbox.child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(build_error),
-                                        "undefined_names": undefined, "name_probes": state.get("name_probes")})
+                                        "undefined_names": undefined})
 
 
 def _install_builder(job: dict, fast_load: bool) -> dict:
@@ -81,7 +88,7 @@ def _install_builder(job: dict, fast_load: bool) -> dict:
     that name their extension alike never share one). Returns the worker's build record."""
     if kernel_build:
         return kernel_build.patch_load_inline(job["cache_root"], job["arch"], kernel_build.BuildConfig(**job["build"]),
-                                              fast_load=fast_load)
+                                              fast_load=fast_load, await_name_probes=job.get("name_probes") is True)
     with open(job["source"], "rb") as f:
         own = os.path.join(job["cache_root"], "build", "by-source", sandbox.source_hash(f.read())[:32])
     os.environ["TORCH_EXTENSIONS_DIR"] = own

@@ -1,16 +1,18 @@
-"""What a CUDA compile error costs with and without its name probe's answer (kernel_build.py, "name
-probes"). Per built-in task, its CUDA solution's `no_compile` variant (examples/warm_start.py: a
-declaration dropped, so an undefined identifier), built through kernel_build's load_inline in this
-process, in a fresh cache:
+"""What a CUDA compile error costs with and without name probes (kernel_build.py, "name probes"),
+through the harness's compile phase (kernel_eval's confined compile workers, as evaluate runs them;
+compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_compile` variant
+(examples/warm_start.py: a declaration dropped, so an undefined identifier), each row in fresh caches:
 
-  first   the slim tier fails, then the source as written fails: no answer yet, a probe is asked for
-  probe   the probe compiled as the harness compiles one (its load_inline source, here in-process)
-  again   a new source with the same names (a comment added): the slim tier alone, then the answer
+  no probes   the slim tier fails, then the source as written fails (kernel_eval without probes)
+  first       the slim tier fails, the name probe is compiled, the source is compiled again and
+              reads the answer ("undeclared": no build as written)
+  again       a new source with the same names (a comment added): the slim tier, then the answer
 
     python bench/compile_error.py --tasks level1/01_relu,level1/07_row_sum
 
-Needs nvcc; with a CPU build of torch set CUDA_HOME (default: nvcc's) and put cuBLAS, cuSPARSE and
-cuSOLVER headers on CPATH (docs/PERFORMANCE.md says how it ran on the CPU box). Compiles only.
+Needs nvcc. With a CPU build of torch (no CUDA_HOME of its own), the workers get nvcc's toolkit
+through a sitecustomize.py this script writes; put cuBLAS, cuSPARSE and cuSOLVER headers on CPATH,
+outside the temp dir, which the workers' view hides (docs/PERFORMANCE.md says how it ran on the CPU box).
 """
 from __future__ import annotations
 
@@ -25,9 +27,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-import kernel_build  # noqa: E402
+import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
 from warm_start import DEFAULT_TASKS, drop_declaration  # noqa: E402
+
+SITECUSTOMIZE = """import os
+import torch.utils.cpp_extension as ce
+ce.CUDA_HOME = ce.CUDA_HOME or os.environ["CUDA_HOME"]  # a CPU build of torch: nvcc's toolkit (bench only)
+"""
+
+
+def toolkit_for_cpu_torch(root: str) -> None:
+    """Workers of a CPU build of torch see no CUDA_HOME: give them nvcc's through a sitecustomize.py
+    on PYTHONPATH (kernel_boundary binds this process's sys.path into their view, read-only)."""
+    import torch
+    if torch.cuda._is_compiled():
+        return
+    nvcc = shutil.which("nvcc")
+    home = os.environ.get("CUDA_HOME") or (nvcc and os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    if not home:
+        raise SystemExit("bench/compile_error.py: no CUDA toolkit (nvcc not on PATH, CUDA_HOME unset)")
+    site = os.path.join(root, "site")
+    os.makedirs(site, exist_ok=True)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE)
+    os.environ["CUDA_HOME"] = home
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
+    sys.path.append(site)
 
 
 def main() -> None:
@@ -35,56 +61,41 @@ def main() -> None:
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in task ids without 'builtin/', comma-separated")
     p.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0"))
     a = p.parse_args()
-    import torch.utils.cpp_extension as ce
-    nvcc = shutil.which("nvcc")
-    if not (ce.CUDA_HOME or os.environ.get("CUDA_HOME") or nvcc):
-        raise SystemExit("bench/compile_error.py: no CUDA toolkit (nvcc not on PATH, CUDA_HOME unset)")
-    ce.CUDA_HOME = ce.CUDA_HOME or os.environ.get("CUDA_HOME") or os.path.dirname(os.path.dirname(nvcc))
-    os.environ["TORCH_CUDA_ARCH_LIST"] = a.arch
     by_id = {t.task_id: t for t in tasks.load_builtin()}
     try:
         solutions = [(t, by_id["builtin/" + t].solutions["cuda"]) for t in a.tasks.split(",")]
     except KeyError as e:
         raise SystemExit(f"bench/compile_error.py: no built-in CUDA solution for {e.args[0]}") from None
-    cache = tempfile.mkdtemp(prefix="bench-compile-")
-    state = kernel_build.patch_load_inline(cache, a.arch, kernel_build.BuildConfig(), fast_load=False)
+    root = tempfile.mkdtemp(prefix="bench-compile-")
+    try:
+        toolkit_for_cpu_torch(root)
+        print("| task | undefined names | no probes s (slim + as written) | first s (slim + probe + again) "
+              "| again s (slim) | answer |\n|---|---|---:|---:|---:|---|", flush=True)
+        for task, solution in solutions:
+            broken = drop_declaration(solution)[0]
+            plain = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), "plain"))
+            probed = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), "probed"))
 
-    def built(source: str, name: str) -> tuple:
-        """(seconds, whether it failed) of one load_inline import of `source`, as a new worker's."""
-        state.update(build_error=None, name_probes=None)
-        ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()
-        t0 = time.monotonic()
-        try:
-            exec(compile(source, name, "exec"), {"__name__": name})
-            return time.monotonic() - t0, False
-        except (RuntimeError, ImportError, OSError):
-            return time.monotonic() - t0, True
+            def timed(source: str, cfg: kernel_eval.EvalConfig, probes: bool) -> tuple:
+                t0 = time.monotonic()
+                record = kernel_eval._compile(source, "cuda", a.arch, cfg, probes=probes)
+                return time.monotonic() - t0, record
 
-    def harness_compile(source: str) -> dict:
-        seconds, failed = built(source, "probe.py")
-        harness_compile.seconds = seconds
-        return {"status": "compile_error", "undefined_names": kernel_build.undefined_names(state["build_error"] or "")
-                } if failed else {"status": "ok"}
-
-    print("| task | undefined names | first s (slim + as written) | probe s | again s (slim) | answer |\n"
-          "|---|---|---:|---:|---:|---|", flush=True)
-    for task, solution in solutions:
-        broken = drop_declaration(solution)[0]
-        first, failed = built(broken, "first.py")
-        request, error = state.get("name_probes"), state["build_error"]
-        if not failed or not request:
-            names = kernel_build.undefined_names(error or "")
-            why = ("answered before (an earlier row's probe)" if failed and names
-                   else f"not probed: {(error or 'built').strip().splitlines()[-1][:80]}")
-            print(f"| {task} | {', '.join(names or ['-'])} | {first:.1f} | - | - | {why} |", flush=True)
-            continue
-        harness_compile.seconds = 0.0
-        kernel_build.answer_name_probes(request, cache, harness_compile)
-        answer = kernel_build.read_name_probe(cache, kernel_build.name_probe_source(
-            request["directives"], request["namespaces"], request["names"]))
-        again, _ = built(broken.replace("__global__", "// a new source\n__global__", 1), "again.py")
-        print(f"| {task} | {', '.join(request['names'])} | {first:.1f} | {harness_compile.seconds:.1f} | "
-              f"{again:.1f} | {answer} |", flush=True)
+            without, record = timed(broken, plain, probes=False)
+            first, record_first = timed(broken, probed, probes=True)
+            again, record_again = timed(broken.replace("__global__", "// a new source\n__global__", 1), probed, True)
+            statuses = {record["status"], record_first["status"], record_again["status"]}
+            names = record_first.get("undefined_names") or []
+            probes = os.path.join(probed.cache_root, "name_probes")
+            answers = sorted(open(os.path.join(probes, f)).read() for f in os.listdir(probes)
+                             if not f.endswith(".lock")) if os.path.isdir(probes) else []
+            answer = ", ".join(answers) or "not probed"
+            if statuses != {"compile_error"}:
+                answer += f" (statuses {sorted(statuses)}: {record_first['message'][:80]!r})"
+            print(f"| {task} | {', '.join(names) or '-'} | {without:.1f} | {first:.1f} | {again:.1f} | {answer} |",
+                  flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

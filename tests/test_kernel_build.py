@@ -190,10 +190,12 @@ touch "$out"
 """
 
 
-def test_a_tier_failure_on_names_probed_undeclared_skips_the_build_as_written(monkeypatch, tmp_path):
+def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared_skips_the_build_as_written(
+        monkeypatch, tmp_path):
     """Real ninja, fake compilers that log each unit they compile: a source that fails on the slim tier with an
-    undefined name is built as written unless the name's probe answered "undeclared"; without an
-    answer, the worker asks for the probe (state["name_probes"]); "declared" means the build as written."""
+    undefined name no probe has answered stops there and asks for the probe (state["name_probes"]), as
+    kernel_eval's compile workers do; "undeclared" makes the tier's diagnostics the error, "declared" means
+    the build as written, and a builder that does not wait for probes builds as written at once."""
     import shutil
     import torch.utils.cpp_extension as ce
     log, cache = tmp_path / "log", tmp_path / "cache"
@@ -208,11 +210,13 @@ def test_a_tier_failure_on_names_probed_undeclared_skips_the_build_as_written(mo
     monkeypatch.setattr(ce, "CUDA_HOME", str(cuda_home))
     for name in ("load_inline", "load", "remove_extension_h_precompiler_headers", "JIT_EXTENSION_VERSIONER"):
         monkeypatch.setattr(ce, name, getattr(ce, name))
-    state = kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False)
+    inline = ce.load_inline
+    awaiting = kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False,
+                                    await_name_probes=True)
     source = "__global__ void k(float* y) { y[0] = undefined_name; }"
     probe = kb.name_probe_source([], [], ["undefined_name"])
 
-    def units_compiled() -> list:
+    def units_compiled(state) -> list:
         log.write_text("")
         state.update(build_error=None, name_probes=None)
         ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
@@ -220,18 +224,34 @@ def test_a_tier_failure_on_names_probed_undeclared_skips_the_build_as_written(mo
             ce.load_inline("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=source)
         return log.read_text().split("\n").count("nvcc cuda.cu")  # builds of the .cu unit
 
-    assert units_compiled() == 2  # no answer yet: the slim tier, then as written
-    assert state["name_probes"] == {"names": ["undefined_name"], "directives": [], "namespaces": []}
+    assert units_compiled(awaiting) == 1  # no answer yet: the slim tier, then the probe is asked for
+    assert awaiting["name_probes"] == {"names": ["undefined_name"], "directives": [], "namespaces": []}
+    assert 'identifier "undefined_name" is undefined' in awaiting["build_error"]
     assert kb.read_name_probe(str(cache), probe) is None
     os.makedirs(os.path.dirname(kb.name_probe_path(str(cache), probe)))
     open(kb.name_probe_path(str(cache), probe), "w").write("undeclared")
-    assert units_compiled() == 0  # the tier's failure is remembered with its diagnostics: no build at all
-    assert 'identifier "undefined_name" is undefined' in state["build_error"] and not state["name_probes"]
+    assert units_compiled(awaiting) == 0  # the tier's failure is remembered with its diagnostics: no build at all
+    assert 'identifier "undefined_name" is undefined' in awaiting["build_error"] and not awaiting["name_probes"]
     source += " // again"  # a new source
-    assert units_compiled() == 1  # the slim tier only
-    assert 'identifier "undefined_name" is undefined' in state["build_error"] and not state["name_probes"]
+    assert units_compiled(awaiting) == 1  # the slim tier only
+    assert 'identifier "undefined_name" is undefined' in awaiting["build_error"] and not awaiting["name_probes"]
     open(kb.name_probe_path(str(cache), probe), "w").write("declared")
-    assert units_compiled() == 1 and not state["name_probes"]  # the tier remembered; then as written
+    assert units_compiled(awaiting) == 1 and not awaiting["name_probes"]  # the tier remembered; then as written
+    os.remove(kb.name_probe_path(str(cache), probe))
+    ce.load_inline = inline
+    at_once = kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False)
+    source += " // and again"
+    assert units_compiled(at_once) == 2 and not at_once["name_probes"]  # the slim tier, then as written
+
+
+def test_the_probes_host_unit_builds_an_importable_module(tmp_path):
+    """A probe that builds (its names declared) must import, or its compile says nothing ("deferred")."""
+    import torch.utils.cpp_extension as ce
+    module = ce.load_inline("kernel_eval_name_probe", kb.PROBE_HOST_UNIT, no_implicit_headers=True,
+                            build_directory=str(tmp_path))
+    assert module.__name__ == "kernel_eval_name_probe"
+    assert kb.name_probe_answer(["n"], {"status": "ok"}) == "declared"
+    assert kb.name_probe_answer(["n"], {"status": "deferred"}) is None
 
 
 @pytest.mark.slow
@@ -420,10 +440,10 @@ def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_heade
 
 @pytest.mark.gpu
 def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_path):
-    """Through evaluate: a kernel with an undefined name fails on the slim tier, is built as written
-    (a compile error), and its name is probed; a new kernel with the same name is then a compile
-    error after the slim build alone. A name the full headers declare (Python's _Py_NoneStruct, which
-    torch/extension.h brings) keeps its kernel building as written, and its probe says "declared"."""
+    """Through evaluate: a kernel with an undefined name fails on the slim tier, its name is probed, and it is a
+    compile error without a build as written; a new kernel with the same name is then a compile error after
+    the slim build alone. A name the full headers declare (Python's _Py_NoneStruct, which torch/extension.h
+    brings) is probed "declared" and its kernel built as written."""
     benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
     broken = benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
     assert broken != benign
@@ -435,20 +455,23 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
         return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
                    for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
 
+    def answers() -> list:
+        return sorted(open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*"))
+                      if not p.endswith(".lock"))
+
     first = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_first"'), device="cuda",
                                  cache_root=cache, gpu_trials=30)
     assert first.status == "compile_error" and "kernel_eval_undeclared" in first.message, first.message
-    answers = [open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*"))]
-    assert answers == ["undeclared"] and builds_of("ext_first") == 2  # the slim tier, then as written
+    assert answers() == ["undeclared"] and builds_of("ext_first") == 1  # the slim tier, then the probe
     second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
                                   cache_root=cache, gpu_trials=30)
     assert second.status == "compile_error" and "kernel_eval_undeclared" in second.message, second.message
     assert builds_of("ext_second") == 1  # the slim tier alone
     result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
-    assert result.status == "correct", result.message  # built as written; nothing to probe after a build
+    assert result.status == "correct", result.message  # probed "declared" (the probe built and imported)
+    assert answers() == ["declared", "undeclared"] and builds_of("ext_rescued") == 2  # the slim tier, as written
     both = rescued.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
     result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
                                   cache_root=cache, gpu_trials=30)
     assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message
-    assert sorted(open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*"))) == [
-        "declared", "undeclared"]  # _Py_NoneStruct's probe built: the headers declare it
+    assert answers() == ["declared", "declared", "undeclared"]  # one of its two names is declared
