@@ -106,6 +106,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             state["build_s"] += _perf_counter() - t0
 
     def patched_inline(*a, **kw):
+        if state.get("name_probes"):  # this worker's result waits for a probe: build nothing more
+            raise RuntimeError("awaiting a name probe")
         args = inspect.signature(inline).bind(*a, **kw).arguments
         cuda = bool(args.get("cuda_sources"))
         fix_flags(args, cuda)

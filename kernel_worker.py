@@ -64,14 +64,14 @@ def _compile_worker(a, job: dict) -> None:
                                         "torch_preloaded": preloaded,
                                         "profile": {"torch": t_torch, "build": state["build_s"], "rest": rest}})
     except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
+        if state.get("name_probes"):  # a tier failed on names no probe has answered: kernel_eval asks it
+            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "name_probes", "name_probes": state["name_probes"]})
+            return
         build_error = state["build_error"] if kernel_build else (
             str(e) if isinstance(e, RuntimeError) and str(e).startswith("Error building extension") else None)
         if build_error is None:
             sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import",
                                             "message": trim_error(traceback.format_exc())})
-            return
-        if state.get("name_probes"):  # a tier failed on names no probe has answered: kernel_eval asks it
-            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "name_probes", "name_probes": state["name_probes"]})
             return
         undefined = None
         if kernel_build:

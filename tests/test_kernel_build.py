@@ -227,6 +227,10 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     assert units_compiled(awaiting) == 1  # no answer yet: the slim tier, then the probe is asked for
     assert awaiting["name_probes"] == {"names": ["undefined_name"], "directives": [], "namespaces": []}
     assert 'identifier "undefined_name" is undefined' in awaiting["build_error"]
+    log.write_text("")
+    with pytest.raises(RuntimeError, match="awaiting a name probe"):  # a candidate that caught it and goes on
+        ce.load_inline("other", "int g();", cuda_sources="__global__ void h() {}")
+    assert log.read_text() == ""  # the worker's result waits for the probe: nothing more is built
     assert kb.read_name_probe(str(cache), probe) is None
     os.makedirs(os.path.dirname(kb.name_probe_path(str(cache), probe)))
     open(kb.name_probe_path(str(cache), probe), "w").write("undeclared")
