@@ -431,14 +431,19 @@ def _import_source(path: str, module_name: str):
 
 
 _ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
+# A compiler's or linker's command line, however long its include paths make it: "... -c x.cu -o x.o",
+# "... -shared ... -o ext.so". torch prints ninja's first command on its "Error building extension" line.
+_COMMAND_LINE = re.compile(r"\s-c\s+\S+\s+-o\s+\S+\s*$|\s-shared\s.*\s-o\s+\S+\.so\s*$")
+_BUILD_ERROR_HEAD = re.compile(r"^(Error building extension '[^']*'):.*$")
 
 
 def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
     """The first useful lines of a compiler/traceback dump, for the model's feedback."""
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     lines = [re.sub(r"/\S*/(build|torch_extensions|kevalrun-[^/]*)/\S*?/", "", ln) for ln in lines]
+    lines = [_BUILD_ERROR_HEAD.sub(r"\1", ln) for ln in lines]
     lines = [ln for ln in lines if not ln.startswith(("ninja: build stopped", "[", "FAILED:"))
-             and "c++ -MMD" not in ln and "nvcc --generate" not in ln and " -c " not in ln[:200]]
+             and "nvcc --generate" not in ln and not _COMMAND_LINE.search(ln)]
     picked, seen = [], set()
     for i, ln in enumerate(lines):
         if _ERROR_LINE.search(ln):
