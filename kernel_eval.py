@@ -210,9 +210,11 @@ def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck
     return evaluate_batch([(ref_src, candidate_src)], device=device, precheck=precheck, **cfg)[0]
 
 
-def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False, **cfg) -> list:
+def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False,
+                   zygotes: sandbox.Zygotes | None = None, **cfg) -> list:
     """Verdicts for (reference_src, candidate_src) pairs: parallel compiles (each candidate's worker boots
-    meanwhile), checks sharing the device, one timed run at a time; one reference session per task."""
+    meanwhile), checks sharing the device, one timed run at a time; one reference session per task.
+    `zygotes`: the caller's, kept across batches (train.py keeps one for the run); None: the batch's own."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -233,7 +235,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         return results
     n_compiles = config.max_parallel_compiles or default_parallel_compiles(device, config)
     compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
-    zygotes = sandbox.Zygotes()  # each starts with the first worker of its environment
+    owned = zygotes is None
+    zygotes = sandbox.Zygotes() if owned else zygotes  # each starts with the first worker of its environment
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}
@@ -265,6 +268,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         if finished:
             for session in sessions.values():
                 session.close()
+        if owned or not finished:  # a caller's zygotes serve its next batch, unless this one was stopped
             zygotes.close()
     for result in results:
         result.boundary = boundary

@@ -754,7 +754,7 @@ def zygote_main(sock_fd: int, harness_pid: int, preload, worker_main) -> None:
 
 class _Zygote:
     """A process that has imported torch once, under one worker environment, and forks workers
-    (each under its supervisor) on request, for one batch: the same isolation as a spawned worker's
+    (each under its supervisor) on request, for one batch or as long as Zygotes keeps it: the same isolation as a spawned worker's
     (session, subreaper, process group, limits, tag), and the same environment, so what glibc and
     torch read at start (MALLOC_PERTURB_, the heap thresholds, CUDA_VISIBLE_DEVICES) is the same.
     It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
@@ -819,7 +819,12 @@ class _Zygote:
 class Zygotes:
     """One _Zygote per distinct worker environment (and entry), started by the first worker that
     needs it: kernel_eval on cuda has one for compile workers (CUDA hidden) and one for run workers;
-    on cpu both roles have the same environment and share one."""
+    on cpu both roles have the same environment and share one. A batch makes its own, or its caller
+    keeps one across batches (`with Zygotes() as zygotes:`), so that each turn of a training run does
+    not pay a zygote's start (its torch import) before its first build. Kept alive between batches,
+    a zygote holds no more than within one: no CUDA context, no candidate's code; a confined
+    candidate cannot see it, and an unconfined one could already write the build cache later
+    batches read."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -839,5 +844,14 @@ class Zygotes:
             return list(self.by_env.values())
 
     def close(self) -> None:
-        for zygote in self.all():
+        """Stop every zygote; a later fork starts a fresh one."""
+        with self.lock:
+            zygotes, self.by_env = list(self.by_env.values()), {}
+        for zygote in zygotes:
             zygote.close()
+
+    def __enter__(self) -> "Zygotes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

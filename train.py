@@ -337,6 +337,7 @@ def main(argv=None) -> None:
                   "nothing to do (a larger --steps trains on)")
         return
     import kernel_boundary
+    import kernel_sandbox
     import kernel_eval   # its device check: a one-line error for a missing GPU or CUDA toolkit
     config.device = kernel_eval.resolve_device(None if config.device == "auto" else config.device, "train.py")
     config.device = config.device.split(":")[0]   # each rank takes cuda:LOCAL_RANK
@@ -362,13 +363,14 @@ def main(argv=None) -> None:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(minutes=config.dist_timeout_minutes))
     try:
-        train(config, sampling, rank, world, local_world, device, resume_command(argv))
+        with kernel_sandbox.Zygotes() as zygotes:   # the harness's forking processes live for the run
+            train(config, sampling, rank, world, local_world, device, resume_command(argv), zygotes)
     finally:
         dist.destroy_process_group()
 
 
 def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int, local_world: int,
-          device: torch.device, resume_hint: str) -> None:
+          device: torch.device, resume_hint: str, zygotes=None) -> None:
     started = time.perf_counter()   # --max-minutes counts the setup too
     import kernel_eval
     from tqdm import tqdm
@@ -404,7 +406,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     eval_device = str(device) if device.type == "cuda" else "cpu"
     evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=eval_device, time_candidate=config.time_kernels, sandbox=config.sandbox,
-        max_parallel_compiles=builds_at_once(eval_device, local_world)), clock, "evaluation")
+        max_parallel_compiles=builds_at_once(eval_device, local_world), zygotes=zygotes), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = rollout.reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -6,6 +6,7 @@ undefined identifier), every source new to the cache, correctness only (train.py
     python bench/turn.py --device cuda --turns 3
     python bench/turn.py --device cpu --turns 2          # C++ kernels
     python bench/turn.py --device cuda --broken python   # the broken ones fail before any build
+    python bench/turn.py --device cuda --zygotes batch   # each turn starts its own zygotes (before train.py kept them)
 
 Prints, per turn, the batch's wall seconds and, per kind of candidate, its status and the p50 of its
 compile seconds and of its latency (compile start to verdict).
@@ -24,6 +25,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import kernel_eval  # noqa: E402
+import kernel_sandbox  # noqa: E402
 import tasks  # noqa: E402
 from warm_start import DEFAULT_TASKS, drop_declaration  # noqa: E402
 
@@ -54,6 +56,8 @@ def main() -> None:
                    help="how the non-compiling kernels fail: an undefined identifier in the kernel, or Python syntax")
     p.add_argument("--sandbox", default="auto", choices=("auto", "require", "off"))
     p.add_argument("--cache-root", default=None, help="default: a fresh temp dir (cold builds)")
+    p.add_argument("--zygotes", choices=("run", "batch"), default="run",
+                   help="run: one Zygotes kept across the turns (as train.py does); batch: each turn starts its own")
     a = p.parse_args()
     by_id = {t.task_id: t for t in tasks.load_builtin()}
     try:
@@ -65,19 +69,24 @@ def main() -> None:
     builds = a.max_parallel_compiles or kernel_eval.default_parallel_compiles(a.device, kernel_eval.EvalConfig())
     print(f"{builds} builds at once, {os.cpu_count()} CPUs")
     print("| turn | wall s | kind | statuses | compile s p50 | latency s p50 |\n|---:|---:|---|---|---:|---:|")
-    for turn in range(1, a.turns + 1):
-        batch = turn_batch(task_list, language, f"turn {turn} {time.time_ns()}", a.broken)
-        t0 = time.monotonic()
-        results = kernel_eval.evaluate_batch([(r, c) for _, r, c in batch], device=a.device, time_candidate=False,
-                                             sandbox=a.sandbox, max_parallel_compiles=builds,
-                                             cache_root=cache_root)
-        wall = time.monotonic() - t0
-        for kind in KINDS:
-            mine = [res for (k, _, _), res in zip(batch, results) if k == kind]
-            statuses = ", ".join(sorted({res.status for res in mine}))
-            compile_s = statistics.median(res.seconds.get("compile", 0.0) for res in mine)
-            latency_s = statistics.median(res.seconds.get("latency", 0.0) for res in mine)
-            print(f"| {turn} | {wall:.1f} | {kind} | {statuses} | {compile_s:.1f} | {latency_s:.1f} |", flush=True)
+    kept = kernel_sandbox.Zygotes() if a.zygotes == "run" else None
+    try:
+        for turn in range(1, a.turns + 1):
+            batch = turn_batch(task_list, language, f"turn {turn} {time.time_ns()}", a.broken)
+            t0 = time.monotonic()
+            results = kernel_eval.evaluate_batch([(r, c) for _, r, c in batch], device=a.device, time_candidate=False,
+                                                 sandbox=a.sandbox, max_parallel_compiles=builds,
+                                                 cache_root=cache_root, zygotes=kept)
+            wall = time.monotonic() - t0
+            for kind in KINDS:
+                mine = [res for (k, _, _), res in zip(batch, results) if k == kind]
+                statuses = ", ".join(sorted({res.status for res in mine}))
+                compile_s = statistics.median(res.seconds.get("compile", 0.0) for res in mine)
+                latency_s = statistics.median(res.seconds.get("latency", 0.0) for res in mine)
+                print(f"| {turn} | {wall:.1f} | {kind} | {statuses} | {compile_s:.1f} | {latency_s:.1f} |", flush=True)
+    finally:
+        if kept is not None:
+            kept.close()
 
 
 if __name__ == "__main__":

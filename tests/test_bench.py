@@ -132,3 +132,10 @@ def test_turn_bench_judges_a_new_correct_and_a_new_broken_kernel_per_task_each_t
                                                                       ("no_compile", "compile_error")]
     for wall, _, _, compile_s, latency_s in rows:
         assert 1.0 < float(compile_s) <= float(latency_s) <= float(wall)
+
+
+def test_zygotes_bench_refuses_a_task_without_a_solution_in_one_line():
+    out = subprocess.run([sys.executable, "bench/zygotes.py", "--device", "cpu", "--task", "level1/no_such_task"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip() == "bench/zygotes.py: no built-in cpp solution for level1/no_such_task"

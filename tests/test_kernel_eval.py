@@ -758,6 +758,23 @@ def test_one_reference_worker_serves_every_candidate_of_a_task(cpp_results, cach
     assert log.read_text() == "load\n"  # one trusted reference process for the batch, not one per candidate
 
 
+@pytest.mark.slow
+def test_a_callers_zygotes_serve_its_next_batch_and_stop_when_it_closes_them(cpp_results, cache_root):
+    """train.py keeps one Zygotes for the run: the processes that started in the first batch fork the
+    next batch's workers, evaluate_batch leaves them running, and leaving the with-block stops them."""
+    benign = open(CPP_CASES["benign"]).read()
+    with sandbox.Zygotes() as zygotes:
+        first = ke.evaluate_batch([(REFERENCE, benign)], device="cpu", cache_root=cache_root, zygotes=zygotes, **FAST)
+        assert first[0].status == "correct", first[0].message
+        started = [z.proc for z in zygotes.all()]
+        assert started and all(p.poll() is None for p in started)  # still running between the batches
+        second = ke.evaluate_batch([(REFERENCE, benign), (REFERENCE, open(CPP_CASES["half_output"]).read())],
+                                   device="cpu", cache_root=cache_root, zygotes=zygotes, **FAST)
+        assert [r.status for r in second] == ["correct", "incorrect"], [r.message for r in second]
+        assert [z.proc for z in zygotes.all()] == started  # no zygote started again
+    assert all(p.poll() is not None for p in started) and zygotes.all() == []
+
+
 SECRET = "sk-keval-test-4f1c9e0b7d"
 # a candidate that refuses to load where it can see the harness's secret: in its environment (as
 # the process reads it, and as /proc shows its initial block) or in any process's command line
