@@ -787,7 +787,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"eval.py: {error}")
     language = args.language or tasks_module.LANGUAGE_FOR_DEVICE[args.device.split(":")[0]]
     task_list = load_tasks(args)
-    evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device, sandbox=args.sandbox)
+    import kernel_sandbox
+    with kernel_sandbox.Zygotes() as zygotes:  # the harness's forking processes serve every turn of the run
+        evaluate_batch = functools.partial(kernel_eval.evaluate_batch, device=args.device, sandbox=args.sandbox,
+                                           zygotes=zygotes)
+        return judge_policy(args, shapes, task_list, language, local_only, evaluate_batch)
+
+
+def judge_policy(args, shapes: list, task_list: list, language: str, local_only: bool, evaluate_batch) -> int:
+    """main's run once nothing refuses it: a folder of candidates judged, or the policy's turns (--grid: each
+    shape), records and summaries under --out."""
     policy_name = os.path.basename(args.policy.rstrip('/'))
     if args.policy == "oracle" and args.corrupt_rate > 0:
         policy_name += f" (corrupt rate {args.corrupt_rate:g})"
