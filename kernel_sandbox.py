@@ -754,9 +754,10 @@ def zygote_main(sock_fd: int, harness_pid: int, preload, worker_main) -> None:
 
 class _Zygote:
     """A process that has imported torch once, under one worker environment, and forks workers
-    (each under its supervisor) on request, for one batch or as long as Zygotes keeps it: the same isolation as a spawned worker's
-    (session, subreaper, process group, limits, tag), and the same environment, so what glibc and
-    torch read at start (MALLOC_PERTURB_, the heap thresholds, CUDA_VISIBLE_DEVICES) is the same.
+    (each under its supervisor) on request, for as long as its Zygotes keeps it (one batch, or a
+    run): the same isolation as a spawned worker's (session, subreaper, process group, limits, tag),
+    and the same environment, so what glibc and torch read at start (MALLOC_PERTURB_, the heap
+    thresholds, CUDA_VISIBLE_DEVICES) is the same.
     It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
     secret (the allowlisted environment, the requests it served); the candidate's code runs only in
     a forked worker, never in the zygote (which an unconfined candidate can still ptrace or kill, as
