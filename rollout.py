@@ -310,12 +310,16 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
     return turns
 
 
+TIMEOUT_MESSAGE_CHARS = 200  # of a timeout's message in the turn's stats (the phase and the limit come first)
+
+
 def turn_stats(turn: int, turns: list[_Turn]) -> dict:
     """What train.py logs per turn: status counts, mean score, best speedup, response
     lengths, truncation, Kevin's "not okay" ratio, and where the harness's time went: the distinct
     kernels compiled now and those whose build came from its cache (identical candidates share one
     build, so both count distinct code), the verdicts reused rather than judged again, and the seconds
-    waited on timed-out phases (a reused verdict's were spent when it was first judged)."""
+    waited on timed-out phases (a reused verdict's were spent when it was first judged) and the messages
+    that say which limit each broke."""
     lengths = [len(t.completion.token_ids) for t in turns]
     judged_now = [t for t in turns if not t.verdict_reused]
     n = max(len(turns), 1)
@@ -331,6 +335,8 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "truncated_rate": sum(t.completion.finish_reason == "length" for t in turns) / n,
         "not_okay_ratio": sum(not t.thinking_opens_as_expected for t in turns) / n,
         "timeout_seconds": sum(t.timeout_seconds for t in judged_now),
+        # which limits they broke: "candidate timed out during check (limit 38 s: 30 x the reference's ...)"
+        "timeout_messages": sorted({t.message[:TIMEOUT_MESSAGE_CHARS] for t in judged_now if t.status == "timeout"}),
         "kernels_compiled": len({t.code for t in judged_now if t.build_reused is False}),
         "builds_reused": len({t.code for t in judged_now if t.build_reused is True}),
         "verdicts_reused": len(turns) - len(judged_now),

@@ -5,7 +5,8 @@ them into one metrics.jsonl line (`step_record`): reward, correct rate (overall 
 best speedup, status counts, response length, truncation, Kevin's "not okay" ratio (a response
 that does not open its thinking as the template expects), the candidates the harness could not
 judge (harness_errors: no verdict, so no sample and no reward), where the evaluation's time went
-(timeout_seconds: the seconds the harness waited on candidates that timed out; kernels_compiled:
+(timeout_seconds: the seconds the harness waited on candidates that timed out, timeout_messages: the
+limits they broke; kernels_compiled:
 distinct kernels built now; builds_reused: distinct kernels whose build came from the harness's cache;
 verdicts_reused: candidates given an earlier verdict, --reuse-verdicts), the loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
@@ -86,6 +87,7 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             "harness_errors": sum(turn["status_counts"].get("harness_error", 0) for turn in turns),
             # seconds the harness waited on candidates' phases that timed out (EvalResult.timeout_seconds)
             "timeout_seconds": sum(turn.get("timeout_seconds", 0.0) for turn in turns),
+            "timeout_messages": sorted({m for turn in turns for m in turn.get("timeout_messages", [])}),
             # where the rest of the evaluation went: builds run now, builds found in the cache (distinct
             # kernels, per turn and rank), candidates that got an earlier verdict instead of a new one
             **{k: sum(turn.get(k, 0) for turn in turns) for k in ("kernels_compiled", "builds_reused", "verdicts_reused")},

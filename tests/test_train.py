@@ -336,6 +336,7 @@ def test_seconds_lost_to_timeouts_are_summed_in_the_metrics(tmp_path, monkeypatc
                 "builtin/level1/01_relu", "--tasks-per-step", "1", "--max-new-tokens", "1100", "--out", str(tmp_path)])
     (record,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert record["status_counts"] == {"correct": 2, "timeout": 2} and record["timeout_seconds"] == 13.0
+    assert record["timeout_messages"] == ["candidate timed out during check"]  # the two, one message
 
 
 @pytest.mark.parametrize("reuse", [False, True])
