@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 
@@ -101,6 +102,19 @@ def run_table(run: dict) -> str:
     return "\n".join(lines)
 
 
+def time_lines(run: dict) -> list[str]:
+    """Where the run's evaluation time went: its median and slowest step, and each timeout's limit."""
+    seconds = [r["seconds_evaluation"] for r in run["rows"] if "seconds_evaluation" in r]
+    lines = []
+    if seconds:
+        lost = sum(r.get("timeout_seconds", 0.0) for r in run["rows"])
+        lines.append(f"Evaluation a step: median {statistics.median(seconds):.0f} s, max {max(seconds):.0f} s; "
+                     f"lost to timeouts {lost:.0f} s in all.")
+    for r in run["rows"]:
+        lines += [f"- step {r['step']}: {message}" for message in r.get("timeout_messages", [])]
+    return lines
+
+
 def check_lines(run: dict, window: int) -> list[str]:
     c = done_when(run["rows"], window)
     if not c["steps"]:
@@ -123,6 +137,8 @@ def report(runs: list, window: int = 5) -> str:
     out += ["", f"Runs meeting it: {sum(met)} of {len(runs)}.", ""]
     for run in runs:
         out += [f"## {run['label']} (`{run['path']}`)", "", run_table(run), ""]
+        timing = time_lines(run)
+        out += timing + [""] * bool(timing)
     return "\n".join(out)
 
 

@@ -74,6 +74,16 @@ def test_report_table_shows_where_the_steps_evaluation_went():
     assert table.splitlines()[-2].endswith("| 9 (90%) | - | - | 10 |"), table
 
 
+def test_report_says_the_median_and_slowest_evaluation_and_each_timeouts_limit():
+    limit = "candidate timed out during check (limit 38 s: 30 x the reference's 1.1 s + 5 s)"
+    rows = [dict(_row(1, 0.5, 0.15), seconds_evaluation=83.0, timeout_seconds=38.0, timeout_messages=[limit]),
+            dict(_row(2, 0.5, 0.15), seconds_evaluation=4.0, timeout_seconds=0.0, timeout_messages=[]),
+            dict(_row(3, 0.5, 0.15), seconds_evaluation=17.0)]
+    lines = learning_report.time_lines({"rows": rows})
+    assert lines == ["Evaluation a step: median 17 s, max 83 s; lost to timeouts 38 s in all.", f"- step 1: {limit}"]
+    assert learning_report.time_lines({"rows": [_row(1, 0.5, 0.15)]}) == []  # rows from before these keys
+
+
 def test_report_reads_the_old_learning_rl_metrics():
     old = os.path.join(ROOT, "docs", "learning", "h200_lr3e-4", "rl_seed0_metrics.jsonl")
     run = learning_report.load_run(old)
