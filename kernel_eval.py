@@ -237,6 +237,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     compile_pool = ThreadPoolExecutor(max_workers=max(1, n_compiles))
     owned = zygotes is None
     zygotes = sandbox.Zygotes() if owned else zygotes  # each starts with the first worker of its environment
+    zygotes.drop_out_of_service()  # a kept zygote that failed in an earlier batch: a fresh one in this
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}

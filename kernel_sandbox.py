@@ -844,6 +844,13 @@ class Zygotes:
         with self.lock:
             return list(self.by_env.values())
 
+    def drop_out_of_service(self) -> None:
+        """Forget the zygotes that stopped serving (a fork failed: it died, or could not start), so that the
+        next fork starts a fresh one: a caller that keeps them calls this once a batch, which gives each
+        batch the one fresh try that zygotes of its own would have."""
+        with self.lock:
+            self.by_env = {key: z for key, z in self.by_env.items() if not z.out_of_service}
+
     def close(self) -> None:
         """Stop every zygote; a later fork starts a fresh one."""
         with self.lock:

@@ -775,6 +775,27 @@ def test_a_callers_zygotes_serve_its_next_batch_and_stop_when_it_closes_them(cpp
     assert all(p.poll() is not None for p in started) and zygotes.all() == []
 
 
+@pytest.mark.slow
+def test_a_kept_zygote_that_died_is_replaced_in_the_next_batch(cpp_results, cache_root):
+    """Killed between batches (out of memory, or an unconfined candidate): the next batch's fork finds it
+    gone and spawns its workers instead; the batch after starts a fresh zygote. Every verdict stands."""
+    benign = open(CPP_CASES["benign"]).read()
+    with sandbox.Zygotes() as zygotes:
+        statuses = []
+        for batch in range(3):
+            if batch == 1:
+                (killed,) = [z.proc for z in zygotes.all()]
+                killed.kill()
+                killed.wait()
+            statuses.append(ke.evaluate_batch([(REFERENCE, benign)], device="cpu", cache_root=cache_root,
+                                              zygotes=zygotes, **FAST)[0].status)
+            if batch == 1:
+                assert [z.out_of_service != "" for z in zygotes.all()] == [True]  # the fork failed
+        assert statuses == ["correct"] * 3
+        (fresh,) = [z.proc for z in zygotes.all()]
+        assert fresh.pid != killed.pid and fresh.poll() is None
+
+
 SECRET = "sk-keval-test-4f1c9e0b7d"
 # a candidate that refuses to load where it can see the harness's secret: in its environment (as
 # the process reads it, and as /proc shows its initial block) or in any process's command line
