@@ -42,7 +42,7 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    environment and limits, and a candidate's (never the reference's) behind kernel_boundary's
    namespaces and uid 65534 (`sandbox`: EvalResult.boundary), the build cache hidden but for its own
    build directory (_confinement). A candidate's request may take a multiple of the reference's
-   seconds for the same request plus a slack, under a fixed ceiling (run_limit).
+   seconds for the same request (timed warm) plus a slack, under a fixed ceiling (run_limit).
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
@@ -143,8 +143,8 @@ class EvalConfig:
     time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
     # a candidate's run requests get multiple x the reference's seconds for the same request + slack, under the
     # ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow, so a naive
-    # one 10-20x slower than cuBLAS must stay correct. The slack covers what the reference has paid and the
-    # candidate not yet: a first call's lazy init, cuDNN/cuBLAS setup, a busy machine.
+    # one 10-20x slower than cuBLAS must stay correct. The reference is timed warm (its first forward is a
+    # rehearsal), so the slack covers the candidate's first call: lazy kernel loads, cuDNN/cuBLAS setup, a busy machine.
     run_timeout_multiple: float = 30.0
     run_timeout_slack_s: float = 5.0
     # memory (kernel_memory): the share of the device's free memory (the host's available memory on cpu and for
@@ -722,10 +722,11 @@ class ReferenceSession:
                       "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
         self.init_seed = secrets.randbits(31)
         self.worker = self.scratch = self.failure = None
+        self.rehearsed = False  # the worker has run a forward (the probe, or a rehearsal before gen)
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
         # the worker's seconds per request on the parent's clock, for run_limit: "check" (drawing every
-        # input set and computing its outputs: more than a candidate's check), each timing request by _request_key
+        # input set and computing its outputs, warm: more than a candidate's check), each timing request by _request_key
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
@@ -777,6 +778,7 @@ class ReferenceSession:
         if self.failure:
             raise self.failure
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "probe", "seed": secrets.randbits(62)})
+        self.rehearsed = True
         self.footprint = Footprint(*(int(reply[k]) for k in ("set_bytes", "out_bytes", "peak_bytes")))
         self.footprint.write(self.footprint_path)
 
@@ -799,6 +801,8 @@ class ReferenceSession:
         inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
+        if not self.rehearsed:  # the probe, or this, was the worker's first forward: gen is timed warm
+            self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
         t = time.monotonic()
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
                               fds=(inputs["check"], inputs["time"]))
@@ -858,6 +862,7 @@ class ReferenceSession:
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
+            self.rehearsed = False
         self.generated = False
         self.budget.forget(self)
         for fd in self.files.values():

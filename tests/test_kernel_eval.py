@@ -470,13 +470,14 @@ def test_run_limit_is_a_multiple_of_the_reference_plus_slack_under_the_fixed_cei
     assert limit == 300.0 and "unknown" in how
 
 
-# a reference that takes SPIN_S of CPU per call, and candidates that are honest, honest and 3x
+# a reference that takes SPIN_S of CPU per call (its first FIRST_CALL_S more), and candidates that are honest, honest and 3x
 # slower, hung in their check, or hung once timing starts (after the check's n_correct_trials calls)
 SPIN_REFERENCE = """
 import time
 import torch
 import torch.nn as nn
 SPIN_S = 0.05
+FIRST_CALL_S = 3.0
 
 def spin(seconds):
     end = time.perf_counter() + seconds
@@ -484,8 +485,11 @@ def spin(seconds):
         pass
 
 class Model(nn.Module):
+    calls = 0
+
     def forward(self, x):
-        spin(SPIN_S)
+        Model.calls += 1
+        spin(SPIN_S + (FIRST_CALL_S if Model.calls == 1 else 0.0))  # a cold start: lazy loads, a handle
         return x * 2.0
 
 def get_inputs():
@@ -519,8 +523,9 @@ class ModelNew(nn.Module):
 @pytest.mark.slow
 def test_a_hung_candidate_times_out_at_a_limit_derived_from_the_reference(tmp_path):
     """A candidate hung in its check, or once timing starts, is a timeout within 10x (the multiple
-    set here) the reference's time for the same request + the slack, far below the fixed 120 s / 300 s, and
-    says so; an honest candidate 3x slower than the reference stays correct."""
+    set here) the reference's warm time for the same request + the slack, far below the fixed 120 s / 300 s,
+    and says so (the reference's cold first call, 3 s, would put the check's limit past 35 s); an honest
+    candidate 3x slower than the reference stays correct."""
     cfg = dict(cache_root=str(tmp_path), op_check=False, cpu_trials=2, run_timeout_multiple=10)
     n = ke.EvalConfig().n_correct_trials
     variants = {"honest": (1, None), "slower_3x": (3, None), "hung_in_check": (1, 0), "hung_in_timing": (1, n)}
@@ -541,6 +546,10 @@ def test_a_hung_candidate_times_out_at_a_limit_derived_from_the_reference(tmp_pa
         assert limit == pytest.approx(10 * ref_s + 5, rel=0.06, abs=0.06), info  # both printed rounded
         assert 5 <= limit < 30 and limit * 0.95 <= r.timeout_seconds < limit + 5, info
     assert elapsed < 120, elapsed  # both hangs together cost less than the old check limit alone
+    # again on the cached footprint: no probe runs, so the reference's first forward is its rehearsal
+    again = ke.evaluate_batch([(SPIN_REFERENCE, srcs["hung_in_check"])], device="cpu", **cfg)[0]
+    m = re.search(r"during check \(limit ([\d.]+) s: 10 x the reference's", again.message)
+    assert again.status == "timeout" and m and 5 <= float(m.group(1)) < 30, again.message
 
 
 ALONE_REFERENCE = """
