@@ -137,6 +137,7 @@ class _Turn:
     build_reused: bool | None = None  # its build came from the harness's cache (None: not known, or no build)
     verdict_reused: bool = False  # the verdict of an earlier identical (reference, code) pair (reusing_verdicts)
     boundary: str = ""
+    seconds: dict = field(default_factory=dict)  # the harness's phases for this candidate (EvalResult.seconds)
 
 
 @dataclass
@@ -306,7 +307,8 @@ def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_b
                            timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
                            build_reused=verdict.get("build_reused"),
                            verdict_reused=bool(verdict.get("verdict_reused", False)),
-                           boundary=str(verdict.get("boundary", "") or "")))
+                           boundary=str(verdict.get("boundary", "") or ""),
+                           seconds=dict(verdict.get("seconds") or {})))
     return turns
 
 
@@ -317,9 +319,9 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
     """What train.py logs per turn: status counts, mean score, best speedup, response
     lengths, truncation, Kevin's "not okay" ratio, and where the harness's time went: the distinct
     kernels compiled now and those whose build came from its cache (identical candidates share one
-    build, so both count distinct code), the verdicts reused rather than judged again, and the seconds
+    build, so both count distinct code), the verdicts reused rather than judged again, the seconds
     waited on timed-out phases (a reused verdict's were spent when it was first judged) and the messages
-    that say which limit each broke."""
+    that say which limit each broke, and the phases of the verdict the turn waited for last."""
     lengths = [len(t.completion.token_ids) for t in turns]
     judged_now = [t for t in turns if not t.verdict_reused]
     n = max(len(turns), 1)
@@ -340,6 +342,9 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "kernels_compiled": len({t.code for t in judged_now if t.build_reused is False}),
         "builds_reused": len({t.code for t in judged_now if t.build_reused is True}),
         "verdicts_reused": len(turns) - len(judged_now),
+        # the phases of the candidate whose verdict came last: the turn waited for it
+        "slowest_seconds": {k: round(v, 1) for k, v in max(
+            (t.seconds for t in judged_now), key=lambda s: s.get("since_batch_start", 0.0), default={}).items()},
     }
 
 

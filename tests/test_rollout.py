@@ -479,7 +479,8 @@ def caching_harness(verdicts, built=()):
         for _, code in pairs:
             status, seconds = verdicts[code.split("// ")[1].split("'")[0]]
             out.append({"status": status, "correct": status == "correct", "compiled": True, "speedup": 1.0,
-                        "timeout_seconds": seconds, "build_reused": code in before})
+                        "timeout_seconds": seconds, "build_reused": code in before,
+                        "seconds": {"compile": 1.0, "since_batch_start": 1.0 + seconds}})
         return out
     return evaluate_batch, batches
 
@@ -509,3 +510,6 @@ def test_turn_stats_count_builds_compiled_and_reused_and_verdicts_reused(tokeniz
         assert [len(b) for b in batches] == [4, 3]
         assert counts == [(1, 1, 0, 15.0), (1, 1, 0, 17.0)]   # turn 1: Z built, X from the cache
     assert stats[1]["status_counts"] == {"timeout": 3, "format_error": 1}
+    # the verdict each turn waited for last: X's 5 s timeout, then Z's 7 s one
+    assert [st["slowest_seconds"] for st in stats] == [{"compile": 1.0, "since_batch_start": 6.0},
+                                                      {"compile": 1.0, "since_batch_start": 8.0}]
