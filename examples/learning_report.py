@@ -103,7 +103,8 @@ def run_table(run: dict) -> str:
 
 
 def time_lines(run: dict) -> list[str]:
-    """Where the run's evaluation time went: its median and slowest step, and each timeout's limit."""
+    """Where the run's evaluation time went: its median and slowest step, each timeout's limit, and per
+    step the phases of each turn's last verdict (metrics.jsonl's slowest_seconds)."""
     seconds = [r["seconds_evaluation"] for r in run["rows"] if "seconds_evaluation" in r]
     lines = []
     if seconds:
@@ -112,7 +113,17 @@ def time_lines(run: dict) -> list[str]:
                      f"lost to timeouts {lost:.0f} s in all.")
     for r in run["rows"]:
         lines += [f"- step {r['step']}: {message}" for message in r.get("timeout_messages", [])]
+    for r in run["rows"]:  # each turn's last verdict: what the step waited for
+        waited = [", ".join(f"{k} {v:g}" for k, v in phases.items() if k in SLOWEST_PHASES)
+                  for phases in r.get("slowest_seconds", []) if phases]
+        if waited:
+            lines.append(f"- step {r['step']}, last verdict of each turn (s): " + "; ".join(waited))
     return lines
+
+
+# the phases of a verdict (kernel_eval's EvalResult.seconds) worth a line: the build, the wait for the
+# device and the reference, the check, and its latency from the compile's start
+SLOWEST_PHASES = ("compile", "compile.build", "load", "device_wait", "reference", "check", "latency")
 
 
 def check_lines(run: dict, window: int) -> list[str]:

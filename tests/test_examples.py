@@ -78,9 +78,11 @@ def test_report_says_the_median_and_slowest_evaluation_and_each_timeouts_limit()
     limit = "candidate timed out during check (limit 38 s: 30 x the reference's 1.1 s + 5 s)"
     rows = [dict(_row(1, 0.5, 0.15), seconds_evaluation=83.0, timeout_seconds=38.0, timeout_messages=[limit]),
             dict(_row(2, 0.5, 0.15), seconds_evaluation=4.0, timeout_seconds=0.0, timeout_messages=[]),
-            dict(_row(3, 0.5, 0.15), seconds_evaluation=17.0)]
+            dict(_row(3, 0.5, 0.15), seconds_evaluation=17.0,
+                 slowest_seconds=[{"compile": 9.6, "compile.build": 9.1, "check": 0.4, "since_batch_start": 15.0}, {}])]
     lines = learning_report.time_lines({"rows": rows})
-    assert lines == ["Evaluation a step: median 17 s, max 83 s; lost to timeouts 38 s in all.", f"- step 1: {limit}"]
+    assert lines == ["Evaluation a step: median 17 s, max 83 s; lost to timeouts 38 s in all.", f"- step 1: {limit}",
+                     "- step 3, last verdict of each turn (s): compile 9.6, compile.build 9.1, check 0.4"]
     assert learning_report.time_lines({"rows": [_row(1, 0.5, 0.15)]}) == []  # rows from before these keys
 
 
