@@ -722,7 +722,6 @@ class ReferenceSession:
                       "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
         self.init_seed = secrets.randbits(31)
         self.worker = self.scratch = self.failure = None
-        self.rehearsed = False  # the worker has run a forward (the probe, or a rehearsal before gen)
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
         # the worker's seconds per request on the parent's clock, for run_limit: "check" (drawing every
@@ -778,7 +777,6 @@ class ReferenceSession:
         if self.failure:
             raise self.failure
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "probe", "seed": secrets.randbits(62)})
-        self.rehearsed = True
         self.footprint = Footprint(*(int(reply[k]) for k in ("set_bytes", "out_bytes", "peak_bytes")))
         self.footprint.write(self.footprint_path)
 
@@ -801,8 +799,9 @@ class ReferenceSession:
         inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
-        if not self.rehearsed:  # the probe, or this, was the worker's first forward: gen is timed warm
-            self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
+        # a first forward off the clock, so that gen is timed warm (run_limit); the probe, the first time
+        # a task is seen, may have warmed this worker already: one forward more, once per task
+        self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
         t = time.monotonic()
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
                               fds=(inputs["check"], inputs["time"]))
@@ -862,7 +861,6 @@ class ReferenceSession:
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
-            self.rehearsed = False
         self.generated = False
         self.budget.forget(self)
         for fd in self.files.values():
