@@ -102,6 +102,11 @@ def run_table(run: dict) -> str:
     return "\n".join(lines)
 
 
+# the phases of a verdict (kernel_eval's EvalResult.seconds) worth a line: the build, the wait for the
+# device and the reference, the check, and its latency from the compile's start
+SLOWEST_PHASES = ("compile", "compile.build", "load", "device_wait", "reference", "check", "latency")
+
+
 def time_lines(run: dict) -> list[str]:
     """Where the run's evaluation time went: its median and slowest step, each timeout's limit, and per
     step the phases of each turn's last verdict (metrics.jsonl's slowest_seconds)."""
@@ -119,11 +124,6 @@ def time_lines(run: dict) -> list[str]:
         if waited:
             lines.append(f"- step {r['step']}, last verdict of each turn (s): " + "; ".join(waited))
     return lines
-
-
-# the phases of a verdict (kernel_eval's EvalResult.seconds) worth a line: the build, the wait for the
-# device and the reference, the check, and its latency from the compile's start
-SLOWEST_PHASES = ("compile", "compile.build", "load", "device_wait", "reference", "check", "latency")
 
 
 def check_lines(run: dict, window: int) -> list[str]:
