@@ -470,8 +470,9 @@ def test_run_limit_is_a_multiple_of_the_reference_plus_slack_under_the_fixed_cei
     assert limit == 300.0 and "unknown" in how
 
 
-# a reference that takes SPIN_S of CPU per call (its first FIRST_CALL_S more), and candidates that are honest, honest and 3x
-# slower, hung in their check, or hung once timing starts (after the check's n_correct_trials calls)
+# a reference that takes SPIN_S of CPU per call (its first FIRST_CALL_S more), and candidates that are
+# honest, honest and 3x slower, hung in their check, or hung once timing starts (after the check's
+# n_correct_trials calls)
 SPIN_REFERENCE = """
 import time
 import torch
