@@ -828,8 +828,10 @@ def judge_policy(args, shapes: list, task_list: list, language: str, local_only:
     print(size_line(task_list, shapes, args.device), file=sys.stderr, flush=True)
     os.makedirs(args.out, exist_ok=True)
     checkpoint.atomic_write(run_file, json.dumps(wanted, indent=2) + "\n")
+    # turn by turn: TurnSeededEngine seeds each turn's one generate call, so --resume draws the same
     config = rollout.RolloutConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                                   temperature=args.temperature, top_p=args.top_p, language=language)
+                                   temperature=args.temperature, top_p=args.top_p, language=language,
+                                   overlap_turns=False)
     if args.grid:
         rows = []
         for shape in shapes:

@@ -2,13 +2,13 @@
 
 For every task, G trajectories refine a kernel over T turns. At turn t a trajectory's prompt
 is the task plus its earlier attempts (code, summary, feedback of turns < t; never the
-thinking, which would blow up the context), built by `summarize.build_prompt`. Each turn:
+thinking, which would blow up the context), built by `summarize.build_prompt`. A turn:
 
     prompts   = build_prompt(task, history) for every trajectory, tokenised once
     responses = engine.generate(prompts)                  # one batched call
     code      = summarize.parse_response(text).code       # thinking | code | summary
     gate      = kernel_gate.check_format(code)            # format + anti-hack rules
-    verdicts  = evaluate_batch([(reference, code), ...])  # one batched harness call
+    verdicts  = evaluate_batch([(reference, code), ...])  # batched harness calls (the schedule below)
     s_t       = rewards.kernel_score(verdict)             # 0.3*correct + speedup*correct
 
 and after the last turn every trajectory gets discounted returns (Kevin: gamma 0.4, sum)
@@ -17,6 +17,15 @@ and after the last turn every trajectory gets discounted returns (Kevin: gamma 0
 
 Every (trajectory, turn) is its own `Sample`; the task id is the GRPO group key, so grpo.py
 normalises advantages over all G*T samples of a task (Kevin-32B blog, "multi-turn training").
+
+The schedule: the harness is most of a step, and a harness call lasts as long as its slowest new
+kernel, so no trajectory waits for a verdict that is not its own. A verdict known without the
+harness (a format error; a repeated kernel, where the evaluator offers `known(pair)`, as
+reusing_verdicts does) lets its trajectory write the next turn at once, and each harness call
+judges every candidate written so far, whatever its turn: a step whose new kernels come in
+different turns of different trajectories waits for one round of builds, not one per turn. Each
+trajectory still sees only its own history, so the samples are what turn-by-turn batches would
+draw (RolloutConfig.overlap_turns=False runs those).
 
 A task whose reference fails in the harness (status "reference_error": it does not load, run or
 give outputs) says nothing about the policy: its candidates are not judged again in later turns,
@@ -111,6 +120,11 @@ class RolloutConfig:
     expected_thinking_opening: str = "Okay"
     # DAPO's overlong filtering: train on nothing from completions cut at max_new_tokens.
     mask_truncated: bool = False
+    # A trajectory whose verdict is known without the harness (a format error, a verdict
+    # reusing_verdicts holds) writes its next turn at once, and the harness judges it in one batch
+    # with the other trajectories' earlier turns. Off: every turn waits for all verdicts of the
+    # turn before (eval.py: its sampling is seeded per turn, so a resumed run draws the same).
+    overlap_turns: bool = True
 
 
 # ---------------------------------------------------------------------------------------
@@ -194,30 +208,68 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
             trajectory.history = list(history)
     if start_turn < 0:
         raise ValueError(f"rollout: start_turn must be >= 0, got {start_turn}")
-    stats = []
+    n_turns, thinking_open = config.n_turns, getattr(engine, "prompt_opens_thinking", False)
+    known = getattr(evaluate_batch, "known", None)   # reusing_verdicts: a verdict it holds already
+    judged: list[list[_Turn | None]] = [[None] * len(trajectories) for _ in range(n_turns)]  # [turn][row]
+    waiting: dict[int, tuple] = {}  # row -> (prompt ids, completion, parsed response, pair) for the harness
+    stats: list[dict] = []
     broken: set[int] = set()  # indexes of tasks whose reference failed (reference_error)
-    for turn in range(config.n_turns):
-        prompt_ids = [engine.encode_prompt(summarize.build_prompt(
-            tasks[tr.task_index].reference_src, tr.history, language=config.language,
-            count_tokens=engine.count_tokens, max_prompt_tokens=config.max_prompt_tokens))
-            for tr in trajectories]
-        # Fresh trajectories of a task share their first prompt; continued ones need not.
-        shared_prompt = turn == 0 and histories is None
-        completions = _generate_turn(engine, prompt_ids, shared_prompt, config)
-        turns = _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config,
-                            broken)
-        for trajectory, record in zip(trajectories, turns):
-            trajectory.turns.append(record)
-            trajectory.history.append(summarize.Attempt(
-                code=record.code or "", summary=record.summary, feedback=record.feedback))
-            if record.status == REFERENCE_ERROR:
-                broken.add(trajectory.task_index)
-        stats.append(dict(turn_stats(start_turn + turn, turns),
-                          reference_error_tasks=sorted(tasks[i].task_id for i in broken)))
-        if on_turn is not None:
-            on_turn(start_turn + turn, [
-                _sample(tasks[tr.task_index].task_id, tr.index, start_turn + turn, record,
-                        float("nan"), config) for tr, record in zip(trajectories, turns)])
+
+    def record(row: int, prompt, completion, parsed, rejection, verdict) -> None:
+        trajectory, turn = trajectories[row], len(trajectories[row].turns)
+        done = _turn_record(prompt, completion, parsed, rejection, verdict, thinking_open, config)
+        trajectory.turns.append(done)
+        trajectory.history.append(summarize.Attempt(code=done.code or "", summary=done.summary,
+                                                    feedback=done.feedback))
+        if done.status == REFERENCE_ERROR:
+            broken.add(trajectory.task_index)
+        judged[turn][row] = done
+
+    def report_finished_turns() -> None:  # in turn order: a trajectory finishes turn t before t + 1
+        while len(stats) < n_turns and all(judged[len(stats)]):
+            turn, turns = len(stats), judged[len(stats)]
+            stats.append(dict(turn_stats(start_turn + turn, turns),
+                              reference_error_tasks=sorted(tasks[i].task_id for i in broken)))
+            if on_turn is not None:
+                on_turn(start_turn + turn, [_sample(tasks[tr.task_index].task_id, tr.index, start_turn + turn,
+                                                    t, float("nan"), config) for tr, t in zip(trajectories, turns)])
+
+    while True:
+        rows = [r for r, tr in enumerate(trajectories) if len(tr.turns) < n_turns and r not in waiting]
+        if rows:  # a generation round: every trajectory whose last verdict is known writes its next turn
+            prompt_ids = [engine.encode_prompt(summarize.build_prompt(
+                tasks[trajectories[r].task_index].reference_src, trajectories[r].history,
+                language=config.language, count_tokens=engine.count_tokens,
+                max_prompt_tokens=config.max_prompt_tokens)) for r in rows]
+            # Fresh trajectories of a task share their first prompt; continued ones need not.
+            shared_prompt = histories is None and all(not tr.turns for tr in trajectories)
+            went_on = False
+            for r, prompt, completion in zip(rows, prompt_ids, _generate_turn(engine, prompt_ids, shared_prompt,
+                                                                              config)):
+                parsed, rejection, pair = _read(completion, tasks[trajectories[r].task_index], thinking_open, config)
+                if trajectories[r].task_index in broken:  # its reference failed earlier: not judged again
+                    rejection, verdict = None, {"status": REFERENCE_ERROR,
+                                                "message": "the task's reference failed in an earlier turn"}
+                else:
+                    verdict = known(pair) if pair and known else None
+                if pair and verdict is None:
+                    waiting[r] = (prompt, completion, parsed, pair)
+                else:
+                    record(r, prompt, completion, parsed, rejection, verdict)
+                    went_on |= len(trajectories[r].turns) < n_turns
+            report_finished_turns()
+            if went_on and (config.overlap_turns or not waiting):
+                continue
+        if not waiting:
+            break
+        rows = list(waiting)  # a harness round: every candidate written so far, whatever its turn
+        verdicts = evaluate_batch([waiting[r][3] for r in rows])
+        if len(verdicts) != len(rows):
+            raise RuntimeError(f"evaluate_batch returned {len(verdicts)} results for {len(rows)} candidates")
+        for r, verdict in zip(rows, verdicts):
+            prompt, completion, parsed, _ = waiting.pop(r)
+            record(r, prompt, completion, parsed, None, verdict_record(verdict))
+        report_finished_turns()
     kept = [tr for tr in trajectories if tr.task_index not in broken]
     return _samples(tasks, kept, config, start_turn), stats
 
@@ -230,6 +282,10 @@ def reusing_verdicts(evaluate_batch: Callable[[list[tuple[str, str]]], list]):
     marked verdict_reused, so the turn stats count it as reused, not as judged again."""
     verdicts = {}
 
+    def known(pair):
+        """The verdict this holds for `pair` (marked reused), or None: the rollout need not wait for it."""
+        return dict(verdict_record(verdicts[pair]), verdict_reused=True) if pair in verdicts else None
+
     def evaluate_once(pairs, **kwargs):
         judged_now = sorted(set(pairs) - verdicts.keys())
         if judged_now:
@@ -241,8 +297,9 @@ def reusing_verdicts(evaluate_batch: Callable[[list[tuple[str, str]]], list]):
                 first.discard(pair)
                 out.append(verdicts[pair])
             else:
-                out.append(dict(verdict_record(verdicts[pair]), verdict_reused=True))
+                out.append(known(pair))
         return out
+    evaluate_once.known = known
     return evaluate_once
 
 
@@ -258,58 +315,38 @@ def _generate_turn(engine: Engine, prompt_ids, shared_prompt, config) -> list[Co
     return [group[0] for group in engine.generate(prompt_ids, n=1, **kwargs)]
 
 
-def _score_turn(tasks, trajectories, prompt_ids, completions, engine, evaluate_batch, config,
-                broken: set[int] = frozenset()) -> list[_Turn]:
-    thinking_open = getattr(engine, "prompt_opens_thinking", False)
-    parsed = [summarize.parse_response(c.text, thinking_open) for c in completions]
-    rejections: list[str | None] = []
-    pairs, pair_rows = [], []
-    results: list[dict | None] = [None] * len(completions)
-    for row, (tr, p) in enumerate(zip(trajectories, parsed)):
-        if tr.task_index in broken:  # its reference failed in an earlier turn: not judged again
-            rejections.append(None)
-            results[row] = {"status": REFERENCE_ERROR, "message": "the task's reference failed in an earlier turn"}
-            continue
-        reason = p.error or (None if p.code else "no code in the response")
-        if reason is None:
-            reason = kernel_gate.check_format(p.code, config.language)
-        rejections.append(reason)
-        if reason is None:
-            pairs.append((tasks[tr.task_index].reference_src, p.code))
-            pair_rows.append(row)
-    if pairs:
-        verdicts = evaluate_batch(pairs)
-        if len(verdicts) != len(pairs):
-            raise RuntimeError(f"evaluate_batch returned {len(verdicts)} results for {len(pairs)} candidates")
-        for row, verdict in zip(pair_rows, verdicts):
-            results[row] = verdict_record(verdict)
-    turns = []
-    for row, completion in enumerate(completions):
-        opening = (parsed[row].thinking or completion.text).lstrip()
-        expected = opening.startswith(config.expected_thinking_opening)
-        if results[row] is None:
-            turns.append(_Turn(prompt_ids[row], completion, "format_error", 0.0, 0.0,
-                               parsed[row].code, parsed[row].summary or "",
-                               summarize.feedback(rejections[row]), expected,
-                               message=rejections[row]))
-            continue
-        verdict = results[row]
-        score = 0.0 if verdict.get("status") in (REFERENCE_ERROR, HARNESS_ERROR) else rewards.kernel_score(
-            verdict, correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap)
-        turns.append(_Turn(prompt_ids[row], completion, verdict.get("status"), score,
-                           float(verdict.get("speedup", 0.0) or 0.0), parsed[row].code,
-                           parsed[row].summary or "", summarize.feedback(verdict), expected,
-                           correct=bool(verdict.get("correct", False)),
-                           ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
-                           candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
-                           timing_ok=bool(verdict.get("timing_ok", True)),
-                           message=str(verdict.get("message", "") or ""),
-                           timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
-                           build_reused=verdict.get("build_reused"),
-                           verdict_reused=bool(verdict.get("verdict_reused", False)),
-                           boundary=str(verdict.get("boundary", "") or ""),
-                           seconds=dict(verdict.get("seconds") or {})))
-    return turns
+def _read(completion: Completion, task, thinking_open: bool, config) -> tuple:
+    """(parsed response, why it is a format error or None, the (reference, code) pair to judge or None)."""
+    parsed = summarize.parse_response(completion.text, thinking_open)
+    rejection = parsed.error or (None if parsed.code else "no code in the response")
+    if rejection is None:
+        rejection = kernel_gate.check_format(parsed.code, config.language)
+    return parsed, rejection, (task.reference_src, parsed.code) if rejection is None else None
+
+
+def _turn_record(prompt_ids, completion, parsed, rejection, verdict: dict | None, thinking_open: bool,
+                 config) -> _Turn:
+    """A judged turn: a format error (`rejection`, no verdict) or the harness's verdict and its score."""
+    opening = (parsed.thinking or completion.text).lstrip()
+    expected = opening.startswith(config.expected_thinking_opening)
+    if verdict is None:
+        return _Turn(prompt_ids, completion, "format_error", 0.0, 0.0, parsed.code, parsed.summary or "",
+                     summarize.feedback(rejection), expected, message=rejection)
+    score = 0.0 if verdict.get("status") in (REFERENCE_ERROR, HARNESS_ERROR) else rewards.kernel_score(
+        verdict, correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap)
+    return _Turn(prompt_ids, completion, verdict.get("status"), score,
+                 float(verdict.get("speedup", 0.0) or 0.0), parsed.code,
+                 parsed.summary or "", summarize.feedback(verdict), expected,
+                 correct=bool(verdict.get("correct", False)),
+                 ref_ms=float(verdict.get("ref_ms", 0.0) or 0.0),
+                 candidate_ms=float(verdict.get("candidate_ms", 0.0) or 0.0),
+                 timing_ok=bool(verdict.get("timing_ok", True)),
+                 message=str(verdict.get("message", "") or ""),
+                 timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
+                 build_reused=verdict.get("build_reused"),
+                 verdict_reused=bool(verdict.get("verdict_reused", False)),
+                 boundary=str(verdict.get("boundary", "") or ""),
+                 seconds=dict(verdict.get("seconds") or {}))
 
 
 TIMEOUT_MESSAGE_CHARS = 200  # of a timeout's message in the turn's stats (the phase and the limit come first)

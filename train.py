@@ -93,6 +93,7 @@ class Config:
     stop: tuple[str, ...] = ()        # a string that ends a response (repeat the flag for several)
     expected_thinking_opening: str = "Okay"  # the not-okay ratio counts thinking that does not open with this
     mask_truncated: bool = False      # train on nothing from responses cut at the token limit (DAPO's overlong filter)
+    overlap_turns: bool = True        # a trajectory whose verdict needs no harness writes its next turn at once
     correctness_weight: float = 0.3   # score = weight x correct + speedup x correct (Kevin: 0.3)
     speedup_cap: float | None = None  # clip each speedup in the score at this value (Kevin: no cap)
     gamma: float = 0.4                # discount of later turns' scores in a turn's return (Kevin: 0.4)
@@ -176,7 +177,8 @@ def rollout_config(config: Config, language: str) -> rollout.RolloutConfig:
         max_prompt_tokens=config.max_prompt_tokens, temperature=config.temperature, top_p=config.top_p,
         stop=tuple(config.stop), language=language, gamma=config.gamma, return_mode=config.return_mode,
         correctness_weight=config.correctness_weight, speedup_cap=config.speedup_cap,
-        expected_thinking_opening=config.expected_thinking_opening, mask_truncated=config.mask_truncated)
+        expected_thinking_opening=config.expected_thinking_opening, mask_truncated=config.mask_truncated,
+        overlap_turns=config.overlap_turns)
 
 
 # ----------------------------------------------------------------------------- setup

@@ -2,6 +2,7 @@
 tiny HF model, the oracle-mixed engine through a scripted policy; and one slow end-to-end run
 on real C++ kernels with the oracle engine. The engines' own tests are in test_engines.py."""
 import math
+import re
 from dataclasses import dataclass
 
 import pytest
@@ -49,12 +50,15 @@ def kernel(tag: str) -> str:
 
 
 class ScriptedEngine:
-    """Answers from a script keyed by (task marker, trajectory order, turn); ids from the
-    real ByT5 tokenizer, EOS appended as a sampled token, so masks can be checked."""
+    """Answers from a script keyed by (task marker, trajectory, turn); ids from the real ByT5
+    tokenizer, EOS appended as a sampled token, so masks can be checked. The key is read from the
+    prompt, as a policy reads its context: the turn is the number of attempts it shows, the trajectory
+    the one whose scripted answers those attempts are (identical histories: the first not yet
+    answered at that turn), so a call may hold any trajectories at any turns."""
 
     def __init__(self, tokenizer, script, truncate_at=None):
         self.tokenizer, self.script, self.truncate_at = tokenizer, script, truncate_at
-        self.turn, self.calls = 0, []
+        self.calls, self.answered = [], set()
         self.prompt_opens_thinking = True   # as QwQ's template, which ends the prompt in <think>
 
     def encode_prompt(self, text):
@@ -63,24 +67,35 @@ class ScriptedEngine:
     def count_tokens(self, text):
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
+    def key(self, prompt: str) -> tuple:
+        task = "A" if "task A" in prompt else "B"
+        attempts = re.findall(r"Attempt (\d+):\n```python\n(.*?)\n```\nSummary: ", prompt, re.S)
+        turn = max((int(n) for n, _ in attempts), default=0)
+        for k in sorted({k for t, k, _ in self.script if t == task}):
+            if (task, k, turn) in self.answered:
+                continue
+            shown = [summarize.parse_response(self.emit(self.script[(task, k, int(n) - 1)]).text,
+                                              self.prompt_opens_thinking).code or "" for n, _ in attempts]
+            if all(code.rstrip() == own.rstrip() for (_, code), own in zip(attempts, shown)):
+                self.answered.add((task, k, turn))
+                return task, k, turn
+        raise AssertionError(f"no scripted trajectory of task {task} left at turn {turn}")
+
     def generate(self, prompt_token_ids, *, n, max_new_tokens, temperature, top_p, stop):
         self.calls.append((len(prompt_token_ids), n))
-        out, seen = [], {}
+        out = []
         for ids in prompt_token_ids:
-            task = "A" if "task A" in self.tokenizer.decode(ids) else "B"
             group = []
             for _ in range(n):
-                k = seen.get(task, 0)
-                seen[task] = k + 1
-                text = self.script[(task, k, self.turn)]
-                ids_out = self.tokenizer(text, add_special_tokens=False).input_ids + [EOS]
-                finish = "stop"
-                if self.truncate_at is not None and len(ids_out) > self.truncate_at:
-                    ids_out, finish = ids_out[:self.truncate_at], "length"
-                group.append(engines.Completion(ids_out, None, self.tokenizer.decode(ids_out, skip_special_tokens=True), finish))
+                group.append(self.emit(self.script[self.key(self.tokenizer.decode(ids))]))
             out.append(group)
-        self.turn += 1
         return out
+
+    def emit(self, text: str) -> engines.Completion:
+        ids_out, finish = self.tokenizer(text, add_special_tokens=False).input_ids + [EOS], "stop"
+        if self.truncate_at is not None and len(ids_out) > self.truncate_at:
+            ids_out, finish = ids_out[:self.truncate_at], "length"
+        return engines.Completion(ids_out, None, self.tokenizer.decode(ids_out, skip_special_tokens=True), finish)
 
 
 def fake_evaluator(verdicts):
@@ -114,16 +129,29 @@ def test_rollout_samples_prompts_returns_and_stats(tokenizer):
         verdicts.update({f"{task}00": ("correct", 1.0), f"{task}01": ("incorrect", 0.0),
                          f"{task}02": ("correct", 2.0), f"{task}11": ("compile_error", 0.0),
                          f"{task}12": ("correct", 0.5)})
-    engine = ScriptedEngine(tokenizer, script)
-    evaluate_batch, batches = fake_evaluator(verdicts)
-    config = rollout.RolloutConfig(n_trajectories=2, n_turns=3, max_new_tokens=4096,
-                                   max_prompt_tokens=100_000, language="cpp")
-    samples, stats = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
-
-    # One batched generate per turn; turn 0 sends each task's prompt once with n=G.
-    assert engine.calls == [(2, 2), (4, 1), (4, 1)]
-    # One batched harness call per turn, without the response that had no code.
+    runs = {}
+    for overlap in (False, True):
+        engine = ScriptedEngine(tokenizer, script)
+        evaluate_batch, batches = fake_evaluator(verdicts)
+        config = rollout.RolloutConfig(n_trajectories=2, n_turns=3, max_new_tokens=4096,
+                                       max_prompt_tokens=100_000, language="cpp", overlap_turns=overlap)
+        runs[overlap] = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config), engine.calls, batches
+    # Turn by turn: one batched generate and one harness call per turn (without the response that had
+    # no code); turn 0 sends each task's prompt once with n=G.
+    _, calls, batches = runs[False]
+    assert calls == [(2, 2), (4, 1), (4, 1)]
     assert [len(b) for b in batches] == [2, 4, 4]
+    # Overlapped: trajectory 1's turn 0 had no code, so its turn 1 is written at once and judged in the
+    # first harness call, beside trajectory 0's turn 0; then 1's turn 2 beside 0's turn 1; then 0's turn 2.
+    (samples, stats), calls, batches = runs[True]
+    assert calls == [(2, 2), (2, 1), (4, 1), (2, 1)]
+    assert [sorted(code.split("// ")[1][:3] for _, code in b) for b in batches] == [
+        ["A00", "A11", "B00", "B11"], ["A01", "A12", "B01", "B12"], ["A02", "B02"]]
+    # The same samples and stats either way: each trajectory sees only its own history.
+    fields = lambda s: (s.task_id, s.trajectory, s.turn, s.prompt_ids, s.completion_ids, s.status, s.score,  # noqa: E731
+                        s.discounted_return, s.feedback)
+    assert list(map(fields, samples)) == list(map(fields, runs[False][0][0]))
+    assert stats == runs[False][0][1]
     assert len(samples) == 2 * 2 * 3
     by_key = {(s.task_id, s.trajectory, s.turn): s for s in samples}
     for s in samples:
@@ -232,7 +260,7 @@ def test_rollout_keeps_truncated_completions_and_collates_without_masking_by_pad
     engine = ScriptedEngine(tokenizer, script, truncate_at=50)
     evaluate_batch, batches = fake_evaluator({})
     for mask_truncated in (False, True):
-        engine.turn = 0
+        engine.answered.clear()
         config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=50,
                                        max_prompt_tokens=100_000, language="cpp",
                                        mask_truncated=mask_truncated)
@@ -302,7 +330,8 @@ def test_rollout_takes_no_code_from_a_completion_cut_inside_thinking_the_templat
     open_samples, _ = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
     assert batches == [] and {s.status for s in open_samples} == {"format_error"}
     assert all("</think>" in s.feedback for s in open_samples)
-    engine.prompt_opens_thinking, engine.turn = False, 0   # a template that does not open it
+    engine.prompt_opens_thinking = False   # a template that does not open it
+    engine.answered.clear()
     closed_samples, _ = rollout.rollout([TASK_A, TASK_B], engine, evaluate_batch, config)
     assert {s.status for s in closed_samples} == {"correct"}
 
@@ -314,12 +343,12 @@ def test_oracle_mixed_engine_writes_oracle_answers_in_policy_tokens(tokenizer):
     policy.prompt_opens_thinking = False
     prompts = [policy.encode_prompt(f"solve {t.reference_src}") for t in tasks_]
     for share, want_oracle in ((0.0, 0), (1.0, 16)):
-        policy.turn = 0
+        policy.answered.clear()
         engine = engines.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=share, language="cpp")
         groups = engine.generate(prompts, n=8, max_new_tokens=100_000)
         oracle = [c for g in groups for c in g if c.logprobs is None and c.text != "policy text"]
         assert len(oracle) == want_oracle
-    policy.turn = 0
+    policy.answered.clear()
     engine = engines.OracleMixedEngine(policy, tokenizer, tasks_, oracle_share=0.5, language="cpp", seed=2)
     groups = engine.generate(prompts, n=8, max_new_tokens=100_000)
     for task, group in zip(tasks_, groups):
@@ -414,7 +443,6 @@ def test_rollout_continues_from_histories_at_a_turn_offset_and_reports_each_turn
                                   **{**config.__dict__, "n_turns": 1}))
     histories = [[summarize.Attempt(s.code or "", s.summary, s.feedback)] for s in head]
     engine = ScriptedEngine(tokenizer, script)
-    engine.turn = 1
     tail, stats = rollout.rollout([TASK_A, TASK_B], engine, fake_evaluator(verdicts)[0],
                                   rollout.RolloutConfig(**{**config.__dict__, "n_turns": 2}),
                                   histories=histories, start_turn=1)
@@ -463,6 +491,31 @@ def test_reused_verdicts_judge_each_distinct_pair_once():
     assert [(v["message"], v.get("verdict_reused", False)) for v in second] == [
         ("verdict of a for r", True), ("verdict of a for r2", False)]
     assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]
+
+
+def test_a_verdict_known_without_the_harness_lets_its_trajectory_go_on(tokenizer):
+    """reusing_verdicts holds kernel X's verdict from an earlier step. Trajectory 0 repeats X at turn 0,
+    then writes a new kernel W; trajectory 1 writes a new kernel Y, then repeats it. Overlapped, W is
+    written while Y waits for the harness and both are judged in one call, so the step waits for one
+    round of builds; turn by turn, W waits for Y's verdict and is judged in a second call."""
+    script = {("A", 0, 0): response("Okay.", kernel("X"), "s"), ("A", 0, 1): response("Okay.", kernel("W"), "s"),
+              ("A", 1, 0): response("Okay.", kernel("Y"), "s"), ("A", 1, 1): response("Okay.", kernel("Y"), "s")}
+    runs = {}
+    for overlap in (False, True):
+        harness, batches = fake_evaluator({tag: ("correct", 1.0) for tag in "XWY"})
+        evaluate = rollout.reusing_verdicts(harness)
+        assert evaluate.known((TASK_A.reference_src, kernel("X"))) is None
+        evaluate([(TASK_A.reference_src, kernel("X"))])   # the earlier step
+        assert evaluate.known((TASK_A.reference_src, kernel("X")))["verdict_reused"] is True
+        config = rollout.RolloutConfig(n_trajectories=2, n_turns=2, max_new_tokens=4096,
+                                       max_prompt_tokens=100_000, language="cpp", overlap_turns=overlap)
+        samples, stats = rollout.rollout([TASK_A], ScriptedEngine(tokenizer, script), evaluate, config)
+        runs[overlap] = [sorted(code.split("// ")[1][0] for _, code in b) for b in batches[1:]], samples, stats
+    assert runs[True][0] == [["W", "Y"]]
+    assert runs[False][0] == [["Y"], ["W"]]
+    fields = lambda s: (s.trajectory, s.turn, s.prompt_ids, s.completion_ids, s.status, s.discounted_return)  # noqa: E731
+    assert list(map(fields, runs[True][1])) == list(map(fields, runs[False][1]))
+    assert [st["verdicts_reused"] for st in runs[True][2]] == [1, 1]   # X at turn 0, Y at turn 1
 
 
 def caching_harness(verdicts, built=()):

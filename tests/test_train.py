@@ -79,7 +79,8 @@ def test_every_rollout_setting_has_a_flag_that_reaches_the_rollout():
              "return_mode": (["--return-mode", "max"], "max"),
              "correctness_weight": (["--correctness-weight", "0.1"], 0.1),
              "speedup_cap": (["--speedup-cap", "4"], 4.0), "mask_truncated": (["--mask-truncated"], True),
-             "expected_thinking_opening": (["--expected-thinking-opening", "Hmm"], "Hmm")}
+             "expected_thinking_opening": (["--expected-thinking-opening", "Hmm"], "Hmm"),
+             "overlap_turns": (["--no-overlap-turns"], False)}
     # language follows --device (C++ kernels on the CPU, CUDA kernels on a GPU)
     assert set(given) == {f.name for f in dataclasses.fields(rollout.RolloutConfig)} - {"language"}
     built = train.rollout_config(train.parse_config([a for argv, _ in given.values() for a in argv]), "cpp")
