@@ -431,7 +431,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
             if rank == 0:
                 tqdm.write(f"train.py: stopping before step {step + 1}: --max-minutes {config.max_minutes} would pass")
             break
-        clock.update(generation=0.0, evaluation=0.0)
+        clock.update(generation=0.0, evaluation=0.0, generation_calls=0, evaluation_calls=0)
         if isinstance(engine, engines.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
             engine.rng.seed(f"oracle-mixed:{config.seed}:{rank}:{step}")
         # 1. this step's tasks; each task's whole group on one rank

@@ -9,7 +9,8 @@ judge (harness_errors: no verdict, so no sample and no reward), where the evalua
 limits they broke; kernels_compiled:
 distinct kernels built now; builds_reused: distinct kernels whose build came from the harness's cache;
 verdicts_reused: candidates given an earlier verdict, --reuse-verdicts; slowest_seconds: per turn, the
-phases of the verdict that came last), the loss's clip fraction, approx KL
+phases of the verdict that came last; harness_calls and generation_rounds: the rollout's schedule), the
+loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
 norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
 `plot_curves` redraws plots/curves.png from metrics.jsonl: a grid of panels against the step.
@@ -31,13 +32,15 @@ import checkpoint
 
 
 def timed(fn, clock: dict, key: str):
-    """fn, adding its wall seconds to clock[key] (the step-time split: generation, evaluation)."""
+    """fn, adding its wall seconds to clock[key] (the step-time split: generation, evaluation) and its
+    calls to clock[key + "_calls"]."""
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             clock[key] = clock.get(key, 0.0) + time.perf_counter() - start
+            clock[key + "_calls"] = clock.get(key + "_calls", 0) + 1
     return wrapper
 
 
@@ -94,7 +97,11 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             **{k: sum(turn.get(k, 0) for turn in turns) for k in ("kernels_compiled", "builds_reused", "verdicts_reused")},
             # per turn (and rank), the phases of the verdict that came last (compile, device_wait, check, ...)
             "slowest_seconds": [turn.get("slowest_seconds", {}) for turn in turns],
-            **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")}}
+            **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")},
+            # the rollout's harness calls and generation rounds (the busiest rank's): turns overlapped, a
+            # step whose new kernels come in different trajectories' turns waits for one harness call
+            "harness_calls": max(part["clock"].get("evaluation_calls", 0) for part in ranks),
+            "generation_rounds": max(part["clock"].get("generation_calls", 0) for part in ranks)}
 
 
 def step_line(record: dict) -> str:
@@ -104,7 +111,8 @@ def step_line(record: dict) -> str:
     share = f" ({record['seconds_evaluation'] / step_s:.0%} of the step)" if step_s else ""
     return (f"step {record['step']}: reward {record['reward_mean']:.3f} correct {record['correct_rate']:.2f} "
             f"loss {record['loss']:.4g} grad_norm {record['grad_norm']:.3g} {record['status_counts']}{unjudged} "
-            f"eval {record['seconds_evaluation']:.1f} s{share}: compiled {record['kernels_compiled']}, cached "
+            f"eval {record['seconds_evaluation']:.1f} s{share} in {record['harness_calls']} harness call(s): "
+            f"compiled {record['kernels_compiled']}, cached "
             f"{record['builds_reused']}, verdicts reused {record['verdicts_reused']}, timeouts "
             f"{record['timeout_seconds']:.1f} s; train {record['train_flops'] / record['seconds_training'] / 1e12:.3g} TFLOP/s")
 

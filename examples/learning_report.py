@@ -77,7 +77,8 @@ def run_table(run: dict) -> str:
     evaluation = any("seconds_evaluation" in r for r in rows)
     timeouts = any("timeout_seconds" in r for r in rows)
     counts = any("kernels_compiled" in r for r in rows)
-    head += ["eval s (share)"] * evaluation + ["timeouts s"] * timeouts
+    calls = any("harness_calls" in r for r in rows)
+    head += ["eval s (share)"] * evaluation + ["harness calls"] * calls + ["timeouts s"] * timeouts
     head += ["compiled / cached / verdicts reused"] * counts + ["step s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
@@ -92,6 +93,8 @@ def run_table(run: dict) -> str:
         if evaluation:
             e = r.get("seconds_evaluation")
             cells += ["-" if e is None else f"{e:.0f}" + (f" ({e / seconds:.0%})" if seconds else "")]
+        if calls:
+            cells += [str(r.get("harness_calls", "-"))]
         if timeouts:
             cells += ["-" if "timeout_seconds" not in r else f"{r['timeout_seconds']:.0f}"]
         if counts:

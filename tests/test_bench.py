@@ -139,3 +139,21 @@ def test_zygotes_bench_refuses_a_task_without_a_solution_in_one_line():
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip() == "bench/zygotes.py: no built-in cpp solution for level1/no_such_task"
+
+
+@pytest.mark.slow
+def test_schedule_bench_judges_a_step_in_one_harness_call_when_overlapped():
+    """The scenario the overlap is for, one task on the CPU: turn by turn, two harness calls (each
+    turn's new kernel); overlapped, one (both new kernels together) and one more generation round."""
+    out = subprocess.run([sys.executable, "bench/schedule.py", "--device", "cpu", "--scenarios", "new in both turns"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = re.findall(r"^\| new in both turns \| ([\w ]+) \| (\d+) \| (\d+) \| [\d.]+ \| [\d.]+ \|$", out.stdout, re.M)
+    assert rows == [("turn by turn", "2", "2"), ("overlapped", "1", "3")], out.stdout
+
+
+def test_schedule_bench_refuses_an_unknown_scenario_in_one_line():
+    out = subprocess.run([sys.executable, "bench/schedule.py", "--device", "cpu", "--scenarios", "sideways"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().startswith("bench/schedule.py: no scenario 'sideways' (known: new in both turns")

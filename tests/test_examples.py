@@ -63,15 +63,15 @@ def test_report_table_and_png(tmp_path):
 
 
 def test_report_table_shows_where_the_steps_evaluation_went():
-    """train.py's rows carry evaluation seconds, timeout seconds and the harness's counts; the table
+    """train.py's rows carry evaluation seconds, harness calls, timeout seconds and the harness's counts; the table
     shows evaluation's share of the step beside them, and "-" for a row written before the counts."""
     new = dict(_row(2, 0.5, 0.15), seconds_evaluation=8.0, timeout_seconds=3.5, kernels_compiled=5,
-               builds_reused=2, verdicts_reused=7)
+               builds_reused=2, verdicts_reused=7, harness_calls=1)
     old = dict(_row(1, 0.5, 0.15), seconds_evaluation=9.0)
     table = learning_report.run_table({"rows": [old, new], "extra": {}})
-    assert "| eval s (share) | timeouts s | compiled / cached / verdicts reused | step s |" in table
-    assert table.splitlines()[-1].endswith("| 8 (80%) | 4 | 5 / 2 / 7 | 10 |"), table
-    assert table.splitlines()[-2].endswith("| 9 (90%) | - | - | 10 |"), table
+    assert "| eval s (share) | harness calls | timeouts s | compiled / cached / verdicts reused | step s |" in table
+    assert table.splitlines()[-1].endswith("| 8 (80%) | 1 | 4 | 5 / 2 / 7 | 10 |"), table
+    assert table.splitlines()[-2].endswith("| 9 (90%) | - | - | - | 10 |"), table
 
 
 def test_report_says_the_median_and_slowest_evaluation_and_each_timeouts_limit():

@@ -13,11 +13,13 @@ def _summary(rows, loss, clips, kl, nonzero, clock, turn_stats, flops):
 def test_step_record_from_two_ranks_by_hand(tmp_path):
     # (task, turn, status, score, speedup, completion tokens, truncated)
     rank0 = _summary([("a", 0, "correct", 0.3, 1.5, 100, False), ("a", 1, "format_error", 0.0, 0.0, 300, True)],
-                     [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0},
+                     [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0,
+                                                       "generation_calls": 3, "evaluation_calls": 1},
                      [{"n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1},
                        "kernels_compiled": 1, "builds_reused": 0, "verdicts_reused": 0}], 1e12)
     rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False), ("b", 1, "correct", 0.9, 3.0, 200, False)],
-                     [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5},
+                     [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5,
+                                                       "generation_calls": 2, "evaluation_calls": 2},
                      # b's third candidate got no verdict (harness_error): no row, counted apart
                      [{"n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"], "timeout_seconds": 8.5,
                        "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1},
@@ -40,9 +42,11 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
     assert record["train_flops"] == 3e12 and record["ranks"] == 2 and record["reference_error_tasks"] == ["c"]
     assert (record["seconds_generation"], record["seconds_evaluation"], record["seconds_training"]) == (7.0, 2.0, 1.5)
+    assert (record["harness_calls"], record["generation_rounds"]) == (2, 3)   # the busiest rank's
     record["seconds_step"] = 10.0
     line = train_log.step_line(record)
-    assert "eval 2.0 s (20% of the step): compiled 2, cached 1, verdicts reused 1, timeouts 8.5 s" in line, line
+    assert ("eval 2.0 s (20% of the step) in 2 harness call(s): compiled 2, cached 1, verdicts reused 1, "
+            "timeouts 8.5 s") in line, line
     with open(tmp_path / "metrics.jsonl", "w") as f:
         f.write(json.dumps(record) + "\n")
     train_log.plot_curves(str(tmp_path))
