@@ -246,7 +246,8 @@ def cpu_split(cpu: bool, cfg) -> tuple:
 def default_parallel_compiles(device: str, cfg) -> int:
     """Builds at once when max_parallel_compiles is None: on cpu every core (one C++ unit per build); on
     cuda the CPUs not kept for timing windows / build_jobs (a .cu unit and a host unit side by side). More
-    builds at once finish a batch sooner and each candidate later; rollout waits for a turn's whole batch."""
+    builds at once finish a batch sooner and each candidate later; rollout waits for a harness call's whole
+    batch."""
     build_cpus, _ = cpu_split(device == "cpu", cfg)
     cores = len(build_cpus) if build_cpus else len(os.sched_getaffinity(0))
     return cores if device == "cpu" else max(1, cores // max(1, cfg.build_jobs))

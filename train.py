@@ -303,9 +303,9 @@ def bind_rank_cpus(local_rank: int, local_world: int) -> None:
 
 
 def builds_at_once(eval_device: str, local_world: int) -> int:
-    """The harness's own count of builds at once, every build CPU busy: a turn's batch ends sooner than with
-    fewer (docs/PERFORMANCE.md, "A training step's evaluation"). A cuda rank's CPUs are its own share
-    already (bind_rank_cpus); ranks on cpu share the node's."""
+    """The harness's own count of builds at once, every build CPU busy: a harness call's batch ends sooner
+    than with fewer (docs/PERFORMANCE.md, "A training step's evaluation"). A cuda rank's CPUs are its own
+    share already (bind_rank_cpus); ranks on cpu share the node's."""
     import kernel_eval
     builds = kernel_eval.default_parallel_compiles(eval_device, kernel_eval.EvalConfig())
     return builds if eval_device != "cpu" else max(1, builds // local_world)
