@@ -243,9 +243,11 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
                 max_prompt_tokens=config.max_prompt_tokens)) for r in rows]
             # Fresh trajectories of a task share their first prompt; continued ones need not.
             shared_prompt = histories is None and all(not tr.turns for tr in trajectories)
+            completions = _generate_turn(engine, prompt_ids, shared_prompt, config)
+            if len(completions) != len(rows):
+                raise RuntimeError(f"the engine returned {len(completions)} completions for {len(rows)} prompts")
             went_on = False
-            for r, prompt, completion in zip(rows, prompt_ids, _generate_turn(engine, prompt_ids, shared_prompt,
-                                                                              config)):
+            for r, prompt, completion in zip(rows, prompt_ids, completions):
                 parsed, rejection, pair = _read(completion, tasks[trajectories[r].task_index], thinking_open, config)
                 if trajectories[r].task_index in broken:  # its reference failed earlier: not judged again
                     rejection, verdict = None, {"status": REFERENCE_ERROR,

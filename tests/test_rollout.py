@@ -320,6 +320,17 @@ def test_rollout_refuses_an_empty_task_list(tokenizer):
         rollout.rollout([], engine, fake_evaluator({})[0], rollout.RolloutConfig(language="cpp"))
 
 
+def test_rollout_refuses_an_engine_that_answers_fewer_prompts_than_it_was_given(tokenizer):
+    class Short(ScriptedEngine):
+        def generate(self, prompt_token_ids, **kwargs):
+            return super().generate(prompt_token_ids, **kwargs)[:-1]
+    script = {(t, k, 0): response("Okay.", kernel(t), "s") for t in "AB" for k in range(2)}
+    config = rollout.RolloutConfig(n_trajectories=2, n_turns=1, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    with pytest.raises(RuntimeError, match="the engine returned 2 completions for 4 prompts"):
+        rollout.rollout([TASK_A, TASK_B], Short(tokenizer, script), fake_evaluator({})[0], config)
+
+
 def test_rollout_takes_no_code_from_a_completion_cut_inside_thinking_the_template_opened(tokenizer):
     # The template opened <think>; the completion is all reasoning with a draft kernel in it.
     script = {(t, 0, 0): f"Okay, a draft:\n```python\n{kernel(t)}\n```\nstill thinking" for t in "AB"}
