@@ -210,24 +210,23 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
         raise ValueError(f"rollout: start_turn must be >= 0, got {start_turn}")
     n_turns, thinking_open = config.n_turns, getattr(engine, "prompt_opens_thinking", False)
     known = getattr(evaluate_batch, "known", None)   # reusing_verdicts: a verdict it holds already
-    judged: list[list[_Turn | None]] = [[None] * len(trajectories) for _ in range(n_turns)]  # [turn][row]
     waiting: dict[int, tuple] = {}  # row -> (prompt ids, completion, parsed response, pair) for the harness
     stats: list[dict] = []
     broken: set[int] = set()  # indexes of tasks whose reference failed (reference_error)
 
     def record(row: int, prompt, completion, parsed, rejection, verdict) -> None:
-        trajectory, turn = trajectories[row], len(trajectories[row].turns)
+        trajectory = trajectories[row]
         done = _turn_record(prompt, completion, parsed, rejection, verdict, thinking_open, config)
         trajectory.turns.append(done)
         trajectory.history.append(summarize.Attempt(code=done.code or "", summary=done.summary,
                                                     feedback=done.feedback))
         if done.status == REFERENCE_ERROR:
             broken.add(trajectory.task_index)
-        judged[turn][row] = done
 
     def report_finished_turns() -> None:  # in turn order: a trajectory finishes turn t before t + 1
-        while len(stats) < n_turns and all(judged[len(stats)]):
-            turn, turns = len(stats), judged[len(stats)]
+        while len(stats) < n_turns and all(len(tr.turns) > len(stats) for tr in trajectories):
+            turn = len(stats)
+            turns = [tr.turns[turn] for tr in trajectories]
             stats.append(dict(turn_stats(start_turn + turn, turns),
                               reference_error_tasks=sorted(tasks[i].task_id for i in broken)))
             if on_turn is not None:
