@@ -51,12 +51,13 @@ RESPONSE = "<think>\nOkay.\n</think>\n{code}trajectory {k}, turn {turn}"
 
 
 class ReplayEngine:
-    """Writes the scripted answer of the trajectory and turn a prompt shows: the turn is the number of
-    attempts in it, the trajectory the one its last summary names (a task's first prompt is shared by
-    its G trajectories: the k-th answer of the group is trajectory k's). Token ids are UTF-8 bytes."""
+    """Writes the scripted answer of the trajectory and turn a prompt asks for: every answer's summary
+    names its trajectory and turn, so a prompt's last summary says whose next turn it is (a task's
+    first prompt is shared by its G trajectories: the k-th answer of the group is trajectory k's).
+    Token ids are UTF-8 bytes."""
 
-    def __init__(self, script: dict, language: str):
-        self.script, self.language, self.rounds = script, language, 0   # script: (task_id, k, turn) -> code
+    def __init__(self, script: dict):
+        self.script, self.rounds = script, 0   # script: (task_id, k, turn) -> code, or None for no code
 
     def encode_prompt(self, text: str) -> list[int]:
         return engines.utf8_ids(text)
@@ -146,7 +147,7 @@ def main() -> None:
                         evaluate([(task.reference_src, known)])   # the earlier step's verdict
                     calls.clear()
                     clock[0] = 0.0
-                    engine = ReplayEngine(script, language)
+                    engine = ReplayEngine(script)
                     config = rollout.RolloutConfig(n_trajectories=G, n_turns=T, max_new_tokens=100_000,
                                                    max_prompt_tokens=100_000, language=language,
                                                    overlap_turns=overlap)
