@@ -25,6 +25,7 @@ Prints per row: harness calls, generation rounds, seconds in evaluate_batch, the
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -40,6 +41,7 @@ import kernel_eval  # noqa: E402
 import kernel_sandbox  # noqa: E402
 import rollout  # noqa: E402
 import tasks  # noqa: E402
+import train_log  # noqa: E402
 
 G, T = 4, 2
 # per scenario, per trajectory: what it writes at each turn ("new1", "new2": new kernels; "known"; "none": no code)
@@ -57,7 +59,7 @@ class ReplayEngine:
     Token ids are UTF-8 bytes."""
 
     def __init__(self, script: dict):
-        self.script, self.rounds = script, 0   # script: (task_id, k, turn) -> code, or None for no code
+        self.script = script   # (task_id, k, turn) -> code, or None for no code
 
     def encode_prompt(self, text: str) -> list[int]:
         return engines.utf8_ids(text)
@@ -66,7 +68,6 @@ class ReplayEngine:
         return len(engines.utf8_ids(text))
 
     def generate(self, prompt_token_ids, *, n=1, **_):
-        self.rounds += 1
         out = []
         for ids in prompt_token_ids:
             prompt = engines.utf8_text(ids)
@@ -119,23 +120,16 @@ def main() -> None:
     print("| scenario | schedule | harness calls | generation rounds | evaluation s | step s |\n"
           "|---|---|---:|---:|---:|---:|")
     zygotes = kernel_sandbox.Zygotes()
+    judge = functools.partial(kernel_eval.evaluate_batch, device=a.device, time_candidate=False, sandbox=a.sandbox,
+                              max_parallel_compiles=builds, cache_root=cache_root, zygotes=zygotes)
     spent = {}
     try:
         for repeat in range(a.repeats):
             for scenario in a.scenarios.split(","):
                 plan = SCENARIOS[scenario]
                 for overlap in (False, True):
-                    calls, clock = [], [0.0]
-
-                    def harness(pairs):
-                        calls.append(len(pairs))
-                        t0 = time.monotonic()
-                        out = kernel_eval.evaluate_batch(pairs, device=a.device, time_candidate=False,
-                                                         sandbox=a.sandbox, max_parallel_compiles=builds,
-                                                         cache_root=cache_root, zygotes=zygotes)
-                        clock[0] += time.monotonic() - t0
-                        return out
-                    evaluate = rollout.reusing_verdicts(harness)
+                    clock = {}   # seconds and calls, as train.py counts them (train_log.timed)
+                    evaluate = rollout.reusing_verdicts(train_log.timed(judge, clock, "evaluation"))
                     run = f"{repeat} {overlap} {time.time_ns()}"
                     script = {}
                     for task in task_list:
@@ -145,9 +139,9 @@ def main() -> None:
                         script.update({(task.task_id, k, turn): codes[kind]
                                        for k, turns in enumerate(plan) for turn, kind in enumerate(turns)})
                         evaluate([(task.reference_src, known)])   # the earlier step's verdict
-                    calls.clear()
-                    clock[0] = 0.0
+                    clock.clear()
                     engine = ReplayEngine(script)
+                    engine.generate = train_log.timed(engine.generate, clock, "generation")
                     config = rollout.RolloutConfig(n_trajectories=G, n_turns=T, max_new_tokens=100_000,
                                                    max_prompt_tokens=100_000, language=language,
                                                    overlap_turns=overlap)
@@ -159,9 +153,9 @@ def main() -> None:
                         raise SystemExit(f"bench/schedule.py: unexpected verdicts {sorted(statuses)}: "
                                          f"{[s.message[:200] for s in samples if s.status not in ('correct', 'format_error')][:2]}")
                     name = "overlapped" if overlap else "turn by turn"
-                    spent.setdefault((scenario, name), []).append(clock[0])
-                    print(f"| {scenario} | {name} | {len(calls)} | {engine.rounds} | {clock[0]:.1f} | {step:.1f} |",
-                          flush=True)
+                    spent.setdefault((scenario, name), []).append(clock.get("evaluation", 0.0))
+                    print(f"| {scenario} | {name} | {clock.get('evaluation_calls', 0)} | {clock['generation_calls']} "
+                          f"| {clock.get('evaluation', 0.0):.1f} | {step:.1f} |", flush=True)
     finally:
         zygotes.close()
     if a.repeats > 1:
