@@ -68,18 +68,19 @@ class BuildConfig:
 
 
 def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load: bool,
-                      await_name_probes: bool = False) -> dict:
+                      await_name_probe=None) -> dict:
     """Force load_inline/load into per-hash build dirs; inject -O3, the header tiers and the
     precompiled headers. `fast_load` (run workers): import what the compile worker built here.
-    `await_name_probes` (kernel_eval's compile workers): a tier failure on names no probe has answered
-    raises at once and leaves state["name_probes"] (the build as written waits for kernel_eval's answer).
+    `await_name_probe` (kernel_eval's compile workers): a function that asks kernel_eval for the probe
+    of a request {"names", "directives", "namespaces"} and returns once it is answered; a tier failure
+    on names no probe has answered calls it (once per worker), then reads the answer.
     Returns the worker's build record: {"builds", "build_error", "header_tier", "build_s"}."""
     import inspect
     import torch
     import torch.utils.cpp_extension as ce
 
     default_cflags, use_pch, cuda_header_tiers = config.default_cflags, config.use_pch, config.cuda_header_tiers
-    state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0}
+    state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0, "probe_asked": False}
     base_key = (torch.__version__, sys.version_info[:2], arch)
     host_header = write_host_header(cache_root, torch.__version__) if config.host_pch and cuda_header_tiers else None
     inline, load = ce.load_inline, ce.load
@@ -106,8 +107,6 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             state["build_s"] += _perf_counter() - t0
 
     def patched_inline(*a, **kw):
-        if state.get("name_probes"):  # this worker's result waits for a probe: build nothing more
-            raise RuntimeError("awaiting a name probe")
         args = inspect.signature(inline).bind(*a, **kw).arguments
         cuda = bool(args.get("cuda_sources"))
         fix_flags(args, cuda)
@@ -128,12 +127,12 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                     tier_error, state["build_error"] = state["build_error"], None  # a heavier tier may build it
             lookups = name_lookups(args, tier_error or "", default_cflags)
             answer = read_name_probe(cache_root, lookups["probe"]) if lookups else None
+            if lookups and answer is None and await_name_probe and not state["probe_asked"]:
+                state["probe_asked"] = True  # kernel_eval answers one request a worker
+                await_name_probe({key: lookups[key] for key in ("names", "directives", "namespaces")})
+                answer = read_name_probe(cache_root, lookups["probe"])
             if answer == "undeclared":
                 state["build_error"] = tier_error  # the build as written fails on the same names
-                raise RuntimeError(tier_error)
-            if lookups and answer is None and await_name_probes:  # kernel_eval probes, then builds this again
-                state["name_probes"] = {key: lookups[key] for key in ("names", "directives", "namespaces")}
-                state["build_error"] = tier_error
                 raise RuntimeError(tier_error)
         return build(args, cuda)
 
@@ -241,9 +240,9 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 # "undeclared" (every lookup failed, no name is a macro, nothing else failed) or "declared", is a fact
 # about that exact text, kept in cache_root/name_probes under its hash, which candidates read and
 # never write; one compile costs about what the build as written costs, and is paid instead of it:
-# a compile worker whose tier failed on unanswered names stops (patch_load_inline's
-# await_name_probes), kernel_eval answers the probe, then compiles the source again, which reads the
-# answer (and the tier's remembered failure): "undeclared" ends it, "declared" builds it as written.
+# a compile worker whose tier failed on unanswered names asks kernel_eval (patch_load_inline's
+# await_name_probe) and waits while kernel_eval compiles the probe, then reads the answer: "undeclared"
+# makes the tier's diagnostics the error, "declared" builds the source as written.
 # Two compiles that ask for one probe at once wait for one answer (a lock file). A source qualifies only
 # where its text cannot make the two lookups differ: no conditional or other directives, no base
 # classes (member lookup), no namespace aliases, and no name called or given template arguments
@@ -344,10 +343,10 @@ def name_probe_harness_source(probe_source: str) -> str:
 
 
 def answer_name_probes(requested: dict, cache_root: str, compile_harness_source) -> None:
-    """Compile the probes a failed build's worker asked for (its state["name_probes"]), each a source
-    of the harness's own built from the request's parts (a request not of those forms is dropped), with
-    kernel_eval's `compile_harness_source` (behind the boundary, like warm_host_pch's), and keep each
-    answer where later builds read it. A worker chooses which facts are learned, never what they say."""
+    """Compile the probe a failed build's worker asked for (its await_name_probe request), a source
+    of the harness's own built from the request's parts (a request not of that form is dropped), with
+    kernel_eval's `compile_harness_source` (behind the boundary, like warm_host_pch's), and keep its
+    answer where builds read it. A worker chooses which facts are learned, never what they say."""
     try:
         names = requested["names"]
         probe = name_probe_source(requested["directives"], requested["namespaces"], names)

@@ -968,14 +968,14 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
              zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
     `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
-    `probes`: a build that failed on undefined names waits for their name probe (kernel_build.py), which
-    this answers before compiling the source again; else such a build goes on as written."""
+    `probes`: a build that failed on undefined names may ask once for their name probe (kernel_build.py):
+    this compiles it while the worker waits, then tells it "probed"; else such a build goes on as written."""
     key = _compile_key(candidate_src, device, arch, cfg)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
         return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
-    t0, requested = time.monotonic(), None
+    t0 = time.monotonic()
     scratch = _scratch(cfg, "kevalbuild-")
     src_path = os.path.join(scratch, "candidate.py")
     with open(src_path, "w") as f:
@@ -987,7 +987,16 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
                            confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
                                                 writes_host_pch=writes_host_pch))
     try:
-        msg, _ = worker.channel.recv(time.monotonic() + cfg.compile_timeout_s)
+        deadline = time.monotonic() + cfg.compile_timeout_s
+        msg, _ = worker.channel.recv(deadline)
+        if msg.get("kind") == "name_probe" and probes:  # one probe a worker: a second request is "deferred"
+            started = time.monotonic()
+            if isinstance(msg.get("name_probe"), dict):
+                kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
+                                                lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
+            deadline += time.monotonic() - started  # the probe's compile is not the candidate's
+            worker.channel.send({"cmd": "probed"}, deadline=deadline)
+            msg, _ = worker.channel.recv(deadline)
         if msg.get("ok"):
             # the last CUDA build's header tier (None: as written, or none) and the profile: diagnostics
             profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
@@ -1000,8 +1009,6 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
             if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
                 record["undefined_names"] = undefined
-        elif msg.get("kind") == "name_probes" and probes:
-            record, requested = {"status": "name_probes", "message": ""}, msg.get("name_probes")
         else:
             record = {"status": "deferred", "message": str(msg.get("message", ""))}
     except sandbox.ChannelTimeout:
@@ -1018,11 +1025,6 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
     if deterministic:
         sandbox.atomic_write(record_path, json.dumps(record))
-    if record["status"] == "name_probes":  # once per name set; the source's next build reads the answer
-        if isinstance(requested, dict):
-            kernel_build.answer_name_probes(requested, cfg.cache_root,
-                                            lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
-        record = _compile(candidate_src, device, arch, cfg, zygotes, writes_host_pch, probes=False)
     return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
 
 

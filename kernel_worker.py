@@ -45,18 +45,17 @@ _process_time = time.process_time  # CPU timing: this process's CPU time (all th
 
 def _compile_worker(a, job: dict) -> None:
     """Import the candidate (its load_inline builds the extension) and report once: ok, a build
-    error (its diagnostics, at the candidate's lines), the name probes its build waits for
-    (kernel_build.py: kernel_eval answers them and compiles it again), or another import error
-    (judged at load)."""
+    error (its diagnostics, at the candidate's lines), or another import error (judged at load).
+    Before that, a build may ask for one name probe (kernel_build.py) and wait for kernel_eval's
+    "probed" on the command channel."""
     t0 = _perf_counter()
     preloaded = "torch" in sys.modules  # forked by a zygote
     import torch  # noqa: F401 - timed apart from the build (diagnostics: the record's profile)
     t_torch = _perf_counter() - t0
-    state = _install_builder(job, fast_load=False)
+    state = _install_builder(job, fast_load=False,
+                             await_name_probe=_name_prober(a) if job.get("name_probes") is True else None)
     try:
         _import_source(job["source"], "candidate_module")
-        if state.get("name_probes"):  # even if the candidate went on without its extension
-            raise RuntimeError("awaiting a name probe")
         if not kernel_build:  # plain load_inline: a directory per extension it built
             state["builds"] = len(os.listdir(state["dir"])) if os.path.isdir(state["dir"]) else 0
         rest = _perf_counter() - t0 - t_torch - state["build_s"]
@@ -64,9 +63,6 @@ def _compile_worker(a, job: dict) -> None:
                                         "torch_preloaded": preloaded,
                                         "profile": {"torch": t_torch, "build": state["build_s"], "rest": rest}})
     except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
-        if state.get("name_probes"):  # a tier failed on names no probe has answered: kernel_eval asks it
-            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "name_probes", "name_probes": state["name_probes"]})
-            return
         build_error = state["build_error"] if kernel_build else (
             str(e) if isinstance(e, RuntimeError) and str(e).startswith("Error building extension") else None)
         if build_error is None:
@@ -82,13 +78,24 @@ def _compile_worker(a, job: dict) -> None:
                                         "undefined_names": undefined})
 
 
-def _install_builder(job: dict, fast_load: bool) -> dict:
+def _name_prober(a):
+    """A compile worker's await_name_probe: the request to kernel_eval, then its "probed" (the answer is
+    in the cache, where kernel_build reads it)."""
+    commands = os.fdopen(a.cmd_fd, "rb", closefd=False)
+
+    def ask(request: dict) -> None:
+        sandbox.child_send(a.reply_fd, {"kind": "name_probe", "name_probe": request})
+        sandbox.child_recv(commands)
+    return ask
+
+
+def _install_builder(job: dict, fast_load: bool, await_name_probe=None) -> dict:
     """Before any code of the task runs: kernel_build's patch of load_inline, or without
     kernel_build.py, plain load_inline building in a directory of this source's own (two candidates
     that name their extension alike never share one). Returns the worker's build record."""
     if kernel_build:
         return kernel_build.patch_load_inline(job["cache_root"], job["arch"], kernel_build.BuildConfig(**job["build"]),
-                                              fast_load=fast_load, await_name_probes=job.get("name_probes") is True)
+                                              fast_load=fast_load, await_name_probe=await_name_probe)
     with open(job["source"], "rb") as f:
         own = os.path.join(job["cache_root"], "build", "by-source", sandbox.source_hash(f.read())[:32])
     os.environ["TORCH_EXTENSIONS_DIR"] = own

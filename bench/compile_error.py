@@ -4,8 +4,8 @@ compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_c
 (examples/warm_start.py: a declaration dropped, so an undefined identifier), each row in fresh caches:
 
   no probes   the slim tier fails, then the source as written fails (kernel_eval without probes)
-  first       the slim tier fails, the name probe is compiled, the source is compiled again and
-              reads the answer ("undeclared": no build as written)
+  first       the slim tier fails, the worker waits while the name probe is compiled, then reads
+              its answer ("undeclared": the slim tier's diagnostics, no build as written)
   again       a new source with the same names (a comment added): the slim tier, then the answer
 
     python bench/compile_error.py --tasks level1/01_relu,level1/07_row_sum
@@ -69,7 +69,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="bench-compile-")
     try:
         toolkit_for_cpu_torch(root)
-        print("| task | undefined names | no probes s (slim + as written) | first s (slim + probe + again) "
+        print("| task | undefined names | no probes s (slim + as written) | first s (slim + probe) "
               "| again s (slim) | answer |\n|---|---|---:|---:|---:|---|", flush=True)
         for task, solution in solutions:
             broken = drop_declaration(solution)[0]

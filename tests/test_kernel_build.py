@@ -193,9 +193,10 @@ touch "$out"
 def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared_skips_the_build_as_written(
         monkeypatch, tmp_path):
     """Real ninja, fake compilers that log each unit they compile: a source that fails on the slim tier with an
-    undefined name no probe has answered stops there and asks for the probe (state["name_probes"]), as
-    kernel_eval's compile workers do; "undeclared" makes the tier's diagnostics the error, "declared" means
-    the build as written, and a builder that does not wait for probes builds as written at once."""
+    undefined name no probe has answered asks for the probe (await_name_probe) and waits, as kernel_eval's
+    compile workers do; then "undeclared" makes the tier's diagnostics the error with no second build,
+    "declared" means the build as written, a worker asks once, and a builder that does not wait for probes
+    builds as written at once."""
     import shutil
     import torch.utils.cpp_extension as ce
     log, cache = tmp_path / "log", tmp_path / "cache"
@@ -211,41 +212,47 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     for name in ("load_inline", "load", "remove_extension_h_precompiler_headers", "JIT_EXTENSION_VERSIONER"):
         monkeypatch.setattr(ce, name, getattr(ce, name))
     inline = ce.load_inline
-    awaiting = kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False,
-                                    await_name_probes=True)
-    source = "__global__ void k(float* y) { y[0] = undefined_name; }"
     probe = kb.name_probe_source([], [], ["undefined_name"])
+    requests, answers = [], []
 
-    def units_compiled(state) -> list:
-        log.write_text("")
-        state.update(build_error=None, name_probes=None)
+    def await_name_probe(request):  # kernel_eval's part: compile the probe, keep its answer
+        requests.append(request)
+        if answers:
+            os.makedirs(os.path.dirname(kb.name_probe_path(str(cache), probe)), exist_ok=True)
+            open(kb.name_probe_path(str(cache), probe), "w").write(answers.pop(0))
+
+    def new_worker(**kw) -> dict:
+        ce.load_inline = inline
         ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
+        return kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False, **kw)
+
+    def units_compiled(state, source) -> list:
+        log.write_text("")
+        state.update(build_error=None)
         with pytest.raises((RuntimeError, ImportError)):
             ce.load_inline("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=source)
         return log.read_text().split("\n").count("nvcc cuda.cu")  # builds of the .cu unit
 
-    assert units_compiled(awaiting) == 1  # no answer yet: the slim tier, then the probe is asked for
-    assert awaiting["name_probes"] == {"names": ["undefined_name"], "directives": [], "namespaces": []}
-    assert 'identifier "undefined_name" is undefined' in awaiting["build_error"]
-    log.write_text("")
-    with pytest.raises(RuntimeError, match="awaiting a name probe"):  # a candidate that caught it and goes on
-        ce.load_inline("other", "int g();", cuda_sources="__global__ void h() {}")
-    assert log.read_text() == ""  # the worker's result waits for the probe: nothing more is built
-    assert kb.read_name_probe(str(cache), probe) is None
-    os.makedirs(os.path.dirname(kb.name_probe_path(str(cache), probe)))
-    open(kb.name_probe_path(str(cache), probe), "w").write("undeclared")
-    assert units_compiled(awaiting) == 0  # the tier's failure is remembered with its diagnostics: no build at all
-    assert 'identifier "undefined_name" is undefined' in awaiting["build_error"] and not awaiting["name_probes"]
-    source += " // again"  # a new source
-    assert units_compiled(awaiting) == 1  # the slim tier only
-    assert 'identifier "undefined_name" is undefined' in awaiting["build_error"] and not awaiting["name_probes"]
-    open(kb.name_probe_path(str(cache), probe), "w").write("declared")
-    assert units_compiled(awaiting) == 1 and not awaiting["name_probes"]  # the tier remembered; then as written
+    source = "__global__ void k(float* y) { y[0] = undefined_name; }"
+    answers.append("undeclared")
+    worker = new_worker(await_name_probe=await_name_probe)
+    assert units_compiled(worker, source) == 1  # the slim tier; the probe asked for and answered; no second build
+    assert requests == [{"names": ["undefined_name"], "directives": [], "namespaces": []}]
+    assert 'identifier "undefined_name" is undefined' in worker["build_error"]
+    source += " // again"  # a new source, a new worker: the answer is read, nothing asked
+    assert units_compiled(new_worker(await_name_probe=await_name_probe), source) == 1 and len(requests) == 1
     os.remove(kb.name_probe_path(str(cache), probe))
-    ce.load_inline = inline
-    at_once = kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False)
+    answers.append("declared")
+    source += " // declared"
+    worker = new_worker(await_name_probe=await_name_probe)
+    assert units_compiled(worker, source) == 2 and len(requests) == 2  # the slim tier, the probe, then as written
+    os.remove(kb.name_probe_path(str(cache), probe))
+    source += " // twice"  # a worker asks once: kernel_eval answers one request a worker
+    assert units_compiled(worker, source) == 2 and len(requests) == 2
+    source += " // unanswered"  # a probe that said nothing (its compile gave no verdict): as written
+    assert units_compiled(new_worker(await_name_probe=await_name_probe), source) == 2 and len(requests) == 3
     source += " // and again"
-    assert units_compiled(at_once) == 2 and not at_once["name_probes"]  # the slim tier, then as written
+    assert units_compiled(new_worker(), source) == 2 and len(requests) == 3  # no prober: slim, then as written
 
 
 def test_the_probes_host_unit_builds_an_importable_module(tmp_path):
