@@ -28,6 +28,7 @@ import argparse
 import functools
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -158,6 +159,7 @@ def main() -> None:
                           f"| {clock.get('evaluation', 0.0):.1f} | {step:.1f} |", flush=True)
     finally:
         zygotes.close()
+        shutil.rmtree(cache_root, ignore_errors=True)
     if a.repeats > 1:
         print("\nmedian evaluation s: " + ", ".join(f"{s}, {n}: {statistics.median(v):.1f}"
                                                   for (s, n), v in spent.items()))
