@@ -20,8 +20,9 @@ Speed (BuildConfig; a build's result is the same either way)
   that fallback is a failure the full headers cannot rescue: every error an undefined identifier
   that the headers as written do not declare where the source looks it up, as a probe of the
   harness's own answers (name probes, below); the build as written would fail on the same names.
-  A name set no probe has answered yet is probed first, and the source built as written only if
-  the probe says the headers declare one of its names.
+  Names no probe has answered yet are probed first (with the source's other identifiers, so that a
+  later source failing on those is answered at once), and the source built as written only if the
+  probe says the headers declare one of its names.
 - the slim tier's host units read their headers from a precompiled header built once per cache
   (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
 - compiler diagnostics point at the candidate's .py lines (point_at_source).
@@ -126,11 +127,11 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                 except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
                     tier_error, state["build_error"] = state["build_error"], None  # a heavier tier may build it
             lookups = name_lookups(args, tier_error or "", default_cflags)
-            answer = read_name_probe(cache_root, lookups["probe"]) if lookups else None
+            answer = read_name_probe(cache_root, lookups["context"], lookups["names"]) if lookups else None
             if lookups and answer is None and await_name_probe and not state["probe_asked"]:
                 state["probe_asked"] = True  # kernel_eval answers one request a worker
-                await_name_probe({key: lookups[key] for key in ("names", "directives", "namespaces")})
-                answer = read_name_probe(cache_root, lookups["probe"])
+                await_name_probe({key: lookups[key] for key in ("names", "also", "directives", "namespaces")})
+                answer = read_name_probe(cache_root, lookups["context"], lookups["names"])
             if answer == "undeclared":
                 state["build_error"] = tier_error  # the build as written fails on the same names
                 raise RuntimeError(tier_error)
@@ -234,16 +235,21 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 
 # ----------------------------------------------------------------------------- name probes
 # A name probe: the unit load_inline writes as written (AS_WRITTEN_CUDA_PREFIX, then the source's
-# directives: the same headers in the same macro state), then the failed names looked up where the
-# source looks them up (global scope and the namespaces the source opens or uses), compiled by
-# kernel_eval as a source of the harness's own behind the boundary, once per such text. Its answer,
-# "undeclared" (every lookup failed, no name is a macro, nothing else failed) or "declared", is a fact
-# about that exact text, kept in cache_root/name_probes under its hash, which candidates read and
-# never write; one compile costs about what the build as written costs, and is paid instead of it:
-# a compile worker whose tier failed on unanswered names asks kernel_eval (patch_load_inline's
-# await_name_probe) and waits while kernel_eval compiles the probe, then reads the answer: "undeclared"
-# makes the tier's diagnostics the error, "declared" builds the source as written.
-# Two compiles that ask for one probe at once wait for one answer (a lock file). A source qualifies only
+# directives: the same headers in the same macro state; the probe's "context"), then names looked up where
+# the source looks them up (global scope and the namespaces the source opens or uses), each in a function
+# of its own, compiled by kernel_eval as a source of the harness's own behind the boundary. A name's answer
+# is a fact about its lookup in that context: "undeclared" when the only error of its lines is that its
+# identifier is undefined (it is no macro), else "declared"; kept in cache_root/name_probes/<context
+# hash>/<name>, which candidates read and never write. The lookups are independent: every lookup line is
+# well-formed whatever the identifier (keywords, reserved names and macros are never looked up), so EDG
+# reports each line's errors alone, and one compile answers many names for about what the build as
+# written costs. A probe therefore also looks up the source's other identifiers (up to MAX_PROBE_LOOKUPS):
+# a later source of that context failing on some of them is answered without a compile.
+# A compile worker whose tier failed on unanswered names asks kernel_eval (patch_load_inline's
+# await_name_probe) and waits while kernel_eval compiles the probe, then reads the answers: all
+# "undeclared" makes the tier's diagnostics the error (the build as written fails on the same lookups);
+# one "declared" builds the source as written.
+# Two compiles that ask for one context at once wait for one probe (a lock file). A source qualifies only
 # where its text cannot make the two lookups differ: no conditional or other directives, no base
 # classes (member lookup), no namespace aliases, and no name called or given template arguments
 # (argument-dependent lookup); its build must have used the default flags (the probe's). What the
@@ -251,41 +257,69 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 # source declares (its expansion could declare the name); only a source written for it would meet
 # one, and it would cost that source its own build, no other's verdict.
 AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-_UNDEFINED = re.compile(r'cuda\.cu\W{1,3}\d+\W{1,3} ?error: identifier "(\w+)" is undefined\s*$')
+_CUDA_UNIT_ERROR = re.compile(r"cuda\.cu\W{1,3}(\d+)\W{1,3} ?error: (.*?)\s*$")
+_UNDEFINED = re.compile(r'identifier "(\w+)" is undefined')
 _ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
 _PROBE_DIRECTIVE = re.compile(r"#\s*(include\s*<[\w./+-]+>|define\s+\w+(?:[ \t].*)?|undef\s+\w+|pragma\s+once)\s*")
 _NOT_PROBED = re.compile(r"_Pragma|__has_include|\bnamespace\s+\w+\s*=|\b(?:class|struct)\s+\w+\s*(?:final\s*)?:(?!:)")
-MAX_PROBED_NAMES = 4
+MAX_PROBED_NAMES = 4  # a failed build's undefined names a probe answers (more: the source is built as written)
+MAX_PROBE_LOOKUPS = 32  # lookups in one probe: the failed names, then the source's other identifiers
+CXX_KEYWORDS = frozenset("""alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+char16_t char32_t class co_await co_return co_yield compl concept const consteval constexpr constinit
+const_cast continue decltype default delete do double dynamic_cast else enum explicit export extern false
+float for friend goto if inline int long mutable namespace new noexcept not not_eq nullptr operator or
+or_eq private protected public register reinterpret_cast requires return short signed sizeof static
+static_assert static_cast struct switch template this thread_local throw true try typedef typeid typename
+union unsigned using virtual void volatile wchar_t while xor xor_eq""".split())
 
 
-def undefined_names(build_error: str) -> list | None:
-    """The identifiers a failed CUDA build calls undefined in its cuda.cu unit, when those are all of
-    its errors (EDG's count agrees, no other unit failed); None when anything else may have failed."""
-    names, counted, failed = [], 0, []
+def cuda_unit_errors(build_error: str) -> dict | None:
+    """{line: [messages]}: the errors a failed CUDA build reports in its cuda.cu unit, when those are all
+    of its errors (EDG's count agrees, no other unit failed); None when anything else may have failed."""
+    errors, counted, failed = {}, 0, []
     for line in build_error.splitlines():
         line = line.strip()
-        if _UNDEFINED.search(line):
-            names.append(_UNDEFINED.search(line).group(1))
-        elif _ERRORS_DETECTED.match(line):
-            counted += int(_ERRORS_DETECTED.match(line).group(1))
+        if match := _CUDA_UNIT_ERROR.search(line):
+            errors.setdefault(int(match.group(1)), []).append(match.group(2))
+        elif match := _ERRORS_DETECTED.match(line):
+            counted += int(match.group(1))
         elif line.startswith("FAILED:"):
             failed.append(line)
         elif (re.search(r"error|Error", line) and not line.startswith(("[", "Error building extension"))
               and not (" -c " in line and " -o " in line)):  # a command ninja echoes (paths may say "error")
             return None  # another diagnostic
-    if not names or counted != len(names) or any("cuda.cuda.o" not in f for f in failed):
+    if not errors or counted != sum(map(len, errors.values())) or any("cuda.cuda.o" not in f for f in failed):
         return None
-    return sorted(set(names))
+    return errors
+
+
+def undefined_names(build_error: str) -> list | None:
+    """The identifiers a failed CUDA build calls undefined in its cuda.cu unit, when those are all of
+    its errors; None when anything else may have failed."""
+    messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
+    if not messages or not all(_UNDEFINED.fullmatch(m) for m in messages):
+        return None
+    return sorted({_UNDEFINED.fullmatch(m).group(1) for m in messages})
+
+
+def probe_may_look_up(name: str) -> bool:
+    """An identifier whose lookup line is well-formed and reads as no other diagnostic: no keyword, no
+    reserved name (an implementation's: it may be a keyword), none whose echoed line says "error"."""
+    return (bool(re.fullmatch(r"[A-Za-z_]\w*", name)) and name not in CXX_KEYWORDS
+            and not re.match(r"__|_[A-Z]", name) and not re.search(r"error|Error", name))
 
 
 def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
-    """{"names", "directives", "namespaces", "probe"} for a load_inline call that failed on a tier
-    with undefined names only, whose source and flags qualify (above); else None."""
+    """{"names", "also", "directives", "namespaces", "context"} for a load_inline call that failed on a
+    tier with undefined names only, whose source and flags qualify (above); else None. "also": the
+    source's other identifiers a probe may look up (written in its code, not its directives, comments or
+    strings; not only as a member or a qualified name; never called or given template arguments; not its
+    own macros)."""
     names = undefined_names(build_error)
     cuda = args.get("cuda_sources") or []
     source = cuda if isinstance(cuda, str) else "\n".join(cuda)
-    if (not names or len(names) > MAX_PROBED_NAMES or _NOT_PROBED.search(source)
-            or list(args.get("extra_cflags") or []) != list(default_cflags)
+    if (not names or len(names) > MAX_PROBED_NAMES or not all(map(probe_may_look_up, names))
+            or _NOT_PROBED.search(source) or list(args.get("extra_cflags") or []) != list(default_cflags)
             or list(args.get("extra_cuda_cflags") or []) != ["-O3"] or args.get("extra_include_paths")):
         return None
     directives = [line.strip() for line in source.splitlines() if line.lstrip().startswith("#")]
@@ -295,36 +329,63 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
         return None
     namespaces = sorted(set(re.findall(r"\busing\s+namespace\s+((?:::)?\w+(?:::\w+)*)\s*;", source))
                         | set(re.findall(r"\bnamespace\s+(\w+(?:::\w+)*)\s*\{", source)))
-    return {"names": names, "directives": directives, "namespaces": namespaces,
-            "probe": name_probe_source(directives, namespaces, names)}
+    code = re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', " ", "\n".join(
+        line for line in source.splitlines() if not line.lstrip().startswith("#")), flags=re.S)  # no comments, strings
+    macros = set(re.findall(r"#\s*define\s+(\w+)", source))
+    also = [n for n in dict.fromkeys(re.findall(r"\b[A-Za-z_]\w*\b", code))
+            if n not in names and n not in macros and probe_may_look_up(n)
+            and re.search(rf"(?<![\w.:>]){n}\b", code) and not re.search(rf"\b{n}\s*[(<]", code)]
+    try:
+        context = name_probe_context(directives, namespaces)
+    except ValueError:
+        return None
+    return {"names": names, "also": also[:2 * MAX_PROBE_LOOKUPS], "directives": directives,
+            "namespaces": namespaces, "context": context}
 
 
-def name_probe_source(directives: list, namespaces: list, names: list) -> str:
-    """The .cu unit of a name probe (see above); raises ValueError on parts a probe may not hold."""
-    if (not names or len(names) > MAX_PROBED_NAMES or any(not re.fullmatch(r"[A-Za-z_]\w*", n) for n in names)
-            or any(not re.fullmatch(r"(?:::)?\w+(?:::\w+)*", n) for n in namespaces)
-            or any(not _PROBE_DIRECTIVE.fullmatch(d) or "\n" in d for d in directives)):
-        raise ValueError("name probe: a name, namespace or directive of a form a probe may not hold")
-    macros = "".join(f"#ifdef {n}\n#error {n} is a macro\n#endif\n" for n in names)
+def name_probe_context(directives: list, namespaces: list) -> str:
+    """The probe's text before its lookups (see above); raises ValueError on parts a probe may not hold."""
+    if (any(not isinstance(n, str) or not re.fullmatch(r"(?:::)?\w+(?:::\w+)*", n) for n in namespaces)
+            or any(not isinstance(d, str) or not _PROBE_DIRECTIVE.fullmatch(d) or "\n" in d for d in directives)):
+        raise ValueError("name probe: a namespace or directive of a form a probe may not hold")
     opened = "".join(f"namespace {n.removeprefix('::')} {{}}\n" for n in namespaces)
     used = "".join(f"using namespace ::{n.removeprefix('::')};\n" for n in namespaces)
-    lookups = "".join(f"__host__ __device__ inline void probe_{k}() {{ (void){n}; }}\n" for k, n in enumerate(names))
-    return (AS_WRITTEN_CUDA_PREFIX + "".join(d + "\n" for d in directives) + macros + opened
-            + f"namespace kernel_eval_name_probe {{\n{used}{lookups}}}\n")
+    return (AS_WRITTEN_CUDA_PREFIX + "".join(d + "\n" for d in directives) + opened
+            + f"namespace kernel_eval_name_probe {{\n{used}")
 
 
-def name_probe_path(cache_root: str, probe_source: str) -> str:
-    return os.path.join(cache_root, "name_probes", source_hash("name probe", probe_source)[:32])
+def name_probe_source(context: str, names: list) -> tuple[str, dict]:
+    """(the .cu unit of a probe of `names` in `context`, {name: (its macro line, its lookup line)});
+    raises ValueError on names a probe may not look up."""
+    if (not names or len(names) > MAX_PROBE_LOOKUPS or len(set(names)) != len(names)
+            or not all(isinstance(n, str) and probe_may_look_up(n) for n in names)):
+        raise ValueError("name probe: a name of a form a probe may not look up")
+    lines, first = [], context.count("\n") + 1
+    for k, n in enumerate(names):
+        lines += [f"#if defined({n})",  # a macro is no lookup: its answer is "declared"
+                  f'__host__ __device__ inline void probe_{k}() {{ static_assert(sizeof(char) == 0, "a macro"); }}',
+                  "#else", f"__host__ __device__ inline void probe_{k}() {{ (void){n}; }}", "#endif"]
+    where = {n: (first + 5 * k + 1, first + 5 * k + 3) for k, n in enumerate(names)}
+    return context + "".join(line + "\n" for line in lines) + "}\n", where
 
 
-def read_name_probe(cache_root: str, probe_source: str) -> str | None:
-    """"undeclared", "declared", or None (not probed yet)."""
-    try:
-        with open(name_probe_path(cache_root, probe_source)) as f:
-            answer = f.read()
-    except OSError:
-        return None
-    return answer if answer in ("undeclared", "declared") else None
+def name_probe_path(cache_root: str, context: str, name: str) -> str:
+    return os.path.join(cache_root, "name_probes", source_hash("name probe", context)[:32], name)
+
+
+def read_name_probe(cache_root: str, context: str, names: list) -> str | None:
+    """"undeclared" when every name's lookup failed in that context, "declared" when one's did not,
+    None when not all were probed."""
+    answers = []
+    for name in names:
+        try:
+            with open(name_probe_path(cache_root, context, name)) as f:
+                answers.append(f.read())
+        except OSError:
+            answers.append(None)
+    if "declared" in answers:
+        return "declared"
+    return "undeclared" if answers and all(a == "undeclared" for a in answers) else None
 
 
 # The probe's host unit: an empty module of Python's C API (torch/extension.h there took longer to
@@ -343,34 +404,52 @@ def name_probe_harness_source(probe_source: str) -> str:
 
 
 def answer_name_probes(requested: dict, cache_root: str, compile_harness_source) -> None:
-    """Compile the probe a failed build's worker asked for (its await_name_probe request), a source
-    of the harness's own built from the request's parts (a request not of that form is dropped), with
-    kernel_eval's `compile_harness_source` (behind the boundary, like warm_host_pch's), and keep its
-    answer where builds read it. A worker chooses which facts are learned, never what they say."""
+    """Compile the probe a failed build's worker asked for (its await_name_probe request: the failed
+    "names", the source's other identifiers "also"), a source of the harness's own built from the
+    request's parts (a request not of that form is dropped), with kernel_eval's `compile_harness_source`
+    (behind the boundary, like warm_host_pch's), and keep each name's answer where builds read it. A
+    worker chooses which facts are learned, never what they say."""
     try:
-        names = requested["names"]
-        probe = name_probe_source(requested["directives"], requested["namespaces"], names)
-    except (KeyError, TypeError, ValueError):
+        names, also = requested["names"], requested.get("also", [])
+        context = name_probe_context(requested["directives"], requested["namespaces"])
+    except (KeyError, TypeError, AttributeError, ValueError):
         return
-    path = name_probe_path(cache_root, probe)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "a") as lock:  # one compile per probe, across threads and processes
+    if (not isinstance(names, list) or not isinstance(also, list) or not 0 < len(names) <= MAX_PROBED_NAMES
+            or not all(isinstance(n, str) and probe_may_look_up(n) for n in names)):
+        return
+    also = [n for n in also[:2 * MAX_PROBE_LOOKUPS] if isinstance(n, str) and probe_may_look_up(n)]
+    folder = os.path.dirname(name_probe_path(cache_root, context, "x"))
+    os.makedirs(folder, exist_ok=True)
+    with open(folder + ".lock", "a") as lock:  # one compile per context at a time, across threads and processes
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(path):
-            answer = name_probe_answer(names, compile_harness_source(name_probe_harness_source(probe)))
-            if answer is not None:
-                atomic_write(path, answer)
+        if read_name_probe(cache_root, context, names) is not None:
+            return  # answered meanwhile
+        unanswered = [n for n in dict.fromkeys(names + also)
+                      if not os.path.exists(name_probe_path(cache_root, context, n))]
+        probe, where = name_probe_source(context, unanswered[:MAX_PROBE_LOOKUPS])
+        for name, answer in (name_probe_answers(where, compile_harness_source(name_probe_harness_source(probe)))
+                             or {}).items():
+            atomic_write(name_probe_path(cache_root, context, name), answer)
 
 
-def name_probe_answer(names: list, compile_record: dict) -> str | None:
-    """What a probe's compile says: "undeclared" when it failed on exactly those names' lookups and on
-    nothing else, "declared" when it built or failed otherwise, None when it says nothing (no verdict)."""
+def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
+    """What a probe's compile says of each name ({name: (macro line, lookup line)}): "undeclared" when
+    its lines' only error is its lookup's "identifier is undefined", else "declared"; every name
+    "declared" when the probe built or failed in a way its lines do not account for (the context's own
+    error); None when its compile says nothing (no verdict)."""
     if compile_record.get("status") == "ok":
-        return "declared"
+        return {name: "declared" for name in where}
     if compile_record.get("status") != "compile_error":
         return None
-    # the worker's reading of its whole build dump (the record's message is cut for the policy)
-    return "undeclared" if compile_record.get("undefined_names") == sorted(set(names)) else "declared"
+    errors = compile_record.get("cuda_errors")  # the worker's reading of its whole dump, line by line
+    lines_of = {line for pair in where.values() for line in pair}
+    if (not isinstance(errors, dict) or not errors
+            or any(not str(line).isdigit() or int(line) not in lines_of for line in errors)):
+        return {name: "declared" for name in where}
+    errors = {int(line): messages for line, messages in errors.items()}
+    return {name: "undeclared" if (macro_line not in errors
+                                   and errors.get(lookup_line) == [f'identifier "{name}" is undefined'])
+            else "declared" for name, (macro_line, lookup_line) in where.items()}
 
 
 PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)

@@ -88,6 +88,7 @@ ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.
 
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
             "harness_error")
+MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
 
 # aten ops a forward may run outside the extension: the `aten` column of kernel_gate.CALLS' allowed rows (the one
 # table of what a candidate may call, and why; a copy, held equal by tests/test_kernel_gate.py)
@@ -1009,6 +1010,10 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
             if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
                 record["undefined_names"] = undefined
+            errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
+            if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
+                    isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
+                record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
         else:
             record = {"status": "deferred", "message": str(msg.get("message", ""))}
     except sandbox.ChannelTimeout:

@@ -69,13 +69,13 @@ def _compile_worker(a, job: dict) -> None:
             sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import",
                                             "message": trim_error(traceback.format_exc())})
             return
-        undefined = None
-        if kernel_build:
-            undefined = kernel_build.undefined_names(build_error)  # of the whole dump (a probe's answer)
+        undefined = errors = None
+        if kernel_build:  # of the whole dump (a probe's answers)
+            undefined, errors = kernel_build.undefined_names(build_error), kernel_build.cuda_unit_errors(build_error)
             with open(job["source"]) as f:
                 build_error = kernel_build.point_at_source(build_error, f.read())
         sandbox.child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(build_error),
-                                        "undefined_names": undefined})
+                                        "undefined_names": undefined, "cuda_errors": errors})
 
 
 def _name_prober(a):

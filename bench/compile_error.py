@@ -7,6 +7,8 @@ compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_c
   first       the slim tier fails, the worker waits while the name probe is compiled, then reads
               its answer ("undeclared": the slim tier's diagnostics, no build as written)
   again       a new source with the same names (a comment added): the slim tier, then the answer
+  other       another declaration dropped instead (other names, same headers): the slim tier, then the
+              answers the first probe also gave (it looks up the source's other identifiers too)
 
     python bench/compile_error.py --tasks level1/01_relu,level1/07_row_sum
 
@@ -17,7 +19,9 @@ outside the temp dir, which the workers' view hides (docs/PERFORMANCE.md says ho
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -70,9 +74,13 @@ def main() -> None:
     try:
         toolkit_for_cpu_torch(root)
         print("| task | undefined names | no probes s (slim + as written) | first s (slim + probe) "
-              "| again s (slim) | answer |\n|---|---|---:|---:|---:|---|", flush=True)
+              "| again s (slim) | other names | other s | answers |\n|---|---|---:|---:|---:|---|---:|---|", flush=True)
         for task, solution in solutions:
-            broken = drop_declaration(solution)[0]
+            broken, first_name = drop_declaration(solution)
+            # the next declaration drop_declaration would take: the first one kept out of its sight
+            kept = re.sub(rf"^(\s*)(?=(?:const\s+)?\w+\s+{first_name}\s*=)", r"\1/*kept*/", solution,
+                          count=1, flags=re.M)
+            other = drop_declaration(kept)[0].replace("/*kept*/", "")
             plain = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), "plain"))
             probed = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), "probed"))
 
@@ -84,16 +92,20 @@ def main() -> None:
             without, record = timed(broken, plain, probes=False)
             first, record_first = timed(broken, probed, probes=True)
             again, record_again = timed(broken.replace("__global__", "// a new source\n__global__", 1), probed, True)
-            statuses = {record["status"], record_first["status"], record_again["status"]}
-            names = record_first.get("undefined_names") or []
+            later, record_other = timed(other, probed, probes=True)
+            records = (record, record_first, record_again, record_other)
             probes = os.path.join(probed.cache_root, "name_probes")
-            answers = sorted(open(os.path.join(probes, f)).read() for f in os.listdir(probes)
-                             if not f.endswith(".lock")) if os.path.isdir(probes) else []
-            answer = ", ".join(answers) or "not probed"
-            if statuses != {"compile_error"}:
-                answer += f" (statuses {sorted(statuses)}: {record_first['message'][:80]!r})"
-            print(f"| {task} | {', '.join(names) or '-'} | {without:.1f} | {first:.1f} | {again:.1f} | {answer} |",
-                  flush=True)
+            answers = {}
+            for r in (record_first, record_other):
+                for name in r.get("undefined_names") or []:
+                    found = glob.glob(os.path.join(probes, "*", name))
+                    answers[name] = open(found[0]).read() if found else "not probed"
+            answer = ", ".join(f"{n}: {v}" for n, v in answers.items()) or "not probed"
+            if {r["status"] for r in records} != {"compile_error"}:
+                answer += f" (statuses {[r['status'] for r in records]}: {record_other['message'][:80]!r})"
+            print(f"| {task} | {', '.join(record_first.get('undefined_names') or []) or '-'} | {without:.1f} "
+                  f"| {first:.1f} | {again:.1f} | {', '.join(record_other.get('undefined_names') or []) or '-'} "
+                  f"| {later:.1f} | {answer} |", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -112,19 +112,30 @@ def test_undefined_names_are_a_builds_only_errors_or_none():
     host = NINJA_UNDEFINED + "FAILED: main.o\n/b/main.cpp:3:1: error: 'x' does not name a type\n"
     assert kb.undefined_names(host) is None
     assert kb.undefined_names("") is None
+    assert kb.cuda_unit_errors(NINJA_UNDEFINED) == {13: ['identifier "stride" is undefined'],
+                                                   18: ['identifier "lane" is undefined'],
+                                                   19: ['identifier "stride" is undefined']}
+    typed = NINJA_UNDEFINED.replace('identifier "lane" is undefined', "type name is not allowed")
+    assert kb.undefined_names(typed) is None and kb.cuda_unit_errors(typed)[18] == ["type name is not allowed"]
+    assert kb.cuda_unit_errors(host) is None
+    assert kb.cuda_unit_errors(NINJA_UNDEFINED.replace("3 errors", "4 errors")) is None
 
 
 def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_probe():
     source = ("#include <torch/extension.h>\n#define BLOCK 256\nusing namespace at;\nnamespace mine {\n"
-              "__global__ void k(float* y, int64_t n) { for (int64_t i = 0; i < n; i += stride) y[i] = lane; }\n}\n")
+              "// a comment's words are no lookups\n__global__ void k(float* y, int64_t n) {\n"
+              '  const char* m = "nor a string\'s"; float sum = y[0]; for (int64_t i = 0; i < n; i += stride)\n'
+              "  y[i] = lane + y.__x + BLOCK + sum; }\n}\n")
     args = {"cuda_sources": [source], "extra_cflags": ["-O3"], "extra_cuda_cflags": ["-O3"]}
     found = kb.name_lookups(args, NINJA_UNDEFINED, ("-O3",))
     assert found["names"] == ["lane", "stride"] and found["namespaces"] == ["at", "mine"]
     assert found["directives"] == ["#include <torch/extension.h>", "#define BLOCK 256"]
-    probe = found["probe"]
-    assert probe.startswith(kb.AS_WRITTEN_CUDA_PREFIX + "#include <torch/extension.h>\n#define BLOCK 256\n")
-    assert "#ifdef stride" in probe and "using namespace ::at;" in probe and "(void)stride;" in probe
-    assert "#ifdef lane" in probe and "(void)lane;" in probe
+    # the other identifiers, in order: no keyword, reserved or member name, none called or compared with <
+    # (it could be a template), not the source's macro, no word of a comment or a string
+    assert found["also"] == ["at", "mine", "y", "int64_t", "n", "m", "sum"]
+    assert found["context"] == (kb.AS_WRITTEN_CUDA_PREFIX + "#include <torch/extension.h>\n#define BLOCK 256\n"
+                                "namespace at {}\nnamespace mine {}\nnamespace kernel_eval_name_probe {\n"
+                                "using namespace ::at;\nusing namespace ::mine;\n")
     refused = {
         "a conditional": source.replace("#define BLOCK 256", "#ifdef BLOCK\n#endif"),
         "a quoted include": source.replace("<torch/extension.h>", '"my.h"'),
@@ -138,41 +149,91 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
         assert kb.name_lookups(dict(args, cuda_sources=text), NINJA_UNDEFINED, ("-O3",)) is None, why
     assert kb.name_lookups(dict(args, extra_cuda_cflags=["-O3", "-DX"]), NINJA_UNDEFINED, ("-O3",)) is None
     assert kb.name_lookups(args, NINJA_UNDEFINED.replace("3 errors", "2 errors"), ("-O3",)) is None
-    for parts in ((["#if 1"], [], ["n"]), ([], ["a b"], ["n"]), ([], [], ["n;"]), ([], [], [])):
+    for directives, namespaces in ((["#if 1"], []), ([], ["a b"]), (["#include <a>\nint x;"], [])):
         with pytest.raises(ValueError):
-            kb.name_probe_source(*parts)
+            kb.name_probe_context(directives, namespaces)
+    for names in ([], ["n;"], ["int"], ["__restrict__"], ["_Reserved"], ["my_error"], ["n", "n"], ["n"] * 40):
+        with pytest.raises(ValueError):
+            kb.name_probe_source(found["context"], names)
+
+
+def test_a_probe_looks_up_each_name_on_lines_of_its_own():
+    context = kb.name_probe_context(["#include <torch/extension.h>"], ["at"])
+    probe, where = kb.name_probe_source(context, ["lane", "TORCH_CHECK"])
+    lines = probe.split("\n")
+    assert probe.startswith(context) and set(where) == {"lane", "TORCH_CHECK"}
+    for name, (macro_line, lookup_line) in where.items():
+        assert lines[macro_line - 2] == f"#if defined({name})" and "static_assert" in lines[macro_line - 1]
+        assert lines[lookup_line - 1].endswith(f"{{ (void){name}; }}")
+    assert lines[-3:] == ["#endif", "}", ""]
+
+
+def test_name_probe_answers_are_read_line_by_line():
+    """A name is "undeclared" only when its lookup line's only error is that its identifier is undefined;
+    an error on its macro line, another error, or an error no name's lines account for: "declared"."""
+    where = {"a": (10, 12), "b": (15, 17), "c": (20, 22), "d": (25, 27)}
+    errors = {"12": ['identifier "a" is undefined'], "15": ["static assertion failed with \"a macro\""],
+              "22": ["type name is not allowed"], "27": ['identifier "d" is undefined', "expected a \";\""]}
+    assert kb.name_probe_answers(where, {"status": "compile_error", "cuda_errors": errors}) == {
+        "a": "undeclared", "b": "declared", "c": "declared", "d": "declared"}
+    stray = dict(errors, **{"3": ["cannot open source file"]})
+    assert set(kb.name_probe_answers(where, {"status": "compile_error", "cuda_errors": stray}).values()) == {"declared"}
+    assert set(kb.name_probe_answers(where, {"status": "compile_error"}).values()) == {"declared"}  # not by line
+    assert kb.name_probe_answers(where, {"status": "ok"}) == dict.fromkeys(where, "declared")
+    assert kb.name_probe_answers(where, {"status": "timeout"}) is None
+    assert kb.name_probe_answers(where, {"status": "deferred"}) is None
 
 
 def test_name_probes_are_answered_from_the_harness_compile_of_the_requests_parts(tmp_path):
-    """What a probe's compile says becomes its answer: "undeclared" only when it failed on every name's
-    lookup and on nothing else; a request of other forms compiles nothing; a probe answered before is
-    not compiled again."""
+    """One compile answers the request's names and the source's other identifiers ("also"), each by its
+    own lines; a later request whose names were answered compiles nothing; a request of other forms
+    compiles nothing; a compile that says nothing answers nothing."""
     compiled = []
-    undefined = 'cuda.cu(9): error: identifier "{}" is undefined\n'
 
-    def compile_harness_source(src):
+    def compile_harness_source(src):  # as EDG would: Py_ names declared, M_ names macros, others undefined
         compiled.append(src)
-        names = [n for n in re.findall(r"\(void\)(\w+);", src) if not n.startswith("Py_")]
-        if not names:
+        probe = eval(src.split("cuda_sources=")[1].split(", no_implicit_headers")[0])
+        errors = {}
+        for number, line in enumerate(probe.split("\n"), start=1):
+            if match := re.search(r"\(void\)(\w+);", line):
+                if not match.group(1).startswith(("Py_", "M_")):
+                    errors[str(number)] = [f'identifier "{match.group(1)}" is undefined']
+            elif "static_assert" in line and probe.split("\n")[number - 2].startswith("#if defined(M_"):
+                errors[str(number)] = ['static assertion failed with "a macro"']
+        if not errors:
             return {"status": "ok"}
-        dump = "".join(undefined.format(n) for n in names) + (
-            f'{len(names)} errors detected in the compilation of "cuda.cu".')
-        return {"status": "compile_error", "message": dump[:40], "undefined_names": kb.undefined_names(dump)}
+        if "timeout_name" in probe:
+            return {"status": "timeout"}
+        return {"status": "compile_error", "message": "cut", "cuda_errors": errors}
 
     cache, parts = str(tmp_path), {"directives": ["#include <torch/extension.h>"], "namespaces": ["at"]}
-    answered = {}
-    for names in (["a_name", "z_name"], ["Py_declared", "a_name"], ["Py_declared"]):
+    context = kb.name_probe_context(**parts)
+
+    def answer(names):
+        return kb.read_name_probe(cache, context, names)
+
+    kb.answer_name_probes(dict(parts, names=["a_name", "z_name"], also=["Py_declared", "b_name", "M_macro"]),
+                          cache, compile_harness_source)
+    assert len(compiled) == 1 and "no_implicit_headers=True" in compiled[0]
+    assert answer(["a_name", "z_name"]) == "undeclared" and answer(["b_name"]) == "undeclared"
+    assert answer(["Py_declared"]) == "declared" and answer(["b_name", "M_macro"]) == "declared"
+    assert answer(["c_name"]) is None and answer(["c_name", "Py_declared"]) == "declared"
+    for names in (["b_name"], ["Py_declared", "a_name"], ["c_name", "M_macro"]):  # answered: no compile
         kb.answer_name_probes(dict(parts, names=names), cache, compile_harness_source)
-        answered[tuple(names)] = kb.read_name_probe(cache, kb.name_probe_source(**parts, names=names))
-    assert answered == {("a_name", "z_name"): "undeclared", ("Py_declared", "a_name"): "declared",
-                        ("Py_declared",): "declared"}
-    assert len(compiled) == 3 and "no_implicit_headers=True" in compiled[0]
-    kb.answer_name_probes(dict(parts, names=["a_name", "z_name"]), cache, compile_harness_source)
-    assert len(compiled) == 3  # answered before
-    for bad in ({"names": ["x"], "directives": ["#if 1"], "namespaces": []}, {"names": ["x;y"]}, "names"):
+    assert len(compiled) == 1
+    kb.answer_name_probes(dict(parts, names=["c_name"], also=["a_name", "d_name"]), cache, compile_harness_source)
+    assert len(compiled) == 2 and "(void)a_name;" not in compiled[1]  # only what is not answered yet
+    assert answer(["c_name", "d_name"]) == "undeclared"
+    other = {"directives": ["#include <torch/extension.h>"], "namespaces": []}  # another context: asked anew
+    kb.answer_name_probes(dict(other, names=["a_name"]), cache, compile_harness_source)
+    assert len(compiled) == 3 and kb.read_name_probe(cache, kb.name_probe_context(**other), ["a_name"]) == "undeclared"
+    kb.answer_name_probes(dict(parts, names=["timeout_name"]), cache, compile_harness_source)
+    assert len(compiled) == 4 and answer(["timeout_name"]) is None
+    for bad in ({"names": ["x"], "directives": ["#if 1"], "namespaces": []}, {"names": ["x;y"]}, "names",
+                dict(parts, names=["_Reserved"]), dict(parts, names=["a", "b", "c", "d", "e"]),
+                dict(parts, names="x_name"), dict(parts, names=["x_name"], also="abc")):
         kb.answer_name_probes(bad, cache, compile_harness_source)
-    assert len(compiled) == 3
-    assert kb.name_probe_answer(["n"], {"status": "timeout"}) is None
+    assert len(compiled) == 4
 
 
 FAKE_COMPILER = r"""#!/bin/sh
@@ -212,14 +273,14 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     for name in ("load_inline", "load", "remove_extension_h_precompiler_headers", "JIT_EXTENSION_VERSIONER"):
         monkeypatch.setattr(ce, name, getattr(ce, name))
     inline = ce.load_inline
-    probe = kb.name_probe_source([], [], ["undefined_name"])
+    answer_path = kb.name_probe_path(str(cache), kb.name_probe_context([], []), "undefined_name")
     requests, answers = [], []
 
     def await_name_probe(request):  # kernel_eval's part: compile the probe, keep its answer
         requests.append(request)
         if answers:
-            os.makedirs(os.path.dirname(kb.name_probe_path(str(cache), probe)), exist_ok=True)
-            open(kb.name_probe_path(str(cache), probe), "w").write(answers.pop(0))
+            os.makedirs(os.path.dirname(answer_path), exist_ok=True)
+            open(answer_path, "w").write(answers.pop(0))
 
     def new_worker(**kw) -> dict:
         ce.load_inline = inline
@@ -237,16 +298,16 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     answers.append("undeclared")
     worker = new_worker(await_name_probe=await_name_probe)
     assert units_compiled(worker, source) == 1  # the slim tier; the probe asked for and answered; no second build
-    assert requests == [{"names": ["undefined_name"], "directives": [], "namespaces": []}]
+    assert requests == [{"names": ["undefined_name"], "also": ["y"], "directives": [], "namespaces": []}]
     assert 'identifier "undefined_name" is undefined' in worker["build_error"]
     source += " // again"  # a new source, a new worker: the answer is read, nothing asked
     assert units_compiled(new_worker(await_name_probe=await_name_probe), source) == 1 and len(requests) == 1
-    os.remove(kb.name_probe_path(str(cache), probe))
+    os.remove(answer_path)
     answers.append("declared")
     source += " // declared"
     worker = new_worker(await_name_probe=await_name_probe)
     assert units_compiled(worker, source) == 2 and len(requests) == 2  # the slim tier, the probe, then as written
-    os.remove(kb.name_probe_path(str(cache), probe))
+    os.remove(answer_path)
     source += " // twice"  # a worker asks once: kernel_eval answers one request a worker
     assert units_compiled(worker, source) == 2 and len(requests) == 2
     source += " // unanswered"  # a probe that said nothing (its compile gave no verdict): as written
@@ -261,28 +322,30 @@ def test_the_probes_host_unit_builds_an_importable_module(tmp_path):
     module = ce.load_inline("kernel_eval_name_probe", kb.PROBE_HOST_UNIT, no_implicit_headers=True,
                             build_directory=str(tmp_path))
     assert module.__name__ == "kernel_eval_name_probe"
-    assert kb.name_probe_answer(["n"], {"status": "ok"}) == "declared"
-    assert kb.name_probe_answer(["n"], {"status": "deferred"}) is None
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
 def test_name_probes_compiled_by_nvcc_say_undeclared_only_for_a_failed_lookup(tmp_path):
-    """The probe as nvcc sees it (torch's headers as load_inline writes a .cu unit, torch's flags): a
-    name nothing declares fails its lookup alone; a macro of torch's headers fails otherwise."""
+    """The probe as nvcc sees it (torch's headers as load_inline writes a .cu unit, torch's flags): each
+    name nothing declares fails its own lookup; a macro of torch's headers, a type, a namespace and a
+    declared variable or overloaded function do not, and do not disturb the other names' answers."""
     import torch.utils.cpp_extension as ce
     flags = ["-std=c++17", "--expt-relaxed-constexpr", "-DTORCH_API_INCLUDE_EXTENSION_H"] + [
         f"-I{p}" for p in ce.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
-    for names, expected in ((["kernel_eval_a", "kernel_eval_b"], "undeclared"),
-                            (["TORCH_CHECK", "kernel_eval_a"], "declared")):
-        unit = tmp_path / f"{names[0]}.cu"
-        unit.write_text(kb.name_probe_source(["#include <torch/extension.h>"], ["at"], names))
-        done = subprocess.run(["nvcc", "-c", str(unit), "-o", str(tmp_path / "x.o")] + flags,
-                              capture_output=True, text=True, timeout=600)
-        dump = (done.stdout + done.stderr).replace(str(unit), "/b/cuda.cu")
-        record = {"status": "ok"} if done.returncode == 0 else {
-            "status": "compile_error", "message": dump, "undefined_names": kb.undefined_names(dump)}
-        assert kb.name_probe_answer(names, record) == expected, record
+    expected = {"kernel_eval_a": "undeclared", "TORCH_CHECK": "declared", "int64_t": "declared",
+                "kernel_eval_b": "undeclared", "torch": "declared", "PyType_Type": "declared",
+                "threadIdx": "declared", "abs": "declared", "lane": "undeclared"}
+    probe, where = kb.name_probe_source(kb.name_probe_context(["#include <torch/extension.h>"], ["at"]),
+                                        list(expected))
+    unit = tmp_path / "cuda.cu"
+    unit.write_text(probe)
+    done = subprocess.run(["nvcc", "-c", str(unit), "-o", str(tmp_path / "x.o")] + flags,
+                          capture_output=True, text=True, timeout=600)
+    dump = (done.stdout + done.stderr).replace(str(unit), "/b/cuda.cu")
+    assert done.returncode != 0 and kb.cuda_unit_errors(dump), dump[-2000:]
+    record = {"status": "compile_error", "cuda_errors": kb.cuda_unit_errors(dump)}
+    assert kb.name_probe_answers(where, record) == expected, dump[-3000:]
 
 
 def test_patched_load_inline_hashes_build_dirs_and_injects_flags(monkeypatch, tmp_path):
@@ -451,14 +514,15 @@ def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_heade
 
 @pytest.mark.gpu
 def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_path):
-    """Through evaluate: a kernel with an undefined name fails on the slim tier, its name is probed, and it is a
-    compile error without a build as written; a new kernel with the same name is then a compile error after
-    the slim build alone. A name the full headers declare (Python's _Py_NoneStruct, which torch/extension.h
-    brings) is probed "declared" and its kernel built as written."""
+    """Through evaluate: a kernel with an undefined name fails on the slim tier, its name is probed (with the
+    source's other identifiers), and it is a compile error without a build as written; a new kernel with the
+    same name, or with another of those identifiers undefined, is then a compile error after the slim build
+    alone. A name the full headers declare (Python's PyType_Type, which torch/extension.h brings) is probed
+    "declared" and its kernel built as written."""
     benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
     broken = benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
     assert broken != benign
-    rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&_Py_NoneStruct != nullptr);\n"
+    rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&PyType_Type != nullptr);\n"
                              "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
     cache = str(tmp_path / "cache")
 
@@ -466,23 +530,33 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
         return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
                    for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
 
-    def answers() -> list:
-        return sorted(open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*"))
-                      if not p.endswith(".lock"))
+    def answers(name: str) -> list:
+        return sorted(open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*", name)))
+
+    def probes() -> int:  # the probe's own builds
+        return builds_of("kernel_eval_name_probe")
 
     first = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_first"'), device="cuda",
                                  cache_root=cache, gpu_trials=30)
     assert first.status == "compile_error" and "kernel_eval_undeclared" in first.message, first.message
-    assert answers() == ["undeclared"] and builds_of("ext_first") == 1  # the slim tier, then the probe
+    assert answers("kernel_eval_undeclared") == ["undeclared"] and builds_of("ext_first") == 1  # slim, then probe
+    assert answers("spin_cycles") == ["undeclared"] and answers("cudaStream_t") == ["declared"]  # looked up too
+    assert probes() == 1
     second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
                                   cache_root=cache, gpu_trials=30)
     assert second.status == "compile_error" and "kernel_eval_undeclared" in second.message, second.message
-    assert builds_of("ext_second") == 1  # the slim tier alone
+    assert builds_of("ext_second") == 1 and probes() == 1  # the slim tier alone
+    other = benign.replace("    float v = in[i];", "    float v = in[i] * spin_cycles;", 1).replace(
+        "long long spin_cycles)", "long long spin)").replace("if (spin_cycles > 0)", "if (spin > 0)").replace(
+        "clock64() - start < spin_cycles", "clock64() - start < spin")
+    result = kernel_eval.evaluate(REFERENCE, other.replace('name="ext"', 'name="ext_other"'), device="cuda",
+                                  cache_root=cache, gpu_trials=30)
+    assert result.status == "compile_error" and "spin_cycles" in result.message, result.message
+    assert builds_of("ext_other") == 1 and probes() == 1  # another name, answered by the first probe
     result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
-    assert result.status == "correct", result.message  # probed "declared" (the probe built and imported)
-    assert answers() == ["declared", "undeclared"] and builds_of("ext_rescued") == 2  # the slim tier, as written
+    assert result.status == "correct", result.message  # probed "declared" (the probe built or failed otherwise)
+    assert answers("PyType_Type") == ["declared"] and builds_of("ext_rescued") == 2  # the slim tier, as written
     both = rescued.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
     result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
                                   cache_root=cache, gpu_trials=30)
-    assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message
-    assert answers() == ["declared", "declared", "undeclared"]  # one of its two names is declared
+    assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message  # one name declared
