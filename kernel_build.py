@@ -169,16 +169,16 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
         key = source_hash(base_key, sorted((k, v) for k, v in args.items() if k not in ("build_directory", "verbose")))
         args["build_directory"] = os.path.join(cache_root, "build", key[:32])
         os.makedirs(args["build_directory"], exist_ok=True)
-        built = os.path.join(args["build_directory"], args["name"] + ".so")
         failed_marker = os.path.join(args["build_directory"], "FAILED")
         if remember_failure and os.path.exists(failed_marker):
             with open(failed_marker, errors="replace") as f:
                 state["build_error"] = f.read() or "this build failed before"
             raise RuntimeError(state["build_error"])
-        if fast_load and os.path.exists(built):
+        built = built_module_name(args["build_directory"], args["name"]) if fast_load else None
+        if built:
             # the compile phase built exactly these sources here: import, skip ninja and the .gch check
             python_module = args.get("is_python_module", True)
-            return ce._import_module_from_library(args["name"], args["build_directory"], python_module)
+            return ce._import_module_from_library(built, args["build_directory"], python_module)
         state["builds"] += 1
         lock = None
         if pch:
@@ -231,6 +231,17 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
     return state
 
 
+
+
+def built_module_name(build_directory: str, name: str) -> str | None:
+    """The module a compile worker built in this directory for extension `name`: torch's versioner calls
+    a process's second build of one name `name_v1` (a failed header tier counts, and a run worker skips
+    that tier), so the run worker imports whichever the directory holds; None when neither is there."""
+    versions = [f[len(name) + 2:-3] for f in os.listdir(build_directory)
+                if f.startswith(name + "_v") and f.endswith(".so") and f[len(name) + 2:-3].isdigit()]
+    if os.path.exists(os.path.join(build_directory, name + ".so")):
+        return name
+    return f"{name}_v{max(versions, key=int)}" if versions else None
 
 
 # ----------------------------------------------------------------------------- name probes

@@ -282,10 +282,10 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
             os.makedirs(os.path.dirname(answer_path), exist_ok=True)
             open(answer_path, "w").write(answers.pop(0))
 
-    def new_worker(**kw) -> dict:
+    def new_worker(fast_load=False, **kw) -> dict:
         ce.load_inline = inline
         ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
-        return kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=False, **kw)
+        return kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=fast_load, **kw)
 
     def units_compiled(state, source) -> list:
         log.write_text("")
@@ -314,6 +314,19 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     assert units_compiled(new_worker(await_name_probe=await_name_probe), source) == 2 and len(requests) == 3
     source += " // and again"
     assert units_compiled(new_worker(), source) == 2 and len(requests) == 3  # no prober: slim, then as written
+
+    # a run worker imports what its compile worker built as written after a failed tier, which torch's
+    # versioner named ext_v1 (the tier's build was that worker's first of the name); the run worker skips
+    # the tier (remembered), so it would have named its own build ext and built again
+    written = "__global__ void k(float* y) { y[0] = 1.f; } // needs_full_header"
+    assert units_compiled(new_worker(), written) == 2  # the slim tier failed, as written built (an empty library)
+    imported = []
+    monkeypatch.setattr(ce, "_import_module_from_library", lambda name, path, python_module: imported.append(
+        (name, sorted(os.listdir(path)))) or name)
+    new_worker(fast_load=True)
+    log.write_text("")
+    ce.load_inline("ext", "torch::Tensor f(torch::Tensor x);", cuda_sources=written)
+    assert log.read_text() == "" and [name for name, _ in imported] == ["ext_v1"] and "ext_v1.so" in imported[0][1]
 
 
 def test_the_probes_host_unit_builds_an_importable_module(tmp_path):
