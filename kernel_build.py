@@ -237,10 +237,10 @@ def built_module_name(build_directory: str, name: str) -> str | None:
     """The module a compile worker built in this directory for extension `name`: torch's versioner calls
     a process's second build of one name `name_v1` (a failed header tier counts, and a run worker skips
     that tier), so the run worker imports whichever the directory holds; None when neither is there."""
-    versions = [f[len(name) + 2:-3] for f in os.listdir(build_directory)
-                if f.startswith(name + "_v") and f.endswith(".so") and f[len(name) + 2:-3].isdigit()]
     if os.path.exists(os.path.join(build_directory, name + ".so")):
         return name
+    versions = [f[len(name) + 2:-3] for f in os.listdir(build_directory)
+                if f.startswith(name + "_v") and f.endswith(".so") and f[len(name) + 2:-3].isdigit()]
     return f"{name}_v{max(versions, key=int)}" if versions else None
 
 
