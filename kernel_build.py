@@ -73,7 +73,7 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
     """Force load_inline/load into per-hash build dirs; inject -O3, the header tiers and the
     precompiled headers. `fast_load` (run workers): import what the compile worker built here.
     `await_name_probe` (kernel_eval's compile workers): a function that asks kernel_eval for the probe
-    of a request {"names", "directives", "namespaces"} and returns once it is answered; a tier failure
+    of a request {"names", "also", "directives", "namespaces"} and returns once it is answered; a tier failure
     on names no probe has answered calls it (once per worker), then reads the answer.
     Returns the worker's build record: {"builds", "build_error", "header_tier", "build_s"}."""
     import inspect
