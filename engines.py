@@ -561,7 +561,8 @@ ORACLE_RESPONSE = ("<think>\nOkay, the oracle answers with the task's own soluti
 # names an output (or a scratch buffer the output is computed from).
 _POINTEE = (r"(?:float|double|half|__half|__nv_bfloat16|at::Half|at::BFloat16|c10::Half|"
             r"scalar_t|int|int32_t|int64_t|long|float2|float4|double2)")
-_WRITABLE_POINTER = re.compile(r"(?<!const )\b" + _POINTEE + r"\s*\*\s*(?:__restrict__\s+)?(\w+)")
+_WRITABLE_POINTER = re.compile(r"(?<!const )\b(" + _POINTEE + r")\s*\*\s*(?:__restrict__\s+)?(\w+)")
+_VECTOR_TYPES = ("float2", "float4", "double2")  # CUDA's vector structs: no `+ 1` on them
 _OUTPUT_LIKE = r"\w*(?:out|result|dst|y)\w*"
 
 
@@ -572,16 +573,24 @@ def corrupt_solution(code: str) -> str:
     output-like names (out, result, dst, y) and every array the source declares as a
     non-const pointer (`float* __restrict__ C`, `float* cr = cp + i * N`), so accumulating
     stores (`c[j] += a * b[j];`) and scratch buffers are corrupted too: more wrong, never
-    less. A store of a vector type (`float4`) gets `+ 1` it cannot take, so that kernel fails
-    to compile instead: a failure all the same. Raises when there is no such store, rather
-    than hand back something that may still be right."""
-    names = {m.group(1) for m in _WRITABLE_POINTER.finditer(code)}
-    target = _OUTPUT_LIKE + "".join(f"|{re.escape(n)}" for n in sorted(names))
-    store = re.compile(r"(\b(?:" + target + r")\s*\[[^\]\n]+\]\s*[-+*]?=(?!=))\s*([^;\n]+);", re.I)
+    less. A CUDA vector struct (`float4* y4`) takes no `+ 1`, so its store gets +1 on its
+    first component instead (`y4[i] = v;` -> `y4[i] = v; y4[i].x += 1;`): it still compiles.
+    Raises when there is no such store, rather than hand back something that may still be right."""
+    pointers = {m.group(2): m.group(1) for m in _WRITABLE_POINTER.finditer(code)}
+    vectors = {n for n, pointee in pointers.items() if pointee in _VECTOR_TYPES}
+    target = _OUTPUT_LIKE + "".join(f"|{re.escape(n)}" for n in sorted(pointers))
+    store = re.compile(r"(\b(" + target + r")\s*\[[^\]\n]+\])(\s*[-+*]?=(?!=))\s*([^;\n]+);", re.I)
+
+    def corrupt(match: re.Match) -> str:
+        element, name, assign, value = match.groups()
+        if name in vectors and assign.strip() == "=":
+            return f"{element}{assign} {value}; {element}.x += 1;"
+        return f"{element}{assign} ({value}) + 1;"
+
     lines, count = [], 0
     for line in code.split("\n"):
         if not line.lstrip().startswith(("//", "#")):
-            line, n = store.subn(r"\1 (\2) + 1;", line)
+            line, n = store.subn(corrupt, line)
             count += n
         lines.append(line)
     if count == 0:

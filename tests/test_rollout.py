@@ -407,10 +407,7 @@ def test_oracle_rollout_on_real_kernels(language, device):
     assert {corrupted for corrupted, *_ in seen} == {True, False}, seen
     for corrupted, status, score, _ in seen:
         if corrupted:
-            # "+1" on a float4 store does not compile in CUDA: the relu kernel's corruption
-            # is a compile error there, a wrong value everywhere else.
-            allowed = {"incorrect", "compile_error"} if language == "cuda" else {"incorrect"}
-            assert status in allowed and score == 0.0, seen
+            assert status == "incorrect" and score == 0.0, seen
         else:
             assert status == "correct" and score > 0.3 - 1e-9, seen
     for task in builtin:
