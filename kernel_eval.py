@@ -990,23 +990,30 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     try:
         deadline = time.monotonic() + cfg.compile_timeout_s
         msg, _ = worker.channel.recv(deadline)
+        probe_s = None
         if msg.get("kind") == "name_probe" and probes:  # one probe a worker: a second request is "deferred"
             started = time.monotonic()
             if isinstance(msg.get("name_probe"), dict):
                 kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
                                                 lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
-            deadline += time.monotonic() - started  # the probe's compile is not the candidate's
+            probe_s = time.monotonic() - started
+            deadline += probe_s  # the probe's compile is not the candidate's
             worker.channel.send({"cmd": "probed"}, deadline=deadline)
             msg, _ = worker.channel.recv(deadline)
+        # the worker's profile (seconds: torch's import, its builds, the rest; the probe's wait is in the
+        # rest, and "probe" says how much of it): diagnostics of where a compile's time went
+        profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
+        profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
+        if probe_s is not None:
+            profile["probe"] = probe_s
         if msg.get("ok"):
-            # the last CUDA build's header tier (None: as written, or none) and the profile: diagnostics
-            profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
+            # the last CUDA build's header tier (None: as written, or none)
             record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
                       "builds": int(msg.get("builds") or 0),  # 0: nothing was compiled (e.g. an empty file)
-                      "torch_preloaded": msg.get("torch_preloaded") is True,
-                      "profile": {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}}
+                      "torch_preloaded": msg.get("torch_preloaded") is True, "profile": profile}
         elif msg.get("kind") == "build":
-            record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars)}
+            record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars),
+                      "builds": int(msg.get("builds") or 0), "profile": profile}  # 2: a failed tier, then as written
             undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
             if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
                 record["undefined_names"] = undefined

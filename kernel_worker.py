@@ -74,8 +74,11 @@ def _compile_worker(a, job: dict) -> None:
             undefined, errors = kernel_build.undefined_names(build_error), kernel_build.cuda_unit_errors(build_error)
             with open(job["source"]) as f:
                 build_error = kernel_build.point_at_source(build_error, f.read())
+        # where a failed compile's time went (a failed header tier and the build as written are two builds)
+        rest = _perf_counter() - t0 - t_torch - state["build_s"]
         sandbox.child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(build_error),
-                                        "undefined_names": undefined, "cuda_errors": errors})
+                                        "undefined_names": undefined, "cuda_errors": errors, "builds": state["builds"],
+                                        "profile": {"torch": t_torch, "build": state["build_s"], "rest": rest}})
 
 
 def _name_prober(a):

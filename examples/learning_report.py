@@ -107,7 +107,7 @@ def run_table(run: dict) -> str:
 
 # the phases of a verdict (kernel_eval's EvalResult.seconds) worth a line: the build, the wait for the
 # device and the reference, the check, and its latency from the compile's start
-SLOWEST_PHASES = ("compile", "compile.build", "load", "device_wait", "reference", "check", "latency")
+SLOWEST_PHASES = ("compile", "compile.build", "compile.probe", "load", "device_wait", "reference", "check", "latency")
 
 
 def time_lines(run: dict) -> list[str]:

@@ -553,12 +553,14 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
                                  cache_root=cache, gpu_trials=30)
     assert first.status == "compile_error" and "kernel_eval_undeclared" in first.message, first.message
     assert answers("kernel_eval_undeclared") == ["undeclared"] and builds_of("ext_first") == 1  # slim, then probe
+    assert 0.0 < first.seconds["compile.probe"] < first.seconds["compile"], first.seconds  # the probe's wait, reported
     assert answers("spin_cycles") == ["undeclared"] and answers("cudaStream_t") == ["declared"]  # looked up too
     assert probes() == 1
     second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
                                   cache_root=cache, gpu_trials=30)
     assert second.status == "compile_error" and "kernel_eval_undeclared" in second.message, second.message
     assert builds_of("ext_second") == 1 and probes() == 1  # the slim tier alone
+    assert "compile.probe" not in second.seconds and second.seconds["compile.build"] > 0, second.seconds
     other = benign.replace("    float v = in[i];", "    float v = in[i] * spin_cycles;", 1).replace(
         "long long spin_cycles)", "long long spin)").replace("if (spin_cycles > 0)", "if (spin > 0)").replace(
         "clock64() - start < spin_cycles", "clock64() - start < spin")

@@ -1255,8 +1255,11 @@ def test_compile_error_is_trimmed_and_cached(cache_root):
     assert len(result.message.splitlines()) <= 14 and "c++ -MMD" not in result.message
     # gcc's position is rewritten to the line of the candidate's .py file that holds it
     assert "line 7 (main.cpp:" in result.message and "    7 |     return undefined_thing(x);" in result.message, result.message
+    # where the failed compile's time went: its build, inside the compile phase
+    assert 0.0 < result.seconds["compile.build"] <= result.seconds["compile"], result.seconds
     again = ke.evaluate(REFERENCE, BROKEN_CPP, device="cpu", cache_root=cache_root, **FAST)
     assert again.status == "compile_error" and again.message == result.message and again.seconds["compile"] == 0.0
+    assert not any(k.startswith("compile.") for k in again.seconds)  # nothing built: the cached record
 
 
 PLAIN_CANDIDATE = ("import torch\n\nclass ModelNew(torch.nn.Module):\n    def __init__(self, scale):\n"
