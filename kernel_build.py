@@ -22,7 +22,9 @@ Speed (BuildConfig; a build's result is the same either way)
   harness's own answers (name probes, below); the build as written would fail on the same names.
   Names no probe has answered yet are probed first (with the source's other identifiers, so that a
   later source failing on those is answered at once), and the source built as written only if the
-  probe says the headers declare one of its names.
+  probe says the headers declare one of its names. A build as written after a tier failed in its
+  .cu unit alone (on no name declared) compiles its host unit only once the .cu unit has built: a
+  .cu unit that fails again ends the build without the host unit's parse of torch/extension.h.
 - the slim tier's host units read their headers from a precompiled header built once per cache
   (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
 - compiler diagnostics point at the candidate's .py lines (point_at_source).
@@ -81,7 +83,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
     import torch.utils.cpp_extension as ce
 
     default_cflags, use_pch, cuda_header_tiers = config.default_cflags, config.use_pch, config.cuda_header_tiers
-    state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0, "probe_asked": False}
+    state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0, "probe_asked": False,
+             "device_unit_first": False}
     base_key = (torch.__version__, sys.version_info[:2], arch)
     host_header = write_host_header(cache_root, torch.__version__) if config.host_pch and cuda_header_tiers else None
     inline, load = ce.load_inline, ce.load
@@ -135,7 +138,14 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             if answer == "undeclared":
                 state["build_error"] = tier_error  # the build as written fails on the same names
                 raise RuntimeError(tier_error)
-        return build(args, cuda)
+            # a tier that failed in its .cu unit alone, on no name a probe found declared: the build as
+            # written most likely fails there too, and ninja would wait for the host unit (all of
+            # torch/extension.h) before saying so, so the host unit starts once the .cu unit has built
+            state["device_unit_first"] = answer is None and cuda_unit_errors(tier_error or "") is not None
+        try:
+            return build(args, cuda)
+        finally:
+            state["device_unit_first"] = False
 
     def header_tier_args(args: dict, tier: str) -> dict:
         def sources(key):
@@ -225,12 +235,34 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
         state["builds"] += 1
         return run(load, args)
 
+    run_ninja = getattr(ce, "_run_ninja_build", None)  # torch's: writes nothing, runs ninja in the build dir
+
+    def run_ninja_build(build_directory, *a, **kw):
+        if state["device_unit_first"]:
+            host_unit_after_device_unit(os.path.join(build_directory, "build.ninja"))
+        return run_ninja(build_directory, *a, **kw)
+
     ce.load_inline, ce.load = patched_inline, patched_load
+    if run_ninja is not None:
+        ce._run_ninja_build = run_ninja_build
     # load_inline(use_pch=False) deletes torch's shared .gch, which concurrent builds are using
     ce.remove_extension_h_precompiler_headers = lambda: None
     return state
 
 
+
+
+def host_unit_after_device_unit(ninja_path: str) -> bool:
+    """Make load_inline's host unit (main.o) wait for its .cu unit (cuda.cuda.o, an order-only
+    dependency) in a build.ninja torch wrote: when the .cu unit fails, ninja stops before the host unit
+    starts. Returns whether the file had both units and now orders them."""
+    with open(ninja_path) as f:
+        text = f.read()
+    ordered, n = re.subn(r"^(build main\.o: compile \S+)$", r"\1 || cuda.cuda.o", text, count=1, flags=re.M)
+    if n == 0 or not re.search(r"^build cuda\.cuda\.o: ", text, re.M):
+        return False
+    atomic_write(ninja_path, ordered)
+    return True
 
 
 def built_module_name(build_directory: str, name: str) -> str | None:

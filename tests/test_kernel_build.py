@@ -251,13 +251,9 @@ touch "$out"
 """
 
 
-def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared_skips_the_build_as_written(
-        monkeypatch, tmp_path):
-    """Real ninja, fake compilers that log each unit they compile: a source that fails on the slim tier with an
-    undefined name no probe has answered asks for the probe (await_name_probe) and waits, as kernel_eval's
-    compile workers do; then "undeclared" makes the tier's diagnostics the error with no second build,
-    "declared" means the build as written, a worker asks once, and a builder that does not wait for probes
-    builds as written at once."""
+def fake_toolchain(monkeypatch, tmp_path):
+    """FAKE_COMPILER as nvcc and c++ for torch's real ninja builds: (its log, a cache root, new_worker), where
+    new_worker(fast_load=False, **kw) patches load_inline afresh, as a new worker's torch would be."""
     import shutil
     import torch.utils.cpp_extension as ce
     log, cache = tmp_path / "log", tmp_path / "cache"
@@ -270,9 +266,67 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     monkeypatch.setenv("CXX", str(tmp_path / "cxx"))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     monkeypatch.setattr(ce, "CUDA_HOME", str(cuda_home))
-    for name in ("load_inline", "load", "remove_extension_h_precompiler_headers", "JIT_EXTENSION_VERSIONER"):
+    for name in ("load_inline", "load", "remove_extension_h_precompiler_headers", "JIT_EXTENSION_VERSIONER",
+                 "_run_ninja_build"):
         monkeypatch.setattr(ce, name, getattr(ce, name))
-    inline = ce.load_inline
+    inline, run_ninja = ce.load_inline, ce._run_ninja_build
+
+    def new_worker(fast_load=False, **kw) -> dict:
+        ce.load_inline, ce._run_ninja_build = inline, run_ninja
+        ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
+        return kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=fast_load, **kw)
+    return log, cache, new_worker
+
+
+def test_after_a_tier_failed_in_its_cu_unit_the_build_as_written_starts_its_host_unit_once_that_unit_built(
+        monkeypatch, tmp_path):
+    """Real ninja, fake compilers that log each unit as it starts: after a header tier failed in its .cu unit
+    alone, the build as written compiles its host unit (all of torch/extension.h, the longer compile) only
+    once the .cu unit built, so a .cu unit that fails again ends the build without it; a tier that failed
+    elsewhere leaves the build as written's units side by side."""
+    import torch.utils.cpp_extension as ce
+    log, _, new_worker = fake_toolchain(monkeypatch, tmp_path)
+
+    def units(cpp_source: str, cuda_source: str) -> list:
+        log.write_text("")
+        new_worker()
+        with pytest.raises((RuntimeError, ImportError)):
+            ce.load_inline("ext", cpp_source, cuda_sources=cuda_source)
+        return [line for line in log.read_text().split("\n") if line]
+
+    declaration = "torch::Tensor f(torch::Tensor x);"
+    # the slim tier: both units side by side; as written: the .cu unit fails, its host unit never starts
+    started = units(declaration, "__global__ void k(float* y) { y[0] = undefined_name; }")
+    assert sorted(started) == ["cxx main.cpp", "nvcc cuda.cu", "nvcc cuda.cu"], started
+    # builds as written (needs torch/types.h): the host unit after the .cu unit, then the link
+    started = units(declaration, "__global__ void k(float* y) { y[0] = 1.f; } // needs_full_header")
+    assert started[-3:] == ["nvcc cuda.cu", "cxx main.cpp", "cxx link"] and len(started) == 5, started
+    # the tier failed in its host unit: the build as written compiles both units at once, as torch does
+    started = units(declaration + " // undefined_name", "__global__ void k(float* y) { y[0] = 1.f; }")
+    assert started.count("cxx main.cpp") == 2 and started.count("nvcc cuda.cu") == 2, started
+
+
+def test_host_unit_after_device_unit_orders_only_a_build_with_both(tmp_path):
+    ninja = tmp_path / "build.ninja"
+    both = ("build main.o: compile /b/main.cpp\nbuild cuda.cuda.o: cuda_compile /b/cuda.cu\n\n"
+            "build ext.so: link main.o cuda.cuda.o\n")
+    ninja.write_text(both)
+    assert kb.host_unit_after_device_unit(str(ninja))
+    assert ninja.read_text() == both.replace("/b/main.cpp\n", "/b/main.cpp || cuda.cuda.o\n", 1)
+    host_only = "build main.o: compile /b/main.cpp\n\nbuild ext.so: link main.o\n"
+    ninja.write_text(host_only)
+    assert not kb.host_unit_after_device_unit(str(ninja)) and ninja.read_text() == host_only
+
+
+def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared_skips_the_build_as_written(
+        monkeypatch, tmp_path):
+    """Real ninja, fake compilers that log each unit they compile: a source that fails on the slim tier with an
+    undefined name no probe has answered asks for the probe (await_name_probe) and waits, as kernel_eval's
+    compile workers do; then "undeclared" makes the tier's diagnostics the error with no second build,
+    "declared" means the build as written, a worker asks once, and a builder that does not wait for probes
+    builds as written at once."""
+    import torch.utils.cpp_extension as ce
+    log, cache, new_worker = fake_toolchain(monkeypatch, tmp_path)
     answer_path = kb.name_probe_path(str(cache), kb.name_probe_context([], []), "undefined_name")
     requests, answers = [], []
 
@@ -281,11 +335,6 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
         if answers:
             os.makedirs(os.path.dirname(answer_path), exist_ok=True)
             open(answer_path, "w").write(answers.pop(0))
-
-    def new_worker(fast_load=False, **kw) -> dict:
-        ce.load_inline = inline
-        ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
-        return kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=fast_load, **kw)
 
     def units_compiled(state, source) -> list:
         log.write_text("")
@@ -307,6 +356,7 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     source += " // declared"
     worker = new_worker(await_name_probe=await_name_probe)
     assert units_compiled(worker, source) == 2 and len(requests) == 2  # the slim tier, the probe, then as written
+    assert log.read_text().split("\n").count("cxx main.cpp") == 2  # a declared name: both units at once, as torch does
     os.remove(answer_path)
     source += " // twice"  # a worker asks once: kernel_eval answers one request a worker
     assert units_compiled(worker, source) == 2 and len(requests) == 2
