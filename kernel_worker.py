@@ -54,14 +54,15 @@ def _compile_worker(a, job: dict) -> None:
     t_torch = _perf_counter() - t0
     state = _install_builder(job, fast_load=False,
                              await_name_probe=_name_prober(a) if job.get("name_probes") is True else None)
+
+    def profile() -> dict:  # where the compile's time went (a failed header tier and the build as written: two builds)
+        return {"torch": t_torch, "build": state["build_s"], "rest": _perf_counter() - t0 - t_torch - state["build_s"]}
     try:
         _import_source(job["source"], "candidate_module")
         if not kernel_build:  # plain load_inline: a directory per extension it built
             state["builds"] = len(os.listdir(state["dir"])) if os.path.isdir(state["dir"]) else 0
-        rest = _perf_counter() - t0 - t_torch - state["build_s"]
         sandbox.child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"],
-                                        "torch_preloaded": preloaded,
-                                        "profile": {"torch": t_torch, "build": state["build_s"], "rest": rest}})
+                                        "torch_preloaded": preloaded, "profile": profile()})
     except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
         build_error = state["build_error"] if kernel_build else (
             str(e) if isinstance(e, RuntimeError) and str(e).startswith("Error building extension") else None)
@@ -74,11 +75,9 @@ def _compile_worker(a, job: dict) -> None:
             undefined, errors = kernel_build.undefined_names(build_error), kernel_build.cuda_unit_errors(build_error)
             with open(job["source"]) as f:
                 build_error = kernel_build.point_at_source(build_error, f.read())
-        # where a failed compile's time went (a failed header tier and the build as written are two builds)
-        rest = _perf_counter() - t0 - t_torch - state["build_s"]
         sandbox.child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(build_error),
                                         "undefined_names": undefined, "cuda_errors": errors, "builds": state["builds"],
-                                        "profile": {"torch": t_torch, "build": state["build_s"], "rest": rest}})
+                                        "profile": profile()})
 
 
 def _name_prober(a):
