@@ -62,6 +62,10 @@ class BuildConfig:
     # the slim tier's host units read a precompiled header kept in cache_root (build_host_pch), built
     # from the first such build with the default flags; units with other flags parse the headers
     host_pch: bool = True
+    # after a tier failed in its .cu unit alone (on no name a probe found declared), the build as
+    # written starts its host unit (all of torch/extension.h) once its .cu unit has built, so that a
+    # .cu unit failing again ends the build at once; False: both units side by side, as torch runs them
+    device_unit_first: bool = True
 
     def __post_init__(self):
         tiers = self.cuda_header_tiers
@@ -141,7 +145,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
             # a tier that failed in its .cu unit alone, on no name a probe found declared: the build as
             # written most likely fails there too, and ninja would wait for the host unit (all of
             # torch/extension.h) before saying so, so the host unit starts once the .cu unit has built
-            state["device_unit_first"] = answer is None and cuda_unit_errors(tier_error or "") is not None
+            state["device_unit_first"] = (config.device_unit_first and answer is None
+                                          and cuda_unit_errors(tier_error or "") is not None)
         try:
             return build(args, cuda)
         finally:
