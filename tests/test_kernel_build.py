@@ -271,10 +271,11 @@ def fake_toolchain(monkeypatch, tmp_path):
         monkeypatch.setattr(ce, name, getattr(ce, name))
     inline, run_ninja = ce.load_inline, ce._run_ninja_build
 
-    def new_worker(fast_load=False, **kw) -> dict:
+    def new_worker(fast_load=False, config=None, **kw) -> dict:
         ce.load_inline, ce._run_ninja_build = inline, run_ninja
         ce.JIT_EXTENSION_VERSIONER = type(ce.JIT_EXTENSION_VERSIONER)()  # a new worker's torch
-        return kb.patch_load_inline(str(cache), "9.0", kb.BuildConfig(host_pch=False), fast_load=fast_load, **kw)
+        return kb.patch_load_inline(str(cache), "9.0", config or kb.BuildConfig(host_pch=False),
+                                    fast_load=fast_load, **kw)
     return log, cache, new_worker
 
 
@@ -287,9 +288,9 @@ def test_after_a_tier_failed_in_its_cu_unit_the_build_as_written_starts_its_host
     import torch.utils.cpp_extension as ce
     log, _, new_worker = fake_toolchain(monkeypatch, tmp_path)
 
-    def units(cpp_source: str, cuda_source: str) -> list:
+    def units(cpp_source: str, cuda_source: str, config=None) -> list:
         log.write_text("")
-        new_worker()
+        new_worker(config=config)
         with pytest.raises((RuntimeError, ImportError)):
             ce.load_inline("ext", cpp_source, cuda_sources=cuda_source)
         return [line for line in log.read_text().split("\n") if line]
@@ -298,6 +299,11 @@ def test_after_a_tier_failed_in_its_cu_unit_the_build_as_written_starts_its_host
     # the slim tier: both units side by side; as written: the .cu unit fails, its host unit never starts
     started = units(declaration, "__global__ void k(float* y) { y[0] = undefined_name; }")
     assert sorted(started) == ["cxx main.cpp", "nvcc cuda.cu", "nvcc cuda.cu"], started
+    # BuildConfig(device_unit_first=False), same source (its tier's failure remembered): torch's order,
+    # both units of the build as written start
+    started = units(declaration, "__global__ void k(float* y) { y[0] = undefined_name; }",
+                    kb.BuildConfig(host_pch=False, device_unit_first=False))
+    assert sorted(started) == ["cxx main.cpp", "nvcc cuda.cu"], started
     # builds as written (needs torch/types.h): the host unit after the .cu unit, then the link
     started = units(declaration, "__global__ void k(float* y) { y[0] = 1.f; } // needs_full_header")
     assert started[-3:] == ["nvcc cuda.cu", "cxx main.cpp", "cxx link"] and len(started) == 5, started
