@@ -1021,8 +1021,9 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
                     isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
                 record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
-        else:
-            record = {"status": "deferred", "message": str(msg.get("message", ""))}
+        else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
+            record = {"status": "deferred", "message": str(msg.get("message", "")),
+                      "builds": int(msg.get("builds") or 0), "profile": profile}
     except sandbox.ChannelTimeout:
         record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
     except sandbox.ChannelError:

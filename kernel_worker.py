@@ -67,8 +67,8 @@ def _compile_worker(a, job: dict) -> None:
         build_error = state["build_error"] if kernel_build else (
             str(e) if isinstance(e, RuntimeError) and str(e).startswith("Error building extension") else None)
         if build_error is None:
-            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import",
-                                            "message": trim_error(traceback.format_exc())})
+            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import", "builds": state["builds"],
+                                            "message": trim_error(traceback.format_exc()), "profile": profile()})
             return
         undefined = errors = None
         if kernel_build:  # of the whole dump (a probe's answers)

@@ -1266,6 +1266,28 @@ PLAIN_CANDIDATE = ("import torch\n\nclass ModelNew(torch.nn.Module):\n    def __
                    "        super().__init__()\n\n    def forward(self, x):\n        return x\n")
 
 
+BUILDS_THEN_RAISES = '''import torch
+from torch.utils.cpp_extension import load_inline
+
+host = """
+#include <Python.h>
+static struct PyModuleDef tiny_module = {PyModuleDef_HEAD_INIT, "tiny", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit_tiny(void) { return PyModule_Create(&tiny_module); }
+"""
+tiny = load_inline(name="tiny", cpp_sources=host, no_implicit_headers=True)
+raise ValueError("after its build")
+'''
+
+
+@pytest.mark.slow
+def test_a_candidate_failing_after_its_build_keeps_where_its_compile_time_went(cache_root):
+    """A source that builds an extension, then raises: a runtime_error at load, and its compile phase
+    still says how much of it was the build (the step report's compile.build)."""
+    result = ke.evaluate(REFERENCE, BUILDS_THEN_RAISES, device="cpu", cache_root=cache_root, **FAST)
+    assert result.status == "runtime_error" and result.message.endswith("ValueError: after its build"), result.message
+    assert 0.0 < result.seconds["compile.build"] <= result.seconds["compile"], result.seconds
+
+
 def test_load_errors_and_broken_references_get_their_own_exact_verdicts(tmp_path):
     # no compile: candidates without a kernel (no precheck here), references that are not tasks.
     # A broken reference is the task's fault: "reference_error", never the candidate's runtime_error.
