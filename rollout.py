@@ -56,6 +56,7 @@ harness's verdict fields, through a callback as soon as the turn is judged.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -350,7 +351,16 @@ def _turn_record(prompt_ids, completion, parsed, rejection, verdict: dict | None
                  seconds=dict(verdict.get("seconds") or {}))
 
 
-TIMEOUT_MESSAGE_CHARS = 200  # of a timeout's message in the turn's stats (the phase and the limit come first)
+STATS_MESSAGE_CHARS = 200  # of a message in the turn's stats (a timeout's: the phase and the limit come first)
+
+
+def verdict_line(status: str, message: str) -> str:
+    """"status: the message's first diagnostic" (its first line after the first with "error:", else its
+    first line: a compile error's message opens "compilation failed:", "Error building extension"), in
+    STATS_MESSAGE_CHARS: what the turn waited for, in the step's stats."""
+    lines = [line.strip() for line in message.split("\n") if line.strip()]
+    first = next((line for line in lines[1:] if re.search("error:", line, re.I)), lines[0] if lines else "")
+    return f"{status}: {first}"[:STATS_MESSAGE_CHARS] if first else status
 
 
 def turn_stats(turn: int, turns: list[_Turn]) -> dict:
@@ -359,9 +369,11 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
     kernels compiled now and those whose build came from its cache (identical candidates share one
     build, so both count distinct code), the verdicts reused rather than judged again, the seconds
     waited on timed-out phases (a reused verdict's were spent when it was first judged) and the messages
-    that say which limit each broke, and the phases of the verdict the turn waited for last."""
+    that say which limit each broke, and the verdict the turn waited for last: its phases and its
+    status with its first diagnostic."""
     lengths = [len(t.completion.token_ids) for t in turns]
     judged_now = [t for t in turns if not t.verdict_reused]
+    last = max(judged_now, key=lambda t: t.seconds.get("since_batch_start", 0.0), default=None)
     n = max(len(turns), 1)
     return {
         "turn": turn,
@@ -376,13 +388,13 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "not_okay_ratio": sum(not t.thinking_opens_as_expected for t in turns) / n,
         "timeout_seconds": sum(t.timeout_seconds for t in judged_now),
         # which limits they broke: "candidate timed out during check (limit 38 s: 30 x the reference's ...)"
-        "timeout_messages": sorted({t.message[:TIMEOUT_MESSAGE_CHARS] for t in judged_now if t.status == "timeout"}),
+        "timeout_messages": sorted({t.message[:STATS_MESSAGE_CHARS] for t in judged_now if t.status == "timeout"}),
         "kernels_compiled": len({t.code for t in judged_now if t.build_reused is False}),
         "builds_reused": len({t.code for t in judged_now if t.build_reused is True}),
         "verdicts_reused": len(turns) - len(judged_now),
         # the phases of the candidate whose verdict came last: the turn waited for it
-        "slowest_seconds": {k: round(v, 1) for k, v in max(
-            (t.seconds for t in judged_now), key=lambda s: s.get("since_batch_start", 0.0), default={}).items()},
+        "slowest_seconds": {k: round(v, 1) for k, v in (last.seconds if last else {}).items()},
+        "slowest_verdict": verdict_line(last.status, last.message) if last else "",
     }
 
 

@@ -8,8 +8,9 @@ judge (harness_errors: no verdict, so no sample and no reward), where the evalua
 (timeout_seconds: the seconds the harness waited on candidates that timed out, timeout_messages: the
 limits they broke; kernels_compiled:
 distinct kernels built now; builds_reused: distinct kernels whose build came from the harness's cache;
-verdicts_reused: candidates given an earlier verdict, --reuse-verdicts; slowest_seconds: per turn, the
-phases of the verdict that came last; harness_calls and generation_rounds: the rollout's schedule), the
+verdicts_reused: candidates given an earlier verdict, --reuse-verdicts; slowest_seconds and
+slowest_verdict: per turn, the phases and the status with its first diagnostic of the verdict that came
+last; harness_calls and generation_rounds: the rollout's schedule), the
 loss's clip fraction, approx KL
 between the old and the updated policy, the share of samples with a nonzero advantage, grad
 norm, lr, and seconds spent in generation, evaluation and training (the slowest rank's).
@@ -97,6 +98,7 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             **{k: sum(turn.get(k, 0) for turn in turns) for k in ("kernels_compiled", "builds_reused", "verdicts_reused")},
             # per turn (and rank), the phases of the verdict that came last (compile, device_wait, check, ...)
             "slowest_seconds": [turn.get("slowest_seconds", {}) for turn in turns],
+            "slowest_verdict": [turn.get("slowest_verdict", "") for turn in turns],
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")},
             # the rollout's harness calls and generation rounds (the busiest rank's): turns overlapped, a
             # step whose new kernels come in different trajectories' turns waits for one harness call

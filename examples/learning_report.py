@@ -112,7 +112,8 @@ SLOWEST_PHASES = ("compile", "compile.build", "compile.probe", "load", "device_w
 
 def time_lines(run: dict) -> list[str]:
     """Where the run's evaluation time went: its median and slowest step, each timeout's limit, and per
-    step the phases of each turn's last verdict (metrics.jsonl's slowest_seconds)."""
+    step the phases of each turn's last verdict and its status with its first diagnostic (metrics.jsonl's
+    slowest_seconds, slowest_verdict)."""
     seconds = [r["seconds_evaluation"] for r in run["rows"] if "seconds_evaluation" in r]
     lines = []
     if seconds:
@@ -121,9 +122,12 @@ def time_lines(run: dict) -> list[str]:
                      f"lost to timeouts {lost:.0f} s in all.")
     for r in run["rows"]:
         lines += [f"- step {r['step']}: {message}" for message in r.get("timeout_messages", [])]
-    for r in run["rows"]:  # each turn's last verdict: what the step waited for
+    for r in run["rows"]:  # each turn's last verdict: what the step waited for, and what it was
+        phases_of_turns = r.get("slowest_seconds", [])
+        verdicts = r.get("slowest_verdict") or [""] * len(phases_of_turns)  # rows from before this key: none
         waited = [", ".join(f"{k} {v:g}" for k, v in phases.items() if k in SLOWEST_PHASES)
-                  for phases in r.get("slowest_seconds", []) if phases]
+                  + (f" [{verdict}]" if verdict else "")
+                  for phases, verdict in zip(phases_of_turns, verdicts) if phases]
         if waited:
             lines.append(f"- step {r['step']}, last verdict of each turn (s): " + "; ".join(waited))
     return lines

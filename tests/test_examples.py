@@ -79,10 +79,14 @@ def test_report_says_the_median_and_slowest_evaluation_and_each_timeouts_limit()
     rows = [dict(_row(1, 0.5, 0.15), seconds_evaluation=83.0, timeout_seconds=38.0, timeout_messages=[limit]),
             dict(_row(2, 0.5, 0.15), seconds_evaluation=4.0, timeout_seconds=0.0, timeout_messages=[]),
             dict(_row(3, 0.5, 0.15), seconds_evaluation=17.0,
-                 slowest_seconds=[{"compile": 9.6, "compile.build": 9.1, "check": 0.4, "since_batch_start": 15.0}, {}])]
+                 slowest_seconds=[{"compile": 9.6, "compile.build": 9.1, "check": 0.4, "since_batch_start": 15.0}, {}],
+                 slowest_verdict=["incorrect: trial 1/5: output: 3 values outside tolerance", ""]),
+            dict(_row(4, 0.5, 0.15), seconds_evaluation=5.0, slowest_seconds=[{"compile": 4.9}])]  # before the key
     lines = learning_report.time_lines({"rows": rows})
-    assert lines == ["Evaluation a step: median 17 s, max 83 s; lost to timeouts 38 s in all.", f"- step 1: {limit}",
-                     "- step 3, last verdict of each turn (s): compile 9.6, compile.build 9.1, check 0.4"]
+    assert lines == ["Evaluation a step: median 11 s, max 83 s; lost to timeouts 38 s in all.", f"- step 1: {limit}",
+                     "- step 3, last verdict of each turn (s): compile 9.6, compile.build 9.1, check 0.4 "
+                     "[incorrect: trial 1/5: output: 3 values outside tolerance]",
+                     "- step 4, last verdict of each turn (s): compile 4.9"]
     assert learning_report.time_lines({"rows": [_row(1, 0.5, 0.15)]}) == []  # rows from before these keys
 
 

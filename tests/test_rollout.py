@@ -540,6 +540,7 @@ def caching_harness(verdicts, built=()):
         for _, code in pairs:
             status, seconds = verdicts[code.split("// ")[1].split("'")[0]]
             out.append({"status": status, "correct": status == "correct", "compiled": True, "speedup": 1.0,
+                        "message": f"candidate timed out during check ({code.split('// ')[1].split(chr(39))[0]})",
                         "timeout_seconds": seconds, "build_reused": code in before,
                         "seconds": {"compile": 1.0, "since_batch_start": 1.0 + seconds}})
         return out
@@ -574,3 +575,16 @@ def test_turn_stats_count_builds_compiled_and_reused_and_verdicts_reused(tokeniz
     # the verdict each turn waited for last: X's 5 s timeout, then Z's 7 s one
     assert [st["slowest_seconds"] for st in stats] == [{"compile": 1.0, "since_batch_start": 6.0},
                                                       {"compile": 1.0, "since_batch_start": 8.0}]
+    assert [st["slowest_verdict"] for st in stats] == ["timeout: candidate timed out during check (X)",
+                                                      "timeout: candidate timed out during check (Z)"]
+
+
+def test_verdict_line_is_the_status_and_the_first_diagnostic():
+    compile_error = ("compilation failed:\nError building extension 'ext'\n"
+                     "line 14 (cuda.cu:43): error: identifier \"stride\" is undefined\n      for (...)\n")
+    assert rollout.verdict_line("compile_error", compile_error) == \
+        'compile_error: line 14 (cuda.cu:43): error: identifier "stride" is undefined'
+    assert rollout.verdict_line("incorrect", "trial 1/5: output: 3 values outside tolerance\nmax abs diff 1") == \
+        "incorrect: trial 1/5: output: 3 values outside tolerance"
+    assert rollout.verdict_line("correct", "") == "correct"
+    assert len(rollout.verdict_line("runtime_error", "x" * 500)) == rollout.STATS_MESSAGE_CHARS

@@ -24,7 +24,8 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
                      [{"n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"], "timeout_seconds": 8.5,
                        "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1},
                        "kernels_compiled": 1, "builds_reused": 1, "verdicts_reused": 1,
-                       "slowest_seconds": {"compile": 9.5, "since_batch_start": 14.2}}], 2e12)
+                       "slowest_seconds": {"compile": 9.5, "since_batch_start": 14.2},
+                       "slowest_verdict": "timeout: candidate timed out during check"}], 2e12)
     update_out = {"loss": [0.25, -0.5], "grad_norm": [0.2, 0.1], "lr": 1e-5}
     record = train_log.step_record(4, [rank0, rank1], update_out, n_turns=2)
     assert record["step"] == 5
@@ -37,6 +38,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["timeout_seconds"] == 8.5  # rank 0's turn stats name none: 0
     assert (record["kernels_compiled"], record["builds_reused"], record["verdicts_reused"]) == (2, 1, 1)
     assert record["slowest_seconds"] == [{}, {"compile": 9.5, "since_batch_start": 14.2}]  # per turn and rank
+    assert record["slowest_verdict"] == ["", "timeout: candidate timed out during check"]
     assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
     assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
     assert record["advantage_nonzero"] == 0.75 and record["grad_norm"] == 0.1 and record["lr"] == 1e-5
