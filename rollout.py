@@ -373,7 +373,8 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
     status with its first diagnostic."""
     lengths = [len(t.completion.token_ids) for t in turns]
     judged_now = [t for t in turns if not t.verdict_reused]
-    last = max(judged_now, key=lambda t: t.seconds.get("since_batch_start", 0.0), default=None)
+    last = max((t for t in judged_now if t.seconds), key=lambda t: t.seconds.get("since_batch_start", 0.0),
+               default=None)  # the harness's last verdict (a response without code has no phases)
     n = max(len(turns), 1)
     return {
         "turn": turn,
