@@ -1006,14 +1006,15 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
         profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
         if probe_s is not None:
             profile["probe"] = probe_s
+        # builds: 0 nothing was compiled (e.g. an empty file), 2 a failed header tier, then as written
+        built = {"builds": int(msg.get("builds") or 0), "profile": profile}
         if msg.get("ok"):
             # the last CUDA build's header tier (None: as written, or none)
             record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
-                      "builds": int(msg.get("builds") or 0),  # 0: nothing was compiled (e.g. an empty file)
-                      "torch_preloaded": msg.get("torch_preloaded") is True, "profile": profile}
+                      "torch_preloaded": msg.get("torch_preloaded") is True, **built}
         elif msg.get("kind") == "build":
             record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars),
-                      "builds": int(msg.get("builds") or 0), "profile": profile}  # 2: a failed tier, then as written
+                      **built}
             undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
             if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
                 record["undefined_names"] = undefined
@@ -1022,8 +1023,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
                     isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
                 record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
         else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
-            record = {"status": "deferred", "message": str(msg.get("message", "")),
-                      "builds": int(msg.get("builds") or 0), "profile": profile}
+            record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
     except sandbox.ChannelTimeout:
         record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
     except sandbox.ChannelError:
