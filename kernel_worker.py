@@ -55,20 +55,22 @@ def _compile_worker(a, job: dict) -> None:
     state = _install_builder(job, fast_load=False,
                              await_name_probe=_name_prober(a) if job.get("name_probes") is True else None)
 
-    def profile() -> dict:  # where the compile's time went (a failed header tier and the build as written: two builds)
-        return {"torch": t_torch, "build": state["build_s"], "rest": _perf_counter() - t0 - t_torch - state["build_s"]}
+    def built() -> dict:  # what the compile built, and where its time went (every reply's, read when it is sent)
+        return {"builds": state["builds"],  # a failed header tier and the build as written: two
+                "profile": {"torch": t_torch, "build": state["build_s"],
+                            "rest": _perf_counter() - t0 - t_torch - state["build_s"]}}
     try:
         _import_source(job["source"], "candidate_module")
         if not kernel_build:  # plain load_inline: a directory per extension it built
             state["builds"] = len(os.listdir(state["dir"])) if os.path.isdir(state["dir"]) else 0
-        sandbox.child_send(a.reply_fd, {"ok": True, "builds": state["builds"], "header_tier": state["header_tier"],
-                                        "torch_preloaded": preloaded, "profile": profile()})
+        sandbox.child_send(a.reply_fd, {"ok": True, "header_tier": state["header_tier"],
+                                        "torch_preloaded": preloaded, **built()})
     except BaseException as e:  # noqa: BLE001 - any failure of candidate code is a verdict
         build_error = state["build_error"] if kernel_build else (
             str(e) if isinstance(e, RuntimeError) and str(e).startswith("Error building extension") else None)
         if build_error is None:
-            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import", "builds": state["builds"],
-                                            "message": trim_error(traceback.format_exc()), "profile": profile()})
+            sandbox.child_send(a.reply_fd, {"ok": False, "kind": "import",
+                                            "message": trim_error(traceback.format_exc()), **built()})
             return
         undefined = errors = None
         if kernel_build:  # of the whole dump (a probe's answers)
@@ -76,8 +78,7 @@ def _compile_worker(a, job: dict) -> None:
             with open(job["source"]) as f:
                 build_error = kernel_build.point_at_source(build_error, f.read())
         sandbox.child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(build_error),
-                                        "undefined_names": undefined, "cuda_errors": errors, "builds": state["builds"],
-                                        "profile": profile()})
+                                        "undefined_names": undefined, "cuda_errors": errors, **built()})
 
 
 def _name_prober(a):
