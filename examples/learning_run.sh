@@ -82,7 +82,11 @@ warmup_frac=$(awk -v w="$WARMUP" -v s="$STEPS" 'BEGIN { printf "%.6f", w / (2 * 
 { date -u; nvidia-smi -L 2>/dev/null; git log --oneline -1 2>/dev/null; git status --short 2>/dev/null | head -20
   for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL \
            TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
-      echo "$v=${!v}"; done; } > "$WORK/run_info.txt"
+      echo "$v=${!v}"; done
+  # what an earlier run on this machine left in the harness's cache: a later call finds its builds and probes
+  cache=${KERNEL_EVAL_CACHE:-$HOME/.cache/kernel_eval}
+  echo "kernel_eval cache at start ($cache): $(ls "$cache/compiled" 2>/dev/null | wc -l) compile records," \
+       "$(find "$cache/name_probes" -type f 2>/dev/null | wc -l) name probe answers"; } > "$WORK/run_info.txt"
 note() { echo "$(( $(date +%s) - start )) s: $*" | tee -a "$WORK/run_info.txt"; }
 
 # 1. the variants' verdicts (CPU work beside the warm start; fills the compile cache)

@@ -101,6 +101,11 @@ def test_report_reads_the_old_learning_rl_metrics():
 def test_learning_run_cpu_smallest(tmp_path):
     """The whole script on the CPU: a 2-step warm start, train.py for 1 step of G=2 x T=1 on relu,
     the report. Junk policy, no oracle: every answer a format error, so no build (about 2 minutes)."""
+    # what an earlier run would have left in the harness's cache, for run_info.txt to count (no key of this run's)
+    for path in (tmp_path / "cache" / "compiled" / "a.json", tmp_path / "cache" / "compiled" / "b.json",
+                 tmp_path / "cache" / "name_probes" / "context" / "stride"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}")
     env = dict(os.environ, OUT=str(tmp_path / "out"), WORK=str(tmp_path / "work"), MODE="cpu", WS_STEPS="2",
                G="2", T="1", STEPS="1", SEEDS="0", ORACLE_SHARE="0", MAX_NEW="64", VARIANTS="0",
                BUDGET="900", PYTHON=sys.executable, KERNEL_EVAL_CACHE=str(tmp_path / "cache"))
@@ -114,6 +119,8 @@ def test_learning_run_cpu_smallest(tmp_path):
         rows = [json.loads(line) for line in f]
     assert [r["step"] for r in rows] == [1] and len(rows[0]["correct_rate_per_turn"]) == 1
     assert sum(rows[0]["status_counts"].values()) == 2
+    run_info = (out / "run_info.txt").read_text()
+    assert f"kernel_eval cache at start ({tmp_path / 'cache'}): 2 compile records, 1 name probe answers" in run_info
     report = (out / "report.md").read_text()
     assert "**rl_seed0** (1 steps)" in report and "too few steps" in report
     with open(tmp_path / "work" / "rl_seed0" / "config.json") as f:
