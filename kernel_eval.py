@@ -42,7 +42,8 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    environment and limits, and a candidate's (never the reference's) behind kernel_boundary's
    namespaces and uid 65534 (`sandbox`: EvalResult.boundary), the build cache hidden but for its own
    build directory (_confinement). A candidate's request may take a multiple of the reference's
-   seconds for the same request (timed warm) plus a slack, under a fixed ceiling (run_limit).
+   compute for the same request (timed warm), a smaller one of its seconds moving the data, plus a
+   slack, under a fixed ceiling (run_limit).
 
 Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
@@ -142,11 +143,14 @@ class EvalConfig:
     load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
     check_timeout_s: float = 120.0  # the ceiling of a candidate's check request (run_limit)
     time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
-    # a candidate's run requests get multiple x the reference's seconds for the same request + slack, under the
+    # a candidate's run requests get multiple x the reference's seconds of compute for the same request, io
+    # multiple x its seconds moving the data (a check: the inputs in, the outputs out), + slack, under the
     # ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow, so a naive
-    # one 10-20x slower than cuBLAS must stay correct. The reference is timed warm (its first forward is a
-    # rehearsal), so the slack covers the candidate's first call: lazy kernel loads, cuDNN/cuBLAS setup, a busy machine.
+    # one 10-20x slower than cuBLAS must stay correct; a slower kernel moves no more data, and on a large
+    # task the data is most of a check. The reference is timed warm (its first forward is a rehearsal), so the
+    # slack covers the candidate's first call: lazy kernel loads, cuDNN/cuBLAS setup, a busy machine.
     run_timeout_multiple: float = 30.0
+    run_timeout_io_multiple: float = 3.0
     run_timeout_slack_s: float = 5.0
     # memory (kernel_memory): the share of the device's free memory (the host's available memory on cpu and for
     # the input files) a batch's workers may hold, after context_bytes per CUDA worker; capacity None: measured
@@ -480,13 +484,17 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
     return changed, reason
 
 
-def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> tuple:
-    """(seconds, how derived): what a candidate may take for a run request (check, timing) that took the
-    reference `ref_seconds` (None: unknown): multiple x that + slack, at most `ceiling_s`, the phase's limit."""
-    if ref_seconds is None:
+def run_limit(cfg: EvalConfig, ref: tuple | None, ceiling_s: float) -> tuple:
+    """(seconds, how derived): what a candidate may take for a run request (check, timing) for which the
+    reference took `ref` = (seconds of compute, seconds moving the data the candidate moves; None: unknown):
+    run_timeout_multiple x the first + run_timeout_io_multiple x the second + slack, at most `ceiling_s`."""
+    if ref is None:
         return ceiling_s, "the fixed ceiling: the reference's time for this request is unknown"
-    how = f"{cfg.run_timeout_multiple:g} x the reference's {ref_seconds:.2g} s + {cfg.run_timeout_slack_s:g} s"
-    derived = cfg.run_timeout_multiple * ref_seconds + cfg.run_timeout_slack_s
+    compute_s, moving_s = ref
+    how = (f"{cfg.run_timeout_multiple:g} x the reference's {compute_s:.2g} s"
+           + (f" + {cfg.run_timeout_io_multiple:g} x its {moving_s:.2g} s moving the data" if moving_s else "")
+           + f" + {cfg.run_timeout_slack_s:g} s")
+    derived = cfg.run_timeout_multiple * compute_s + cfg.run_timeout_io_multiple * moving_s + cfg.run_timeout_slack_s
     if derived >= ceiling_s:
         return ceiling_s, f"the fixed ceiling, under {how}"
     return derived, how
@@ -494,7 +502,7 @@ def run_limit(cfg: EvalConfig, ref_seconds: float | None, ceiling_s: float) -> t
 
 def _request_key(msg: dict) -> tuple | str:
     """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
-    as many calls; time_outputs (less work than generating every input set and output) "check"."""
+    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
     if msg["cmd"] == "time_outputs":
         return "check"
     return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
@@ -725,8 +733,9 @@ class ReferenceSession:
         self.worker = self.scratch = self.failure = None
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
-        # the worker's seconds per request on the parent's clock, for run_limit: "check" (drawing every
-        # input set and computing its outputs, warm: more than a candidate's check), each timing request by _request_key
+        # per request, for run_limit: (seconds of compute, seconds moving data). "check": the check sets'
+        # forwards, and the rest of their generation scaled to the bytes a candidate's check moves (the
+        # worker's clock); each timing request by _request_key: its seconds on the parent's clock, all compute
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
@@ -803,10 +812,13 @@ class ReferenceSession:
         # a first forward off the clock, so that gen is timed warm (run_limit); the probe, the first time
         # a task is seen, may have warmed this worker already: one forward more, once per task
         self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
-        t = time.monotonic()
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
                               fds=(inputs["check"], inputs["time"]))
-        self.seconds["check"] = time.monotonic() - t
+        # the reference drew and wrote the inputs; a candidate's check reads them and writes its outputs
+        cost = reply["check_cost"]
+        moved = cost["in_bytes"] + sum(map(sum, reply["out_bytes"]["check"]))
+        per_byte_scale = moved / cost["in_bytes"] if cost["in_bytes"] else 1.0
+        self.seconds["check"] = (cost["forward_s"], cost["rest_s"] * per_byte_scale)
         for fd in inputs.values():
             seal(fd)
         self.out_bytes, self.generated = reply["out_bytes"], True
@@ -833,7 +845,7 @@ class ReferenceSession:
             self._ready()  # a judge may have stopped the worker since: back on the same seeds
             t = time.monotonic()
             reply = self._call("time", self.cfg.time_timeout_s, msg, fds, deadline)[0]
-            self.seconds[_request_key(msg)] = time.monotonic() - t
+            self.seconds[_request_key(msg)] = (time.monotonic() - t, 0.0)
             return reply
 
     def output_limit(self, part: str) -> int:

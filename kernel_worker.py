@@ -243,19 +243,32 @@ def _reference_worker(w: _TaskWorker) -> None:
 
     def gen(msg, fds, payload):
         """Inputs from the parent's secret seeds to the two input files, one set at a time (a large
-        task's sets are never all on the device at once); the outputs stay here."""
+        task's sets are never all on the device at once); the outputs stay here. Also what the check
+        sets cost (run_limit): the forwards' seconds, and the rest (drawing, moving, writing the inputs)."""
+        check_cost = {}
         for fd, part in zip(fds, ("check", "time")):
             writer, outputs[part] = TensorFileWriter(fd), []
+            t_part, forward_s, in_bytes = time.perf_counter(), 0.0, 0
             for seed in msg["seeds"][part]:
                 xs = draw_inputs(seed)
+                on_dev = w.to_dev(xs)
+                w.sync()
+                t = time.perf_counter()
                 with torch.no_grad():
-                    outputs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o
-                                          for o in _as_list(w.model(*w.to_dev(xs)))])
+                    outs = _as_list(w.model(*on_dev))
+                w.sync()
+                forward_s += time.perf_counter() - t
+                outputs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs])
                 writer.add(xs)
-                del xs
+                in_bytes += _tensor_bytes(xs)
+                del xs, on_dev, outs
             writer.close()
+            if part == "check":
+                check_cost = {"forward_s": forward_s, "rest_s": time.perf_counter() - t_part - forward_s,
+                              "in_bytes": in_bytes}
         return {"out_bytes": {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
-                              for part, sets in outputs.items()}}
+                              for part, sets in outputs.items()},
+                "check_cost": check_cost}
 
     def judge(msg, fds, payload):
         """The first difference between a candidate's output file and the reference's outputs."""

@@ -462,9 +462,12 @@ class ModelNew(torch.nn.Module):
 
 
 def test_run_limit_is_a_multiple_of_the_reference_plus_slack_under_the_fixed_ceiling():
-    cfg = ke.EvalConfig(run_timeout_multiple=10, run_timeout_slack_s=5)
-    assert ke.run_limit(cfg, 0.12, 120.0) == (pytest.approx(6.2), "10 x the reference's 0.12 s + 5 s")
-    limit, how = ke.run_limit(cfg, 30.0, 120.0)  # 305 s derived: the ceiling
+    cfg = ke.EvalConfig(run_timeout_multiple=10, run_timeout_io_multiple=3, run_timeout_slack_s=5)
+    assert ke.run_limit(cfg, (0.12, 0.0), 120.0) == (pytest.approx(6.2), "10 x the reference's 0.12 s + 5 s")
+    # the data a check moves gets the io multiple, not the compute's
+    assert ke.run_limit(cfg, (0.12, 0.5), 120.0) == (
+        pytest.approx(7.7), "10 x the reference's 0.12 s + 3 x its 0.5 s moving the data + 5 s")
+    limit, how = ke.run_limit(cfg, (30.0, 0.0), 120.0)  # 305 s derived: the ceiling
     assert limit == 120.0 and how.startswith("the fixed ceiling") and "30 s" in how
     limit, how = ke.run_limit(cfg, None, 300.0)  # not measured: the ceiling
     assert limit == 300.0 and "unknown" in how
@@ -540,11 +543,11 @@ def test_a_hung_candidate_times_out_at_a_limit_derived_from_the_reference(tmp_pa
     assert results["honest"].timeout_seconds == 0.0, info
     for name, phase in (("hung_in_check", "check"), ("hung_in_timing", "time")):
         r = results[name]
-        m = re.search(rf"candidate timed out during {phase} \(limit ([\d.]+) s: 10 x the reference's ([\d.e-]+) s "
-                      r"\+ 5 s\)", r.message)
+        m = re.search(rf"candidate timed out during {phase} \(limit ([\d.]+) s: 10 x the reference's ([\d.e-]+) s"
+                      r"(?: \+ 3 x its ([\d.e-]+) s moving the data)? \+ 5 s\)", r.message)
         assert r.status == "timeout" and m, info
-        limit, ref_s = float(m.group(1)), float(m.group(2))
-        assert limit == pytest.approx(10 * ref_s + 5, rel=0.06, abs=0.06), info  # both printed rounded
+        limit, ref_s, moving_s = float(m.group(1)), float(m.group(2)), float(m.group(3) or 0)
+        assert limit == pytest.approx(10 * ref_s + 3 * moving_s + 5, rel=0.06, abs=0.06), info  # printed rounded
         assert 5 <= limit < 30 and limit * 0.95 <= r.timeout_seconds < limit + 5, info
     assert elapsed < 120, elapsed  # both hangs together cost less than the old check limit alone
     # again on the cached footprint: no probe runs, so the reference's first forward is its rehearsal
@@ -552,6 +555,51 @@ def test_a_hung_candidate_times_out_at_a_limit_derived_from_the_reference(tmp_pa
     m = re.search(r"during check \(limit ([\d.]+) s: 10 x the reference's", again.message)
     assert again.status == "timeout" and m and 5 <= float(m.group(1)) < 30, again.message
 
+
+# a task whose check is mostly data (16 MB an input set, one add): its candidates hung in their check,
+# or honest
+DATA_REFERENCE = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x + 1.0
+
+def get_inputs():
+    return [torch.randn(4_000_000)]
+
+def get_init_inputs():
+    return []
+"""
+DATA_CANDIDATE = """
+import time
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        while HANG:
+            time.sleep(1.0)
+        return x + 1.0
+"""
+
+
+@pytest.mark.slow
+def test_a_hung_candidate_on_a_large_task_is_allowed_the_data_once_not_the_multiple(tmp_path):
+    """Where drawing and moving the inputs is most of the reference's check, a hung candidate's limit
+    is the multiple x the forwards alone + io multiple x the moving: the data is not multiplied by
+    the factor a slow kernel gets, and an honest candidate that moves the same data stays correct."""
+    cfg = dict(cache_root=str(tmp_path), op_check=False, time_candidate=False)
+    honest, hung = ke.evaluate_batch([(DATA_REFERENCE, DATA_CANDIDATE + "HANG = False\n"),
+                                      (DATA_REFERENCE, DATA_CANDIDATE + "HANG = True\n")], device="cpu", **cfg)
+    assert honest.status == "correct", honest.message
+    m = re.search(r"during check \(limit ([\d.]+) s: 30 x the reference's ([\d.e-]+) s \+ 3 x its ([\d.e-]+) s "
+                  r"moving the data \+ 5 s\)", hung.message)
+    assert hung.status == "timeout" and m, hung.message
+    limit, forward_s, moving_s = (float(g) for g in m.groups())
+    assert moving_s > 2 * forward_s, hung.message  # drawing 5 x 4M normals and writing them: more than 5 adds
+    assert limit == pytest.approx(30 * forward_s + 3 * moving_s + 5, rel=0.06, abs=0.06), hung.message
+    assert limit * 0.95 <= hung.timeout_seconds < limit + 5, (limit, hung.timeout_seconds)
 
 ALONE_REFERENCE = """
 import torch
