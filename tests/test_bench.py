@@ -141,6 +141,15 @@ def test_zygotes_bench_refuses_a_task_without_a_solution_in_one_line():
     assert out.stderr.strip() == "bench/zygotes.py: no built-in cpp solution for level1/no_such_task"
 
 
+
+def test_timeout_limit_bench_refuses_an_unknown_task_in_one_line():
+    out = subprocess.run([sys.executable, "bench/timeout_limit.py", "--device", "cpu",
+                          "--tasks", "level1/01_relu,level1/no_such_task"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip() == "bench/timeout_limit.py: no built-in task level1/no_such_task"
+
+
 @pytest.mark.slow
 def test_schedule_bench_judges_a_step_in_one_harness_call_when_overlapped():
     """The scenario the overlap is for, one task on the CPU: turn by turn, two harness calls (each
