@@ -601,6 +601,7 @@ def test_a_hung_candidate_on_a_large_task_is_allowed_the_data_once_not_the_multi
     assert limit == pytest.approx(30 * forward_s + 3 * moving_s + 5, rel=0.06, abs=0.06), hung.message
     assert limit * 0.95 <= hung.timeout_seconds < limit + 5, (limit, hung.timeout_seconds)
 
+
 ALONE_REFERENCE = """
 import torch
 import torch.nn as nn
