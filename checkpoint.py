@@ -8,8 +8,8 @@ What a run writes, and why each write cannot be half done:
   checkpoint exists whole or not at all, and a leftover .tmp is ignored and overwritten.
 - metrics.jsonl: one line per step, appended; on resume, lines of steps after the checkpoint
   (work that is redone) are dropped by rewriting the file under a temp name and renaming it.
-- export/: save_pretrained weights (a full state dict gathered from the shards) and the
-  tokenizer, which transformers and vLLM load back; written to export.tmp, then renamed.
+- export/: safetensors weights streamed from the shards one tensor at a time (weights.py), the
+  config and the tokenizer, which transformers and vLLM load back; written to export.tmp, then renamed.
 
 Every checkpoint function is called on every rank (DCP's save and load and the full state dict
 are collectives); rank 0 alone touches the shared files.
@@ -154,18 +154,16 @@ def _step_of(line: str) -> int | None:
 
 
 def export(model, tokenizer, out: str, rank: int) -> None:
+    """A Hugging Face folder in out/export (weights.save_streaming: one full tensor at a time, so no
+    rank holds the model in host memory), written to export.tmp and renamed."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    head = model.get_output_embeddings()
-    if head is not None and head.weight is model.get_input_embeddings().weight:
-        # a tied head is the embedding: written once (some transformers versions wrote it twice)
-        full.pop(next(name for name, module in model.named_modules() if module is head) + ".weight", None)
+    import weights
+    tmp, final = os.path.join(out, "export.tmp"), os.path.join(out, "export")
     if rank == 0:
-        tmp, final = os.path.join(out, "export.tmp"), os.path.join(out, "export")
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=full)
-        tokenizer.save_pretrained(tmp)
+        os.makedirs(tmp)
+    weights.save_streaming(model, tokenizer, tmp, rank)
+    if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     dist.barrier()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import json
 import random
 import re
@@ -234,8 +235,13 @@ class HFEngine:
                  reshard_after_forward: bool = True, fast: bool | None = None,
                  cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16,
                  initial_cache_tokens: int = 1024, compile_decode: bool = False,
-                 prefill_chunk_tokens: int = 1 << 16, decode_kernel: bool = True):
+                 prefill_chunk_tokens: int = 1 << 16, decode_kernel: bool = True,
+                 for_generation: Callable | None = None):
         self.model = model
+        # model -> a context manager giving the model to decode with: the FSDP2 model unsharded by
+        # default; train.py's offload_for_generation passes a bf16 copy (weights.generation_copy)
+        self.for_generation = for_generation or functools.partial(
+            unsharded_for_generation, reshard_after_forward=reshard_after_forward)
         self.tokenizer = tokenizer
         self.max_batch_rows = max_batch_rows
         self.reshard_after_forward = reshard_after_forward
@@ -273,19 +279,23 @@ class HFEngine:
         self.model.eval()
         completions: list[Completion] = []
         try:
-            with unsharded_for_generation(self.model, self.reshard_after_forward):
+            with self.for_generation(self.model) as model:
                 if self.decoder is not None:
-                    return self._generate_fast(prompt_token_ids, n, max_new_tokens, temperature, top_p, stop)
+                    self.decoder.model = model
+                    try:
+                        return self._generate_fast(prompt_token_ids, n, max_new_tokens, temperature, top_p, stop)
+                    finally:
+                        self.decoder.model = self.model   # a copy must not outlive its generation
                 for start in range(0, len(rows), self.max_batch_rows):
-                    completions += self._generate_rows(rows[start:start + self.max_batch_rows],
+                    completions += self._generate_rows(model, rows[start:start + self.max_batch_rows],
                                                        max_new_tokens, temperature, top_p, stop)
         finally:
             self.model.train(was_training)
         return [completions[i * n:(i + 1) * n] for i in range(len(prompt_token_ids))]
 
-    def _generate_rows(self, rows, max_new_tokens, temperature, top_p, stop) -> list[Completion]:
+    def _generate_rows(self, model, rows, max_new_tokens, temperature, top_p, stop) -> list[Completion]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-        device = self.model.get_input_embeddings().weight.device
+        device = model.get_input_embeddings().weight.device
         width = max(len(ids) for ids in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -302,7 +312,7 @@ class HFEngine:
             max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, repetition_penalty=1.0,
             num_beams=1, num_return_sequences=1, eos_token_id=sorted(self.eos_ids),
             pad_token_id=self.pad_id, **sampling)
-        sequences = self.model.generate(
+        sequences = model.generate(
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
             generation_config=config, logits_processor=LogitsProcessorList([distribution]),
             stopping_criteria=StoppingCriteriaList([recorder]))

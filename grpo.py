@@ -252,7 +252,8 @@ def linear_token_logprobs(hidden, weight, targets, chunk_size=None, *, return_en
     logp, entropy = _ChunkedLinearTokenLogprobs.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1).long(),
         _rows_per_chunk(chunk_size, weight.shape[0]), return_entropy)
-    logp = logp.view(targets.shape)
+    if logp.shape != targets.shape:   # no view when the shapes agree: FSDP2 warns of a module returning one
+        logp = logp.view(targets.shape)
     return (logp, entropy.view(targets.shape)) if return_entropy else logp
 
 
@@ -262,21 +263,31 @@ def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.T
 
     batch: "input_ids" (rows, width), right-padded, and "loss_mask" (rows, width), 1 on the tokens
     trained (the completion's). `model`: a Hugging Face causal LM (its forward and
-    get_output_embeddings). The LM head runs on the trained positions only: a pre-hook hands it
-    their hidden states inside the model's forward (where FSDP2 has gathered its weight), so
-    prompt and pad positions never become logits. No attention mask: rows are right-padded, so
+    get_output_embeddings). The LM head runs on the trained positions only, inside the model's
+    forward (where FSDP2 has gathered its weight), fused with the log-probs (linear_token_logprobs)
+    when it has no bias: prompt and pad positions never become logits, and the trained ones exist
+    one chunk at a time. No attention mask: rows are right-padded, so
     under the causal mask no real token sees a pad, and without a padding mask SDPA can take its
     flash kernel (pads' outputs are never trained)."""
     mask = batch["loss_mask"][:, 1:]   # position i predicts token i + 1
     trained = mask.bool()
+    targets = batch["input_ids"][:, 1:][trained]
     head = model.get_output_embeddings()
-    hook = head.register_forward_pre_hook(lambda module, args: (args[0][:, :-1][trained],))
+    hook = None
+    if getattr(head, "bias", None) is None:
+        # The head fused with the log-probs (linear_token_logprobs): the (tokens x vocab) logits never
+        # exist, in forward or backward. logits / T = (h / T) W^T.
+        head.forward = lambda hidden: linear_token_logprobs(hidden[:, :-1][trained] / temperature, head.weight, targets)
+    else:
+        hook = head.register_forward_pre_hook(lambda module, args: (args[0][:, :-1][trained],))
     try:
-        logits = model(input_ids=batch["input_ids"], use_cache=False).logits   # (trained tokens, vocab)
+        out = model(input_ids=batch["input_ids"], use_cache=False).logits
     finally:
-        hook.remove()
-    logp = torch.zeros(trained.shape, dtype=torch.float32, device=logits.device)
-    logp[trained] = token_logprobs(logits / temperature, batch["input_ids"][:, 1:][trained])
+        head.__dict__.pop("forward", None)
+        if hook is not None:
+            hook.remove()
+    logp = torch.zeros(trained.shape, dtype=torch.float32, device=out.device)
+    logp[trained] = out if out.dim() == 1 else token_logprobs(out / temperature, targets)
     return logp, mask
 
 

@@ -27,6 +27,7 @@ different distributions would not start at 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -47,10 +48,12 @@ import torch.distributed as dist
 import checkpoint
 import engines
 import grpo
+import memory_plan
 import rewards
 import rollout
 import tasks as tasks_module
 import train_log
+import weights
 
 TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 byte tokenizer
     "tiny-llama": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -114,11 +117,17 @@ class Config:
     aggregation: str = "dr_grpo"      # the loss's normaliser over tokens (grpo.py; Kevin: dr_grpo)
     scale_by_std: bool = True         # divide advantages by their task's standard deviation
     micro_batch_tokens: int = 16384   # padded tokens per forward/backward micro-batch
-    generation_batch_rows: int = 64   # rows the HF engine decodes at once
+    generation_batch_rows: int = 64   # rows the HF engine decodes at once (0: as many as the memory plan fits)
     compile_decode: bool = False      # torch.compile the HF engine's decode step, sampling and prefill
     activation_checkpointing: bool = False  # recompute activations in the backward: less memory, more time
     compile: bool = False             # torch.compile each decoder layer's training forward
     cpu_offload: bool = False         # FSDP2 keeps parameters and optimizer state in CPU memory
+    offload_optimizer: bool = False   # AdamW's moments in host memory, one layer's on the GPU for its step (Kevin's ZeRO-3 offload)
+    offload_for_generation: bool = False  # shards and moments wait in host memory while a bf16 copy decodes (verl)
+    # the memory plan (memory_plan.py): printed at every start; a plan that cannot fit is refused before loading
+    plan: bool = False                # print the plan's table for --nproc ranks and exit (0: fits, 1: does not)
+    nproc: int = 0                    # ranks the plan is for (0: this launch's WORLD_SIZE)
+    gpu_memory_gb: float = 0.0        # GPU memory a rank in GB (1e9 bytes) for the plan (0: measured on this GPU)
 
 
 PRESETS = {
@@ -126,7 +135,8 @@ PRESETS = {
     "kevin": dict(model="Qwen/QwQ-32B", device="cuda", task_ids="", heldout=20, steps=100, tasks_per_step=8,
                   trajectories=16, turns=4, max_new_tokens=16384, late_max_new_tokens=22528,
                   temperature=0.9, oracle_share=0.0, lr=2e-6, micro_batch_tokens=32768,
-                  activation_checkpointing=True, save_every=5),
+                  activation_checkpointing=True, save_every=5, offload_optimizer=True,
+                  offload_for_generation=True, generation_batch_rows=0),
 }
 
 CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": rewards.RETURN_MODES,
@@ -210,6 +220,109 @@ def load_tasks(config: Config) -> list:
                                      n_heldout=config.heldout, task_ids=config.task_ids)
 
 
+def setup_policy(config: Config, device: torch.device, world: int):
+    """(FSDP2 model, tokenizer). A built-in tiny model is built whole and sharded; a checkpoint is built on
+    the meta device, sharded, and each rank reads only its own rows (weights.py): no rank's host memory
+    holds the model."""
+    from transformers import AutoConfig, AutoTokenizer
+    if config.model in TINY_MODELS:
+        model, tokenizer = load_policy(config)
+        return shard(model.to(device), config, device, world), tokenizer
+    try:
+        if dist.get_rank() == 0:   # a hub id's files: downloaded once, then the others find them cached
+            folder = weights.local_folder(config.model)
+        dist.barrier()
+        folder = weights.local_folder(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = weights.empty_model(AutoConfig.from_pretrained(folder))
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
+    model.config.use_cache = False
+    model = shard(model, config, device, world)
+    weights.materialize(model, torch.device("cpu") if config.cpu_offload else device)
+    try:
+        weights.load_own_rows(model, folder)
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: {str(error).strip(chr(39))}")
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def measured(phase: str, into: dict, device: torch.device):
+    """Seconds (summed over a phase's repeats) and, on a GPU, peak bytes allocated (their max) of a phase:
+    what bench/rehearsal.py holds against the memory plan, in metrics.jsonl."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+            into[f"gpu_peak_{phase}"] = max(into.get(f"gpu_peak_{phase}", 0), torch.cuda.max_memory_allocated(device))
+        into[f"seconds_{phase}"] = into.get(f"seconds_{phase}", 0.0) + time.perf_counter() - start
+
+
+def measuring(function, phase: str, into: dict, device: torch.device):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with measured(phase, into, device):
+            return function(*args, **kwargs)
+    return wrapper
+
+
+def make_optimizers(model, config: Config) -> list:
+    """One AdamW, or with offload_optimizer one per FSDP2 unit (each decoder layer, then the rest), so that
+    one unit's moments at a time come to the GPU for its step."""
+    adamw = functools.partial(torch.optim.AdamW, lr=config.lr, weight_decay=config.weight_decay)
+    if not config.offload_optimizer:
+        return [adamw(model.parameters())]
+    units = [list(layer.parameters()) for layer in model.model.layers]
+    in_units = {id(p) for unit in units for p in unit}
+    return [adamw(unit) for unit in units + [[p for p in model.parameters() if id(p) not in in_units]]]
+
+
+def move_moments(optimizers: list, device) -> None:
+    """Every state tensor of the optimizers (AdamW's exp_avg, exp_avg_sq) to `device`."""
+    for optimizer in optimizers:
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                if torch.is_tensor(value) and key != "step":   # step stays a host scalar
+                    state[key] = value.to(device, non_blocking=True)
+
+
+def optimizer_step(optimizers: list, config: Config, device: torch.device) -> None:
+    """AdamW on every unit; with offload_optimizer each unit's moments come to the GPU for its step only."""
+    for optimizer in optimizers:
+        if config.offload_optimizer:
+            move_moments([optimizer], device)
+        optimizer.step()
+        if config.offload_optimizer:
+            move_moments([optimizer], "cpu")
+        optimizer.zero_grad(set_to_none=True)
+
+
+@contextlib.contextmanager
+def decoding_copy(model, optimizers: list, config: Config, device: torch.device):
+    """offload_for_generation: the engine decodes with a bf16 copy (weights.generation_copy) while the fp32
+    shards and the moments wait in host memory (verl's offload for rollout); both come back after."""
+    with weights.generation_copy(model, device) as copy:
+        model.to("cpu")   # FSDP2's _apply reshards first and re-points its shards
+        move_moments(optimizers, "cpu")
+        try:
+            yield copy
+        finally:
+            del copy
+            torch.cuda.empty_cache()
+    model.to(device)
+    if not config.offload_optimizer:
+        move_moments(optimizers, device)
+
+
 def shard(model, config: Config, device: torch.device, world: int):
     """FSDP2: each decoder layer its own group, then the root (torchtitan's layout)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -241,7 +354,7 @@ def lr_at(optimizer_step: int, total: int, config: Config) -> float:
 
 # ----------------------------------------------------------------------------- the update
 
-def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Config,
+def update(model, optimizers: list, samples: list, advantages: torch.Tensor, config: Config,
            sampling: rollout.RolloutConfig, step: int, pad_id: int, device, world: int) -> dict:
     """Steps 4 and 5: old log-probs, then `optimizer_steps` clipped-loss updates on this batch. The
     log-probs are of logits / the temperature the samples were drawn at (`sampling`, the rollout's
@@ -256,11 +369,12 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
     dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     for batches, n in zip(mini_batches, counts.tolist()):
         batches += [rollout.empty_micro_batch(pad_id, device) for _ in range(n - len(batches))]
+    phases = {}   # seconds and GPU peak bytes of each phase
     # 4. old log-probs, once, before any optimizer step changes the weights
-    with torch.no_grad():
+    with torch.no_grad(), measured("logprobs", phases, device):
         for batch in (b for batches in mini_batches for b in batches):
             batch["old_logprobs"] = grpo.completion_logprobs(model, batch, temperature)[0]
-    out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [],
+    out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [], "phases": phases,
            "advantage_nonzero": float((advantages != 0).float().mean()) if len(samples) else 0.0}
     for k, (batches, rows) in enumerate(zip(mini_batches, minis)):
         # 5a. the global normaliser Z of this optimizer step, over every rank's real rows
@@ -269,13 +383,15 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
         dist.all_reduce(total)
         step_loss = 0.0
         for batch in batches:
-            logp, mask = grpo.completion_logprobs(model, batch, temperature)
-            row_adv = advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"] else torch.zeros(1, device=device)
-            # 5b. the clipped loss (grpo.policy_loss), normalised by the global Z
-            loss, metrics = grpo.policy_loss(logp, batch["old_logprobs"], row_adv, mask, clip_low=config.clip_low,
-                                             clip_high=config.clip_high, aggregation=config.aggregation,
-                                             max_tokens=max_new, total=total)
-            (loss * world).backward()   # FSDP2 averages gradients over ranks; Z is already global
+            with measured("backward", phases, device):   # the forward with grad, then the backward
+                logp, mask = grpo.completion_logprobs(model, batch, temperature)
+                row_adv = (advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"]
+                           else torch.zeros(1, device=device))
+                # 5b. the clipped loss (grpo.policy_loss), normalised by the global Z
+                loss, metrics = grpo.policy_loss(logp, batch["old_logprobs"], row_adv, mask, clip_low=config.clip_low,
+                                                 clip_high=config.clip_high, aggregation=config.aggregation,
+                                                 max_tokens=max_new, total=total)
+                (loss * world).backward()   # FSDP2 averages gradients over ranks; Z is already global
             step_loss += metrics["loss"]
             if metrics["tokens"]:
                 out["clip_fraction"].append(metrics["clip_frac_low"] + metrics["clip_frac_high"])
@@ -283,10 +399,10 @@ def update(model, optimizer, samples: list, advantages: torch.Tensor, config: Co
         # 5c. grad-norm clip, the lr schedule, the optimizer step
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         out["lr"] = lr_at(step * config.optimizer_steps + k, config.steps * config.optimizer_steps, config)
-        for group in optimizer.param_groups:
+        for group in (g for optimizer in optimizers for g in optimizer.param_groups):
             group["lr"] = out["lr"]
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        with measured("optimizer", phases, device):
+            optimizer_step(optimizers, config, device)
         out["loss"].append(step_loss)
         out["grad_norm"].append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
     return out
@@ -318,6 +434,57 @@ def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
     return bool(late)
 
 
+def plan_settings(config: Config, world: int, gpu_bytes: int) -> memory_plan.Settings:
+    """The memory plan's view of a run: a rank's generation rows are its tasks' trajectories (at most
+    --generation-batch-rows), a micro-batch holds at least one whole row."""
+    rows_per_rank = -(-min(config.tasks_per_step, 10**9) // world) * config.trajectories
+    new_tokens = max(config.max_new_tokens, config.late_max_new_tokens)
+    return memory_plan.Settings(
+        nproc=world, device=config.device, gpu_bytes=gpu_bytes,
+        rows=min(config.generation_batch_rows or rows_per_rank, rows_per_rank), prompt_tokens=config.max_prompt_tokens,
+        new_tokens=new_tokens, micro_batch_tokens=config.micro_batch_tokens,
+        activation_checkpointing=config.activation_checkpointing, offload_optimizer=config.offload_optimizer,
+        offload_for_generation=config.offload_for_generation, cpu_offload=config.cpu_offload, engine=config.engine,
+        vllm_gpu_memory=config.vllm_memory)
+
+
+def model_config(config: Config):
+    """The model's transformers config, without its weights."""
+    if config.model in TINY_MODELS:
+        from transformers import LlamaConfig
+        return LlamaConfig(**TINY_MODELS[config.model])
+    try:
+        return memory_plan.read_config(config.model)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: {str(error).splitlines()[0]}")
+
+
+def make_plan(config: Config, world: int) -> tuple[memory_plan.Plan, str]:
+    """(the plan, the flags that would make it fit or ''), for this GPU or --gpu-memory-gb."""
+    if config.gpu_memory_gb:
+        gpu_bytes = int(config.gpu_memory_gb * 1e9)
+    elif config.device == "cuda" and torch.cuda.is_available():
+        gpu_bytes = torch.cuda.mem_get_info()[1]
+    elif config.device == "cuda":
+        raise SystemExit("train.py: no GPU here to measure: pass --gpu-memory-gb for the plan")
+    else:
+        gpu_bytes = 0
+    shape = memory_plan.model_shape(model_config(config))
+    settings = plan_settings(config, world, gpu_bytes)
+    if config.generation_batch_rows == 0 and config.device == "cuda":
+        settings.rows = memory_plan.rows_that_fit(shape, settings, settings.rows) or 1
+    plan = memory_plan.make_plan(shape, settings)
+    return plan, ("" if plan.fits else memory_plan.remedies(shape, settings))
+
+
+def refusal(plan: memory_plan.Plan, remedy: str) -> str:
+    worst = max(memory_plan.PHASES, key=plan.peak)
+    return (f"train.py: the memory plan does not fit: {worst} needs {memory_plan.gb(plan.peak(worst))} GB of "
+            f"{memory_plan.gb(plan.settings.gpu_bytes)} GB a GPU at {plan.settings.nproc} ranks; "
+            + (f"it fits with {remedy}" if remedy else "no offload or batch flag makes it fit: more ranks or "
+               "larger GPUs (python train.py --plan shows each phase)"))
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> None:
@@ -326,10 +493,25 @@ def main(argv=None) -> None:
     if config.reuse_verdicts and config.time_kernels:
         raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
     for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
-                 "micro_batch_tokens", "generation_batch_rows", "save_every", "keep_checkpoints"):
+                 "micro_batch_tokens", "save_every", "keep_checkpoints"):
         if getattr(config, name) < 1:
             raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
+    for name in ("lr", "grad_clip"):
+        if not getattr(config, name) > 0:
+            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be > 0")
+    for name in ("generation_batch_rows", "nproc", "gpu_memory_gb", "weight_decay", "warmup_frac", "max_minutes"):
+        if getattr(config, name) < 0:
+            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be >= 0")
     tasks_module.parse_levels(config.levels, "train.py")
+    if config.plan:   # before any device check: a plan is made on any machine
+        if config.device == "auto":
+            config.device = "cuda" if torch.cuda.is_available() or config.gpu_memory_gb else "cpu"
+        plan, remedy = make_plan(config, config.nproc or int(os.environ.get("WORLD_SIZE", 1)))
+        print(memory_plan.table(plan))
+        print(memory_plan.summary(plan))
+        if not plan.fits:
+            raise SystemExit(refusal(plan, remedy))
+        return
     if config.engine == "vllm" and config.model in TINY_MODELS:
         raise SystemExit(f"train.py: --engine vllm loads --model from disk; {config.model} is built in memory")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -361,6 +543,7 @@ def main(argv=None) -> None:
     device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.zeros(1, device=device)   # the CUDA context now, so that the load's measured memory is the load's
         bind_rank_cpus(local_rank, local_world)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(minutes=config.dist_timeout_minutes))
@@ -380,11 +563,22 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     if min(config.tasks_per_step, len(train_tasks)) < world:  # every rank generates: a collective under FSDP2
         raise SystemExit(f"train.py: {min(config.tasks_per_step, len(train_tasks))} tasks per step for {world} ranks; "
                          "each rank needs at least one task")
+    plan, remedy = make_plan(config, world)   # before anything is loaded: refuse what cannot fit
+    if rank == 0:
+        print(f"train.py: {memory_plan.summary(plan)}" + (f" (generation rows: {plan.settings.rows})"
+              if config.generation_batch_rows == 0 else ""), flush=True)
+    if not plan.fits:
+        raise SystemExit(refusal(plan, remedy))
     torch.manual_seed(config.seed)   # same initial weights on every rank
-    model, tokenizer = load_policy(config)
-    layer_params = sum(p.numel() for p in model.model.layers.parameters())
-    model = shard(model.to(device), config, device, world)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    host_before = memory_plan.reset_host_peak()
+    with measured("load", load_phase := {}, device):
+        model, tokenizer = setup_policy(config, device, world)
+    if rank == 0:
+        gpu = f", GPU peak {memory_plan.gb(load_phase['gpu_peak_load'])} GB" if "gpu_peak_load" in load_phase else ""
+        print(f"train.py: loaded in {load_phase['seconds_load']:.1f} s: host peak +"
+              f"{memory_plan.gb(memory_plan.host_peak() - host_before)} GB{gpu}", flush=True)
+    layer_params = sum(p.numel() for p in model.model.layers.parameters())   # a DTensor's numel is global
+    optimizers = make_optimizers(model, config)
     vllm = None
     if config.engine == "vllm":   # weights from --model, then synced from the policy before each rollout
         if rank == 0:
@@ -393,8 +587,11 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
         vllm = engines.VLLMEngine(config.model, tokenizer, gpu_memory_utilization=config.vllm_memory,
                                   seed=config.seed + rank, distributed_executor_backend="external_launcher")
         vllm.sleep()
-    engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=config.generation_batch_rows,
-                                      compile_decode=config.compile_decode)
+    for_generation = (functools.partial(decoding_copy, optimizers=optimizers, config=config, device=device)
+                      if config.offload_for_generation else None)
+    engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=plan.settings.rows if
+                                      config.generation_batch_rows == 0 else config.generation_batch_rows,
+                                      compile_decode=config.compile_decode, for_generation=for_generation)
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=sampling.language, seed=config.seed + rank)
@@ -405,6 +602,8 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     late = dataclasses.replace(sampling, max_new_tokens=config.late_max_new_tokens or sampling.max_new_tokens)
     clock = {}   # seconds per phase of this step
     engine.generate = train_log.timed(engine.generate, clock, "generation")
+    generation_phase = {}   # seconds and GPU peak bytes of this step's generation
+    engine.generate = measuring(engine.generate, "generation", generation_phase, device)
     eval_device = str(device) if device.type == "cuda" else "cpu"
     evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=eval_device, time_candidate=config.time_kernels, sandbox=config.sandbox,
@@ -413,7 +612,9 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
         evaluate = rollout.reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     step_seconds = []   # this process's steps; its first carries one-time costs (compiles, cold caches)
-    start_step, state = checkpoint.start(model, optimizer, config.out, config.resume, rank)
+    start_step, state = checkpoint.start(model, optimizers, config.out, config.resume, rank)
+    if config.offload_optimizer:   # a restored optimizer's moments were made on the GPU
+        move_moments(optimizers, "cpu")
     success = {k: tuple(v) for k, v in state.get("success", {}).items()}   # the sampler's statistics
     if rank == 0:
         checkpoint.atomic_write(os.path.join(config.out, "config.json"), json.dumps(dataclasses.asdict(config), indent=1))
@@ -432,6 +633,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
                 tqdm.write(f"train.py: stopping before step {step + 1}: --max-minutes {config.max_minutes} would pass")
             break
         clock.update(generation=0.0, evaluation=0.0, generation_calls=0, evaluation_calls=0)
+        generation_phase.clear()
         if isinstance(engine, engines.OracleMixedEngine):  # seeded per step, so a resumed run redraws the same mix
             engine.rng.seed(f"oracle-mixed:{config.seed}:{rank}:{step}")
         # 1. this step's tasks; each task's whole group on one rank
@@ -451,7 +653,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
         advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],
                                            scale_by_std=config.scale_by_std)
         # 4-5. old log-probs, then optimizer steps (global Z, clipped loss, grad clip, AdamW)
-        update_out = update(model, optimizer, samples, advantages, config, step_sampling, step, pad_id, device, world)
+        update_out = update(model, optimizers, samples, advantages, config, step_sampling, step, pad_id, device, world)
         clock["training"] = time.perf_counter() - train_start
         # 6. metrics from every rank, written by rank 0; a checkpoint
         # flops: the old log-probs' forward, then forward + backward (2x) in the update
@@ -465,16 +667,17 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
         if rank == 0:
             record = train_log.step_record(step, gathered, update_out, config.turns)
             record["seconds_step"] = time.perf_counter() - step_start
+            record.update({k: v for k, v in {**generation_phase, **update_out["phases"]}.items() if k.startswith("gpu_peak")})
             checkpoint.write_metrics(config.out, record)
             train_log.plot_curves(config.out)
             tqdm.write(train_log.step_line(record))
         step_seconds.append(time.perf_counter() - step_start)
         if (step + 1) % config.save_every == 0 or step + 1 == config.steps:
-            checkpoint.save(model, optimizer, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
+            checkpoint.save(model, optimizers, config.out, step + 1, {"success": success}, rank, config.keep_checkpoints)
         completed = step + 1
     progress.close()
     if completed % config.save_every and completed < config.steps:   # stopped early by --max-minutes
-        checkpoint.save(model, optimizer, config.out, completed, {"success": success}, rank, config.keep_checkpoints)
+        checkpoint.save(model, optimizers, config.out, completed, {"success": success}, rank, config.keep_checkpoints)
     checkpoint.export(model, tokenizer, config.out, rank)
     if rank == 0:
         print(f"train.py: {'done' if completed >= config.steps else 'stopped'} after {completed} of {config.steps} "

@@ -83,7 +83,7 @@ def measure(model, layer_params, samples, config, device, repeats: int) -> tuple
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        train.update(model, optimizer, samples, advantages, config, 0, 1 << 20, 0, device, 1)
+        train.update(model, [optimizer], samples, advantages, config, 0, 1 << 20, 0, device, 1)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)

@@ -104,7 +104,7 @@ def test_the_update_takes_its_temperature_from_the_rollout_settings(tmp_path):
             sampling = rollout.RolloutConfig(temperature=sampling_temperature, max_new_tokens=8)
             copied = copy.deepcopy(model)
             optimizer = torch.optim.AdamW(copied.parameters(), lr=1e-3)
-            return train.update(copied, optimizer, samples, advantages, config, sampling, 0, 0,
+            return train.update(copied, [optimizer], samples, advantages, config, sampling, 0, 0,
                                 torch.device("cpu"), 1)["grad_norm"]
         assert grad_norms(1.0, 0.5) == grad_norms(3.0, 0.5)   # Config's temperature is not read
         assert grad_norms(1.0, 0.5) != grad_norms(0.5, 1.0)   # the rollout's is

@@ -1,0 +1,291 @@
+"""memory_plan.py: what one rank holds, on its GPU and in host memory, in each phase of a step.
+
+A Kevin-sized run fails by memory before it fails by anything else, and it fails late: after the
+load, in the first generation or the first backward. The plan is computed from the model's
+`config.json` alone (the model is built on the meta device to count its parameters exactly; no
+weight is read) and the run's settings, so `train.py --plan` answers "does it fit, and with which
+flags" before a GPU is touched, and every run refuses a plan that cannot fit before loading.
+
+With P parameters (L decoder layers of p_l each, the embedding and head E), N ranks, bf16 compute:
+
+    fp32 shards      4P/N       FSDP2's sharded parameters (on the GPU, or the host with cpu_offload)
+    gradients        4P/N       sharded fp32 gradients, from the first backward to the optimizer step
+    AdamW moments    8P/N       exp_avg and exp_avg_sq; in host memory with offload_optimizer,
+                                streamed to the GPU one layer's share at a time for the step
+    generation copy  2P         the whole model in bf16 on every rank while the HF engine decodes
+    KV cache         rows x (prompt + new tokens) x 2 x L x kv_heads x head_dim x 2 bytes
+    gathered layers  2 x 2p_l   FSDP2 keeps the layer it computes and the prefetched next one in bf16,
+                                with the root's embedding and head (2E) gathered for the whole step
+    activations      the decoder layers' saved inputs (T x hidden x 2 bytes a layer with activation
+                     checkpointing, every temporary of every layer without), one layer's temporaries,
+                     and the fused LM head's work (grpo.linear_token_logprobs: one chunk of logits;
+                     in backward the head's bf16 weight gradient and an fp32 hidden gradient)
+
+where T = max(micro_batch_tokens, prompt + new tokens) (a micro-batch holds at least one row; rows
+at full length, the worst case). The phases: load, generation, log-probs (no grad), backward, optimizer step; a
+phase's peak is the sum of what is alive in it. `offload_for_generation` moves the fp32 shards and
+the AdamW moments to host memory while the engine decodes (verl's offload for rollout).
+
+The layer temporaries per token are counted from the Qwen2 / Llama layer as transformers runs it
+(q, k, v, attention output, o_proj, two norms, gate, up, act(gate) x up, down; bf16); a model of
+another shape is counted the same way and may differ. tests/test_memory_plan.py compares the plan
+with allocations measured on the CPU; bench/rehearsal.py compares it on a GPU, phase by phase.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+GiB = 1 << 30
+CHUNK_ELEMENTS = 1 << 24   # grpo.CHUNK_ELEMENTS (not imported: this file stands alone)
+PHASES = ("load", "generation", "logprobs", "backward", "optimizer")
+
+
+@dataclass
+class ModelShape:
+    """What the plan needs of a model, counted from its config on the meta device."""
+    params: int
+    layer_params: int          # one decoder layer's
+    root_params: int           # what FSDP2's root group holds: embedding, head (if untied), final norm
+    largest_param: int         # elements of the largest single tensor (the embedding, usually)
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int           # of the checkpoint's tensors
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2   # keys and values, bf16
+
+    @property
+    def layer_temp_bytes_per_token(self) -> int:
+        """Bytes a token's activations take inside one decoder layer (bf16): what the forward keeps
+        for its backward, or what a forward alone has alive at its widest."""
+        kv = self.kv_heads * self.head_dim
+        return 2 * (6 * self.hidden + 2 * kv + 4 * self.intermediate)
+
+
+@dataclass
+class Settings:
+    """A run's settings, as far as memory is concerned (train.Config's fields of the same names)."""
+    nproc: int = 1
+    device: str = "cuda"            # cpu: gloo ranks, everything the GPU would hold is in host memory
+    gpu_bytes: int = 80 * 10**9
+    rows: int = 64                  # generation rows decoded at once on a rank
+    prompt_tokens: int = 8192
+    new_tokens: int = 16384
+    micro_batch_tokens: int = 16384
+    prefill_chunk_tokens: int = 1 << 16
+    activation_checkpointing: bool = True
+    offload_optimizer: bool = False
+    offload_for_generation: bool = False
+    cpu_offload: bool = False
+    engine: str = "hf"
+    vllm_gpu_memory: float = 0.0    # vLLM's whole share of the GPU when awake (engine vllm)
+
+
+@dataclass
+class Plan:
+    shape: ModelShape
+    settings: Settings
+    gpu: dict[str, dict[str, int]] = field(default_factory=dict)    # phase -> category -> bytes
+    host: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def peak(self, phase: str, where: str = "gpu") -> int:
+        return sum(getattr(self, where)[phase].values())
+
+    @property
+    def gpu_peak(self) -> int:
+        return max(self.peak(p) for p in PHASES)
+
+    @property
+    def host_peak(self) -> int:
+        return max(self.peak(p, "host") for p in PHASES)
+
+    @property
+    def fits(self) -> bool:
+        return self.settings.device == "cpu" or self.gpu_peak <= self.settings.gpu_bytes
+
+
+def model_shape(config) -> ModelShape:
+    """Count a transformers config's model on the meta device (no memory, no weights)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layers = model.model.layers
+    params = {id(p): p for p in model.parameters()}   # a tied head counted once
+    layer_params = sum(p.numel() for p in layers[0].parameters())
+    in_layers = {id(p) for p in layers.parameters()}
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    dtype = getattr(text, "dtype", None) or getattr(text, "torch_dtype", None) or torch.float32
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return ModelShape(
+        params=sum(p.numel() for p in params.values()), layer_params=layer_params,
+        root_params=sum(p.numel() for i, p in params.items() if i not in in_layers),
+        largest_param=max(p.numel() for p in params.values()), layers=len(layers), hidden=text.hidden_size,
+        intermediate=text.intermediate_size, vocab=text.vocab_size,
+        kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads, head_dim=head_dim,
+        dtype_bytes=torch.empty((), dtype=dtype).element_size())
+
+
+def read_config(model: str):
+    """The transformers config of a local folder, or of a hub id from the Hugging Face cache (config.json
+    only: nothing is downloaded if it is there)."""
+    from transformers import AutoConfig
+    path = os.path.expanduser(model)
+    if os.path.isdir(path):
+        if not os.path.exists(os.path.join(path, "config.json")):
+            raise FileNotFoundError("no config.json in it")
+        return AutoConfig.from_pretrained(path)
+    if model.startswith((".", "/", "~")):
+        raise FileNotFoundError("no such directory")
+    return AutoConfig.from_pretrained(model)
+
+
+def make_plan(shape: ModelShape, s: Settings) -> Plan:
+    P, N = shape.params, s.nproc
+    shards, grads, moments = 4 * P // N, 4 * P // N, 8 * P // N
+    layer_chunk = 8 * shape.layer_params // N          # one layer's moments, streamed for the step
+    gathered = 2 * 2 * shape.layer_params + 2 * shape.root_params
+    T = max(s.micro_batch_tokens, s.prompt_tokens + s.new_tokens)   # a micro-batch holds at least one row
+    trained = T * s.new_tokens // (s.prompt_tokens + s.new_tokens)   # positions the LM head runs on
+    chunk = CHUNK_ELEMENTS * 4 * 3 // 2                               # grpo's fp32 chunk and its bf16 copy
+    head_forward = trained * shape.hidden * 2 + chunk                 # h / T, and one chunk of logits
+    head_backward = shape.vocab * shape.hidden * 2 + trained * shape.hidden * 6 + chunk
+    saved_inputs = shape.layers * T * shape.hidden * 2 if s.activation_checkpointing else 0
+    layer_acts = (1 if s.activation_checkpointing else shape.layers) * T * shape.layer_temp_bytes_per_token
+    # the slice a rank reads at load: its rows of the largest tensor in the file's dtype, once in the
+    # memory map's pages and once as a tensor on the host, once more on the GPU before its upcast
+    slice_bytes = -(-shape.largest_param // N) * shape.dtype_bytes
+    kv_cache = s.rows * (s.prompt_tokens + s.new_tokens) * shape.kv_bytes_per_token
+    prefill_tokens = min(s.prefill_chunk_tokens, s.rows * s.prompt_tokens)
+    prefill = prefill_tokens * (shape.layer_temp_bytes_per_token + shape.hidden * 4)
+    decode = s.rows * shape.vocab * 4 * 4                # the step's logits and the sampler's fp32 passes
+
+    on_gpu = not s.cpu_offload
+    train_state = {"fp32 shards": shards if on_gpu else 0}
+    moments_gpu = 0 if (s.offload_optimizer or s.cpu_offload) else moments
+    plan = Plan(shape, s)
+    plan.gpu["load"] = {**train_state, "slice read": slice_bytes}
+    generation_resident = {} if s.offload_for_generation else {**train_state, "AdamW moments": moments_gpu}
+    if s.engine == "vllm":
+        plan.gpu["generation"] = {**generation_resident, "vLLM (its whole share)": int(s.vllm_gpu_memory * s.gpu_bytes)}
+    else:
+        plan.gpu["generation"] = {**generation_resident, "generation copy (bf16)": 2 * P, "KV cache": kv_cache,
+                                  "prefill / decode work": max(prefill, decode)}
+    plan.gpu["logprobs"] = {**train_state, "AdamW moments": moments_gpu, "gathered params (bf16)": gathered,
+                            "layer activations": T * shape.layer_temp_bytes_per_token, "LM head (fused)": head_forward}
+    plan.gpu["backward"] = {**train_state, "gradients": grads if on_gpu else 0, "AdamW moments": moments_gpu,
+                            "gathered params (bf16)": gathered,
+                            "gathered grads (bf16 + fp32)": 6 * max(shape.root_params, shape.layer_params),
+                            "saved layer inputs": saved_inputs, "layer activations": layer_acts,
+                            "LM head (fused)": head_backward}
+    plan.gpu["optimizer"] = {**train_state, "gradients": grads if on_gpu else 0,
+                             "AdamW moments": moments if moments_gpu else (layer_chunk if on_gpu else 0)}
+    host_state = {"fp32 shards": 0 if on_gpu else shards, "gradients": 0 if on_gpu else grads,
+                  "AdamW moments": moments if (s.offload_optimizer or s.cpu_offload) else 0}
+    plan.host["load"] = {"fp32 shards": 0 if on_gpu else shards, "slice read (mapped and copied)": 2 * slice_bytes}
+    generation_host = dict(host_state)
+    if s.offload_for_generation:
+        generation_host.update({"fp32 shards": shards, "AdamW moments": moments})
+    plan.host["generation"] = generation_host
+    for phase in ("logprobs", "backward", "optimizer"):
+        plan.host[phase] = dict(host_state)
+    if s.device == "cpu":   # no GPU: its share of every phase is host memory
+        for phase in PHASES:
+            plan.host[phase] = {k: plan.host[phase].get(k, 0) + plan.gpu[phase].get(k, 0)
+                                for k in {**plan.host[phase], **plan.gpu[phase]}
+                                if not (phase == "load" and k == "slice read")}   # the host's copy is the one
+            plan.gpu[phase] = {}
+    return plan
+
+
+def rows_that_fit(shape: ModelShape, s: Settings, most: int) -> int:
+    """The most generation rows (<= most) whose generation phase fits the GPU; 0 if not one does."""
+    import dataclasses
+    for rows in range(most, 0, -1):
+        if make_plan(shape, dataclasses.replace(s, rows=rows)).peak("generation") <= s.gpu_bytes:
+            return rows
+    return 0
+
+
+def gb(n: int) -> str:
+    return f"{n / 1e9:.1f}"
+
+
+def table(plan: Plan) -> str:
+    """Each phase's bytes by category, GPU and host, per rank."""
+    s = plan.settings
+    memory = "CPU ranks" if s.device == "cpu" else f"GPU {gb(s.gpu_bytes)} GB"
+    lines = [f"per rank of {s.nproc}: {plan.shape.params / 1e9:.2f}B parameters, {plan.shape.layers} layers; "
+             f"{memory}; {s.rows} generation rows x {s.prompt_tokens + s.new_tokens} tokens; "
+             f"micro-batch {s.micro_batch_tokens} tokens",
+             f"{'phase':<11} {'where':<5} {'GB':>7}  what"]
+    for phase in PHASES:
+        for where in (("host",) if s.device == "cpu" else ("gpu", "host")):
+            parts = {k: v for k, v in getattr(plan, where)[phase].items() if v}
+            detail = ", ".join(f"{k} {gb(v)}" for k, v in parts.items())
+            lines.append(f"{phase:<11} {where:<5} {gb(sum(parts.values())):>7}  {detail}")
+    return "\n".join(lines)
+
+
+def summary(plan: Plan) -> str:
+    """One line: the GPU and host peaks, and whether it fits."""
+    worst = max(PHASES, key=plan.peak)
+    verdict = "fits" if plan.fits else "does not fit"
+    gpu = ("" if plan.settings.device == "cpu" else
+           f"GPU peak {gb(plan.gpu_peak)} of {gb(plan.settings.gpu_bytes)} GB a rank ({worst}), ")
+    return f"memory plan: {gpu}host peak {gb(plan.host_peak)} GB a rank: {verdict}"
+
+
+def remedies(shape: ModelShape, s: Settings) -> str:
+    """The flags that would make a plan fit, tried from the cheapest in seconds a step; empty if none."""
+    import dataclasses
+    tries = [("--offload-optimizer", dict(offload_optimizer=True)),
+             ("--offload-optimizer --offload-for-generation", dict(offload_optimizer=True, offload_for_generation=True))]
+    for rows in (s.rows // 2, s.rows // 4, 8, 4, 2, 1):
+        if 0 < rows < s.rows:
+            tries.append((f"--offload-optimizer --offload-for-generation --generation-batch-rows {rows}",
+                          dict(offload_optimizer=True, offload_for_generation=True, rows=rows)))
+    for tokens in (s.micro_batch_tokens // 2, s.micro_batch_tokens // 4):
+        if tokens < s.prompt_tokens + s.new_tokens:
+            continue   # a micro-batch holds one row whatever the flag says
+        tries.append((f"--offload-optimizer --offload-for-generation --generation-batch-rows 1 "
+                      f"--micro-batch-tokens {tokens}", dict(offload_optimizer=True, offload_for_generation=True,
+                                                             rows=1, micro_batch_tokens=tokens)))
+    for flags, change in tries:
+        if make_plan(shape, dataclasses.replace(s, **change)).fits:
+            return flags
+    return ""
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps({"settings": plan.settings.__dict__, "params": plan.shape.params, "gpu": plan.gpu,
+                       "host": plan.host, "gpu_peak": plan.gpu_peak, "host_peak": plan.host_peak,
+                       "fits": plan.fits}, indent=1)
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_host_peak() -> int:
+    """Reset this process's peak resident memory (Linux: clear_refs 5) and return the resident bytes now."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:   # not Linux, or not allowed: the peak then counts from the process's start
+        pass
+    return _status_bytes("VmRSS")
+
+
+def host_peak() -> int:
+    """This process's peak resident bytes since its start or the last reset_host_peak."""
+    return _status_bytes("VmHWM")
