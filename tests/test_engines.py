@@ -1,8 +1,10 @@
 """Tests for engines.py: the HF engine on a tiny random model (plain generate and the fast
 decoder, each checked against a fresh forward pass written out here), engines.py copied alone,
-FSDP2 generation on CPU, the vLLM engine against a fake module, the OpenAI engine over a local
-HTTP server, the oracle and its corruption of solutions. GPU versions run in bf16 and skip cleanly without CUDA. The fast
+FSDP2 generation on CPU, the vLLM engine against a fake module and (VLLM_SOURCE set) every call
+it makes against vLLM's own source, the OpenAI engine over a local HTTP server, the oracle and
+its corruption of solutions. GPU versions run in bf16 and skip cleanly without CUDA. The fast
 decoder's own tests are in tests/test_fast_decoder.py."""
+import ast
 import http.server
 import json
 import math
@@ -491,6 +493,154 @@ def test_vllm_sync_gathers_cpu_offloaded_shards_on_the_gpu_in_bf16():
     assert dict(results) == {rank: (True, True, True) for rank in range(world)}
 
 
+# ------------------------------------------------------------------------- vLLM's own source
+# With VLLM_SOURCE naming an unpacked vLLM wheel (pip download --no-deps vllm; unzip; README), the
+# calls the engine really makes (recorded by _FakeVLLM) are checked against vLLM's source, read
+# with ast: vLLM is never imported.
+
+VLLM_CALLEES = {  # callee -> (file in the wheel, class, method); None: the class's fields
+    "LLM": ("vllm/entrypoints/llm.py", "LLM", "__init__"),
+    "generate": ("vllm/entrypoints/llm.py", "LLM", "generate"),
+    "sleep": ("vllm/entrypoints/llm.py", "LLM", "sleep"),
+    "wake_up": ("vllm/entrypoints/llm.py", "LLM", "wake_up"),
+    "reset_prefix_cache": ("vllm/entrypoints/llm.py", "LLM", "reset_prefix_cache"),
+    "collective_rpc": ("vllm/entrypoints/llm.py", "LLM", "collective_rpc"),
+    "reload_weights": ("vllm/v1/worker/gpu_worker.py", "Worker", "reload_weights"),
+    "SamplingParams": ("vllm/sampling_params.py", "SamplingParams", None),
+}
+VLLM_VALUES = {  # LLM keyword -> (file, the Literal type alias its value must be one of)
+    "logprobs_mode": ("vllm/config/model.py", "LogprobsMode"),
+    "dtype": ("vllm/config/model.py", "ModelDType"),
+    "distributed_executor_backend": ("vllm/config/parallel.py", "DistributedExecutorBackend"),
+    "load_format": ("vllm/model_executor/model_loader/__init__.py", "LoadFormats"),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_source():
+    root = os.environ.get("VLLM_SOURCE")
+    if not root:
+        pytest.skip("VLLM_SOURCE is not set: it names an unpacked vLLM wheel (README, 'The vLLM engine')")
+    metadata = [os.path.join(root, d, "METADATA") for d in os.listdir(root) if d.endswith(".dist-info")]
+    assert metadata, f"VLLM_SOURCE={root} holds no *.dist-info: not an unpacked wheel"
+    with open(metadata[0]) as f:
+        version = next(line.split(":", 1)[1].strip() for line in f if line.startswith("Version:"))
+    print(f"vLLM source checked: {version} ({root})")
+    trees = {}
+
+    def tree(path):
+        if path not in trees:
+            with open(os.path.join(root, path)) as f:
+                trees[path] = ast.parse(f.read())
+        return trees[path]
+    return types.SimpleNamespace(version=version, root=root, tree=tree)
+
+
+def _class(tree, name):
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"no class {name}"
+    return found[0]
+
+
+def _method(cls, name):
+    found = [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    assert found, f"{cls.name} has no method {name}"
+    return found[0]
+
+
+def _fields(cls) -> set[str]:
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def _constants(tree, name) -> set:
+    """The constants in what the module assigns to `name`: a Literal alias's values, a tuple's items."""
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value:
+            return {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+    raise AssertionError(f"no module-level {name}")
+
+
+def _recorded_calls(monkeypatch, tokenizer) -> _FakeVLLM:
+    """Every vLLM call of a run's life: start, sleep, refresh, generate (with stop strings)."""
+    engine, fake = _vllm_engine(monkeypatch, tokenizer, [_vllm_output([EOS], "", "stop", [0.0])])
+    engine.sleep()
+    engine.refresh(tiny_model())
+    engine.generate([engine.encode_prompt("hi")], n=2, max_new_tokens=4, temperature=0.9, stop=["END"])
+    return fake
+
+
+def test_vllm_calls_exist_in_vllm_source_with_the_keywords_passed(vllm_source, monkeypatch, tokenizer):
+    version, tree = vllm_source.version, vllm_source.tree
+    fake = _recorded_calls(monkeypatch, tokenizer)
+    engine_args = _fields(_class(tree("vllm/engine/arg_utils.py"), "EngineArgs"))
+    for callee, args, kwargs in fake.calls:
+        path, cls_name, method_name = VLLM_CALLEES[callee]
+        cls = _class(tree(path), cls_name)
+        if method_name is None:
+            accepted, positional = _fields(cls), []
+        else:
+            spec = _method(cls, method_name).args
+            positional = [a.arg for a in spec.posonlyargs + spec.args][1:]   # self left out
+            accepted = set(positional) | {a.arg for a in spec.kwonlyargs}
+            if spec.kwarg is not None:
+                assert callee == "LLM", f"{callee} takes **{spec.kwarg.arg}: the check would prove nothing"
+                accepted |= engine_args   # LLM hands the rest to EngineArgs
+        assert len(args) <= len(positional), f"vLLM {version}: {callee} takes {len(positional)} positional arguments"
+        unknown = sorted(set(kwargs) - accepted)
+        assert not unknown, f"vLLM {version}: {cls_name}.{method_name or '__init__'} has no keyword {unknown}"
+    [llm] = fake.kwargs_of("LLM")
+    for keyword, (path, alias) in VLLM_VALUES.items():
+        assert llm[keyword] in _constants(tree(path), alias), \
+            f"vLLM {version}: {keyword}={llm[keyword]!r} is not a {alias}"
+
+
+def test_vllm_reaches_its_worker_in_process_and_knows_every_finish_reason(vllm_source, monkeypatch, tokenizer):
+    version, tree = vllm_source.version, vllm_source.tree
+    fake = _recorded_calls(monkeypatch, tokenizer)
+    # the weight sync: LLM.collective_rpc -> the external launcher's executor, whose collective_rpc
+    # runs the method on its driver worker in this process -> the wrapper hands it to the Worker
+    assert fake.calls[[n for n, _, _ in fake.calls].index("collective_rpc")][1] == ("reload_weights",)
+    executors = tree("vllm/v1/executor/uniproc_executor.py")
+    assert "UniProcExecutor" in [b.id for b in _class(executors, "ExecutorWithExternalLauncher").bases]
+    rpc = _method(_class(executors, "UniProcExecutor"), "collective_rpc")
+    assert any(isinstance(c, ast.Call) and getattr(c.func, "id", "") == "run_method"
+               and ast.unparse(c.args[0]) == "self.driver_worker" for c in ast.walk(rpc)), \
+        f"vLLM {version}: UniProcExecutor.collective_rpc no longer runs the method in process"
+    forward = _method(_class(tree("vllm/v1/worker/worker_base.py"), "WorkerWrapperBase"), "__getattr__")
+    assert "self.worker" in ast.unparse(forward)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" in ast.unparse(tree("vllm/config/parallel.py")), \
+        f"vLLM {version}: the external launcher no longer turns multiprocessing off"
+    # wake_up's tags are those a partial wake may name; the prompt and output fields the engine uses
+    tags = _constants(tree("vllm/device_allocator/__init__.py"), "DEFERRABLE_TAGS")
+    assert {t for kwargs in fake.kwargs_of("wake_up") for t in kwargs["tags"]} <= tags
+    assert "prompt_token_ids" in _fields(_class(tree("vllm/inputs/llm.py"), "TokensPrompt"))
+    assert {"token_ids", "logprobs", "finish_reason"} <= _fields(_class(tree("vllm/outputs.py"), "CompletionOutput"))
+    assert "outputs" in [a.arg for a in _method(_class(tree("vllm/outputs.py"), "RequestOutput"), "__init__").args.args]
+    assert "logprob" in _fields(_class(tree("vllm/logprobs.py"), "Logprob"))
+    reasons = _constants(tree("vllm/v1/engine/__init__.py"), "FINISH_REASON_STRINGS")
+    assert reasons == engines.VLLM_FINISH_REASONS.keys() | engines.VLLM_REFUSED_FINISH_REASONS.keys(), \
+        f"vLLM {version} finishes with {sorted(reasons)}"
+
+
+def test_vllm_source_bears_out_the_engines_memory_settings(vllm_source):
+    version, tree = vllm_source.version, vllm_source.tree
+    # level 2 is the level at which the worker discards the parameters rather than copy them out
+    sleep = ast.unparse(_method(_class(tree("vllm/v1/worker/gpu_worker.py"), "Worker"), "sleep"))
+    assert engines.VLLM_SLEEP_LEVEL == 2 and "level == 2" in sleep and "_discardable_parameters" in sleep
+    # the one place vLLM caps this process's torch allocator is the extensible KV cache, which is off
+    capped = []
+    for folder, _, files in os.walk(os.path.join(vllm_source.root, "vllm")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    if "set_per_process_memory_fraction" in f.read():
+                        capped.append(os.path.relpath(os.path.join(folder, name), vllm_source.root))
+    assert capped == ["vllm/v1/worker/extensible_kv_cache.py"], f"vLLM {version}: {capped}"
+    assert engines.VLLM_SETTINGS["enable_extensible_kv_cache"] is False
+
+
 # ------------------------------------------------------------------------- OpenAI engine
 
 
@@ -583,7 +733,8 @@ def test_oracle_answers_the_matching_task_and_corrupts_on_request():
 
 
 def test_corrupt_solution_changes_every_builtin_solution_and_still_passes_the_gate():
-    
+    import ast
+
     import kernel_gate
     import tasks as tasks_module
     for task in tasks_module.load_builtin():
