@@ -358,7 +358,46 @@ def _import_fast_decoder(required: bool):
 
 
 # ---------------------------------------------------------------------------------------
-# vLLM engine (not run: vLLM cannot be installed on the project's machines)
+# vLLM engine (never run: vLLM cannot be installed on the project's machines; written against
+# vLLM 0.34.0's source, which tests/test_engines.py reads when VLLM_SOURCE names it)
+
+# What VLLMEngine asks of vllm.LLM besides the model, the memory budget, the length, the dtype
+# and the seed. The calls it makes are those of VLLMEngine's methods; the tests check every
+# keyword against vLLM's source.
+VLLM_SETTINGS = {
+    # One in-process engine per torchrun rank (it reads RANK and LOCAL_RANK): the weight sync
+    # hands tensors to vLLM's worker in this process, and each rank samples its own tasks.
+    "distributed_executor_backend": "external_launcher",
+    # sleep() and wake_up(): vLLM allocates weights and KV cache from its cuMem pool, which it
+    # can unmap while the trainer holds the GPU.
+    "enable_sleep_mode": True,
+    # Log-probs of the distribution sampled from (logits / temperature, top_p), the log-prob
+    # contract; vLLM's default is those of the raw logits.
+    "logprobs_mode": "processed_logprobs",
+    # The extensible KV cache (vLLM's default on CUDA) caps this process's torch allocator when
+    # it sizes itself (set_per_process_memory_fraction), and the cap outlives sleep: FSDP's
+    # update could not grow into the memory vLLM frees.
+    "enable_extensible_kv_cache": False,
+    # The first sleep discards the weights and every refresh replaces them with the policy's,
+    # so none are read from disk (the model's files give the architecture and tokenizer).
+    "load_format": "dummy",
+}
+
+# Level 2 discards the weights (each refresh replaces them) and the KV cache. Level 1 would keep
+# a host copy of the weights per rank (65 GB for a 32B model) and copy the stale weights back
+# to the GPU before every sync overwrites them.
+VLLM_SLEEP_LEVEL = 2
+
+# vLLM's finish reasons (FINISH_REASON_STRINGS in vllm/v1/engine/__init__.py) as a Completion's:
+# "stop" is an EOS, a stop token id or a stop string; "length" is max_tokens or max_model_len.
+VLLM_FINISH_REASONS = {"stop": "stop", "length": "length"}
+# The others end a completion that no sampling rule ended: refused, so it is never trained on as
+# if the policy had stopped there.
+VLLM_REFUSED_FINISH_REASONS = {
+    "abort": "the request was aborted (the engine slept or shut down mid-generation)",
+    "error": "vLLM failed the request (a request-level internal error)",
+    "repetition": "vLLM's repetition detection ended it, which this engine never asks for",
+}
 
 # Path components that wrappers insert into parameter names: torch.compile, FSDP1,
 # activation checkpointing. vLLM's loaders expect the plain Hugging Face names.
@@ -375,45 +414,61 @@ def vllm_weight_name(name: str) -> str:
     return ".".join(parts)
 
 
-def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(vLLM name, full tensor) one at a time. Under FSDP2 the state dict holds DTensor
-    shards; `full_tensor()` all-gathers one parameter, so every rank must walk this iterator
-    in step, and peak extra memory is one full tensor, not a full model copy."""
+def iter_full_weights(model: torch.nn.Module, dtype: torch.dtype | None = None,
+                      device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(vLLM name, full tensor) one at a time, on `device` in `dtype` (None: as stored). Under
+    FSDP2 the state dict holds DTensor shards: each shard is moved and cast before
+    `full_tensor()` all-gathers it, because NCCL gathers only GPU tensors (--cpu-offload keeps
+    shards on the CPU) and a bf16 gather moves half the bytes of an fp32 one. Every rank must
+    walk this iterator in step; peak extra memory is one full tensor, not a model copy."""
     from torch.distributed.tensor import DTensor
     for name, tensor in model.state_dict().items():
         if isinstance(tensor, DTensor):
-            tensor = tensor.full_tensor()
+            local = tensor.to_local().to(device=device, dtype=dtype)
+            tensor = DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False,
+                                        shape=tensor.shape, stride=tensor.stride()).full_tensor()
+        else:
+            tensor = tensor.to(device=device, dtype=dtype)
         yield vllm_weight_name(name), tensor.detach()
 
 
-def _vllm_model(llm):
-    """The in-process model object of a colocated vllm.LLM (V0 and V1 layouts)."""
-    worker = llm.llm_engine.model_executor.driver_worker
-    runner = getattr(worker, "model_runner", None) or worker.worker.model_runner
-    return runner.model
+def vllm_max_model_len(tokenizer, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """The longest sequence a run asks of vLLM: the chat template's own tokens around a message,
+    a message of max_prompt_tokens (summarize.build_prompt counts the message alone) and the
+    longest response. vLLM checks at start-up that one such request fits its KV cache."""
+    return len(render_prompt(tokenizer, "")) + max_prompt_tokens + max_new_tokens
 
 
 class VLLMEngine:
-    """A colocated vLLM per rank, sleeping while the trainer holds the GPU. Under torchrun
-    pass `distributed_executor_backend="external_launcher"` and `seed=rank` (else every rank
-    samples the same completions) through the keyword arguments. One training step:
+    """A colocated vLLM per torchrun rank, asleep while the trainer holds the GPU. One step:
 
-        engine.wake_up(["weights"]); engine.sync_weights(model); engine.wake_up(["kv_cache"])
-        samples, stats = rollout(...)      # engine.generate inside
-        engine.sleep()                     # then the optimizer steps
+        engine.refresh(model)          # wake the weights, sync them from the policy, wake the KV cache
+        samples, stats = rollout(...)  # engine.generate inside
+        engine.sleep()                 # then the optimizer steps
 
-    vLLM reports log-probs of the raw model distribution unless `logprobs_mode` (vLLM >= 0.10)
-    says otherwise; pass it through `llm_kwargs` to match HFEngine's processed ones."""
+    `gpu_memory_utilization` is vLLM's whole share of the GPU while awake (its weights in
+    `dtype`, activations, CUDA graphs, then the KV cache from what is left), checked against
+    the memory free when it starts; `max_model_len` is the longest prompt + response
+    (vllm_max_model_len); `device` is this rank's GPU, where the policy's shards are gathered
+    before they are sent. `seed`: a different one per rank, else ranks sample alike.
+    VLLM_SETTINGS says what else is asked of vLLM and why; `llm_kwargs` go to vllm.LLM as
+    they are (e.g. enforce_eager) but may not change a setting."""
 
-    def __init__(self, model_path: str, tokenizer, *, gpu_memory_utilization: float = 0.3,
-                 seed: int = 0, enable_sleep_mode: bool = True, **llm_kwargs):
+    def __init__(self, model_path: str, tokenizer, *, max_model_len: int, gpu_memory_utilization: float,
+                 device: torch.device | str, dtype: torch.dtype = torch.bfloat16, seed: int = 0, **llm_kwargs):
+        clash = sorted(VLLM_SETTINGS.keys() & llm_kwargs.keys())
+        if clash:
+            raise ValueError(f"VLLMEngine: {', '.join(clash)} is set by the engine (VLLM_SETTINGS)")
         import vllm  # optional dependency: imported only when this engine is used
         self._vllm = vllm
         self.tokenizer = tokenizer
-        self.llm = vllm.LLM(model=model_path, enable_sleep_mode=enable_sleep_mode,
-                            gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                            **llm_kwargs)
+        self.dtype = dtype
+        self.device = device
+        self.max_model_len = max_model_len
         self.prompt_opens_thinking = template_opens_thinking(tokenizer)
+        self.llm = vllm.LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len, dtype=str(dtype).removeprefix("torch."),
+                            seed=seed, **VLLM_SETTINGS, **llm_kwargs)
 
     def encode_prompt(self, text: str) -> list[int]:
         return render_prompt(self.tokenizer, text)
@@ -424,58 +479,67 @@ class VLLMEngine:
     def generate(self, prompt_token_ids: list[list[int]], *, n: int = 1, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0,
                  stop: Sequence[str] = ()) -> list[list[Completion]]:
-        params = self._vllm.SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
-            stop=list(stop) or None,
-            # Keep the text equal to the decoded ids: vLLM's token_ids include the tokens
-            # that completed a stop string.
-            include_stop_str_in_output=True)
+        longest = max((len(ids) for ids in prompt_token_ids), default=0)
+        if longest + max_new_tokens > self.max_model_len:  # vLLM would end it early, as "length"
+            raise ValueError(f"VLLMEngine.generate: a prompt of {longest} tokens and max_new_tokens "
+                             f"{max_new_tokens} exceed max_model_len {self.max_model_len}")
+        # logprobs=0: the sampled token's own log-prob, no alternatives.
+        params = self._vllm.SamplingParams(n=n, temperature=temperature, top_p=top_p,
+                                           max_tokens=max_new_tokens, logprobs=0, stop=list(stop) or None)
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[_completion_from_vllm(c) for c in out.outputs] for out in outputs]
+        return [[_completion_from_vllm(c, self.tokenizer) for c in out.outputs] for out in outputs]
 
     def sleep(self) -> None:
-        """Free the GPU for training: level 1 offloads weights to CPU, drops the KV cache."""
-        self.llm.sleep(level=1)
-
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        """Waking the weights alone first lets sync_weights run before the KV cache returns."""
-        if tags:
-            self.llm.wake_up(tags=tags)
-        else:
-            self.llm.wake_up()
+        """Free the GPU for training (VLLM_SLEEP_LEVEL)."""
+        self.llm.sleep(level=VLLM_SLEEP_LEVEL)
 
     def refresh(self, model: torch.nn.Module) -> None:
-        """Wake from sleep with the training model's current weights: the weights first, synced
-        while the KV cache is still freed (the sync needs no cache memory), then the cache."""
-        self.wake_up(["weights"])
+        """Wake with the training model's current weights: the weights' memory first (vLLM
+        restores its other state with it), filled by the sync while the KV cache is still
+        freed, then the KV cache. Every rank calls this (the sync's all-gathers)."""
+        self.llm.wake_up(tags=["weights"])
         self.sync_weights(model)
-        self.wake_up(["kv_cache"])
+        self.llm.wake_up(tags=["kv_cache"])
 
     def sync_weights(self, model: torch.nn.Module) -> int:
-        """Stream the training model's full tensors into vLLM, one at a time; then drop the
-        prefix cache, whose KV entries were computed by the old weights. Every rank calls
-        this (the FSDP2 all-gathers are collectives). Returns the number of tensors sent."""
-        return sync_weights_into(self.llm, model)
+        """Stream the training model's full tensors into vLLM in self.dtype, one at a time;
+        then drop the prefix cache, whose KV entries were computed by the old weights. Every
+        rank calls this (the FSDP2 all-gathers are collectives). Returns the tensors sent."""
+        return sync_weights_into(self.llm, model, self.dtype, self.device)
 
 
-def sync_weights_into(llm, model: torch.nn.Module) -> int:
-    target = _vllm_model(llm)
-    count = 0
-    for name, tensor in iter_full_weights(model):
-        target.load_weights([(name, tensor)])
-        count += 1
+def sync_weights_into(llm, model: torch.nn.Module, dtype: torch.dtype | None = None,
+                      device: torch.device | str | None = None) -> int:
+    """vLLM's own weight update (Worker.reload_weights, reached through collective_rpc: in
+    process under the external launcher, so tensors are handed over, not serialised): it
+    loads Hugging Face names through the model's load_weights, which stacks q/k/v and
+    gate/up itself, then redoes what it derives from the weights."""
+    sent = []
+
+    def weights():
+        for name, tensor in iter_full_weights(model, dtype, device):
+            sent.append(name)
+            yield name, tensor
+
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(), "is_checkpoint_format": True})
     llm.reset_prefix_cache()
-    return count
+    return len(sent)
 
 
-def _completion_from_vllm(output) -> Completion:
+def _completion_from_vllm(output, tokenizer) -> Completion:
+    reason = output.finish_reason
+    if reason not in VLLM_FINISH_REASONS:
+        why = VLLM_REFUSED_FINISH_REASONS.get(reason, "a finish reason this engine does not know")
+        raise RuntimeError(f"VLLMEngine: vLLM ended a completion with finish_reason {reason!r}: {why}")
     ids = list(output.token_ids)
     logprobs = None
     if output.logprobs is not None:
         logprobs = [step[token].logprob for step, token in zip(output.logprobs, ids)]
-    return Completion(token_ids=ids, logprobs=logprobs, text=output.text,
-                      finish_reason="length" if output.finish_reason == "length" else "stop")
+    # Decoded from the ids, as HFEngine does: vLLM cuts its own text at the end of a stop
+    # string while the ids keep the whole token that completed it.
+    return Completion(token_ids=ids, logprobs=logprobs, text=tokenizer.decode(ids, skip_special_tokens=True),
+                      finish_reason=VLLM_FINISH_REASONS[reason])
 
 
 # ---------------------------------------------------------------------------------------

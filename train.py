@@ -67,7 +67,7 @@ class Config:
     # the policy and the tasks
     model: str = "tiny-llama"         # Hugging Face id, local model folder, or a built-in tiny model (tiny-llama)
     engine: str = "hf"                # hf: the policy generates itself; vllm: a colocated vLLM, asleep while training
-    vllm_memory: float = 0.3          # share of GPU memory vLLM's KV cache may take when awake
+    vllm_gpu_memory: float = 0.3      # vLLM's whole share of a GPU (weights, activations, KV cache), free when it starts
     tasks: str = "builtin"            # builtin, a KernelBench checkout, or a .jsonl/.parquet export (tasks.py export)
     levels: str = "1,2"               # comma-separated KernelBench levels
     task_ids: str = "builtin/level1/01_relu,builtin/level2/06_bias_tanh_multiply"  # tasks to train on (ids); empty: all
@@ -514,6 +514,14 @@ def main(argv=None) -> None:
         return
     if config.engine == "vllm" and config.model in TINY_MODELS:
         raise SystemExit(f"train.py: --engine vllm loads --model from disk; {config.model} is built in memory")
+    if config.engine == "vllm" and not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= os.environ.keys():
+        raise SystemExit("train.py: --engine vllm runs under torchrun (vLLM's launcher reads RANK and LOCAL_RANK): "
+                         "torchrun --nproc_per_node=N train.py --engine vllm ...")
+    if config.engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as error:
+            raise SystemExit(f"train.py: --engine vllm needs vLLM (pip install vllm): {error}")
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if config.resume and finished_steps(config.out) >= config.steps:
         if rank == 0:
@@ -583,9 +591,12 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     if config.engine == "vllm":   # weights from --model, then synced from the policy before each rollout
         if rank == 0:
             print("train.py: --engine vllm has never run on this project's machines (vLLM cannot be installed "
-                  "there); it is written against vLLM's public API", flush=True)
-        vllm = engines.VLLMEngine(config.model, tokenizer, gpu_memory_utilization=config.vllm_memory,
-                                  seed=config.seed + rank, distributed_executor_backend="external_launcher")
+                  "there); it is written against vLLM 0.34.0's source", flush=True)
+        max_model_len = engines.vllm_max_model_len(tokenizer, config.max_prompt_tokens,
+                                                   max(config.max_new_tokens, config.late_max_new_tokens))
+        vllm = engines.VLLMEngine(config.model, tokenizer, gpu_memory_utilization=config.vllm_gpu_memory,
+                                  max_model_len=max_model_len, device=device, seed=config.seed + rank,
+                                  dtype=torch.bfloat16)   # shard()'s compute dtype
         vllm.sleep()
     for_generation = (functools.partial(decoding_copy, optimizers=optimizers, config=config, device=device)
                       if config.offload_for_generation else None)

@@ -1,8 +1,10 @@
 """Tests for engines.py: the HF engine on a tiny random model (plain generate and the fast
 decoder, each checked against a fresh forward pass written out here), engines.py copied alone,
-FSDP2 generation on CPU, the vLLM weight sync against a fake LLM, the OpenAI engine over a
-local HTTP server, the oracle and its corruption of solutions. GPU versions run in bf16 and
-skip cleanly without CUDA. The fast decoder's own tests are in tests/test_fast_decoder.py."""
+FSDP2 generation on CPU, the vLLM engine against a fake module and (VLLM_SOURCE set) every call
+it makes against vLLM's own source, the OpenAI engine over a local HTTP server, the oracle and
+its corruption of solutions. GPU versions run in bf16 and skip cleanly without CUDA. The fast
+decoder's own tests are in tests/test_fast_decoder.py."""
+import ast
 import http.server
 import json
 import math
@@ -12,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -246,7 +249,9 @@ def _fsdp_worker(rank: int, world: int, port: int, device_type: str, decoder: st
         want = engines.HFEngine(reference, tokenizer, fast=False).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
         resharded = all(isinstance(p, DTensor) for p in model.parameters())
         full = dict(engines.iter_full_weights(model))
-        weights_equal = all(torch.equal(full[k], v) for k, v in reference.state_dict().items())
+        half = dict(engines.iter_full_weights(model, torch.bfloat16, device))
+        weights_equal = all(torch.equal(full[k], v) and torch.equal(half[k], v.to(torch.bfloat16))
+                            for k, v in reference.state_dict().items())
         ids = torch.tensor([[5, 6, 7, 8]], device=device)
         loss = model(ids, labels=ids).loss
         loss.backward()
@@ -309,7 +314,7 @@ def test_hf_engine_on_cuda_matches_unpadded_forward(tokenizer, fast, dtype, top_
                 assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
 
 
-# ------------------------------------------------------------------------- vLLM pieces
+# ------------------------------------------------------------------------- vLLM engine
 
 
 def test_vllm_weight_name_strips_wrappers():
@@ -319,42 +324,321 @@ def test_vllm_weight_name_strips_wrappers():
     assert engines.vllm_weight_name("model.embed_tokens.weight") == "model.embed_tokens.weight"
 
 
-class _FakeVLLMModel:
-    def __init__(self, log):
-        self.log = log
+class _FakeVLLM:
+    """Stands in for the `vllm` module (it cannot be installed here) and records every call the
+    engine makes as (callee, positional args, keyword args), in the order made. LLM's
+    collective_rpc runs the named method of a worker with vLLM 0.34.0's signature, in process as
+    under the external launcher; `replies` are the CompletionOutput-like records generate
+    returns for every prompt."""
 
-    def load_weights(self, weights):
-        weights = list(weights)
-        self.log.append(("load", [(n, t.clone()) for n, t in weights]))
+    def __init__(self, replies=()):
+        self.calls = []
+        self.received = []   # (name, tensor) as the worker's reload_weights took them
+        self.replies = list(replies)
+        fake = self
+
+        class Worker:
+            def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+                fake.received += [(name, tensor.clone()) for name, tensor in weights_iterator]
+
+        class LLM:
+            def __init__(self, *args, **kwargs):
+                fake.calls.append(("LLM", args, kwargs))
+
+            def generate(self, *args, **kwargs):
+                fake.calls.append(("generate", args, kwargs))
+                return [types.SimpleNamespace(outputs=list(fake.replies)) for _ in args[0]]
+
+            def sleep(self, *args, **kwargs):
+                fake.calls.append(("sleep", args, kwargs))
+
+            def wake_up(self, *args, **kwargs):
+                fake.calls.append(("wake_up", args, kwargs))
+
+            def reset_prefix_cache(self, *args, **kwargs):
+                fake.calls.append(("reset_prefix_cache", args, kwargs))
+
+            def collective_rpc(self, *args, **kwargs):
+                fake.calls.append(("collective_rpc", args, kwargs))
+                method, rpc_args, rpc_kwargs = args[0], kwargs.get("args", ()), kwargs.get("kwargs") or {}
+                fake.calls.append((method, rpc_args, rpc_kwargs))   # what the worker is called with
+                return [getattr(Worker(), method)(*rpc_args, **rpc_kwargs)]
+
+        class SamplingParams:
+            def __init__(self, *args, **kwargs):
+                fake.calls.append(("SamplingParams", args, kwargs))
+
+        self.LLM, self.SamplingParams = LLM, SamplingParams
+
+    def kwargs_of(self, callee: str) -> list[dict]:
+        return [kwargs for name, _, kwargs in self.calls if name == callee]
 
 
-class _FakeLLM:
-    """Only the attributes sync_weights_into touches, in vLLM's V1 layout."""
-
-    def __init__(self):
-        self.log = []
-        runner = type("Runner", (), {"model": _FakeVLLMModel(self.log)})()
-        worker = type("Worker", (), {"model_runner": None, "worker": type("W", (), {"model_runner": runner})()})()
-        executor = type("Executor", (), {"driver_worker": worker})()
-        self.llm_engine = type("Engine", (), {"model_executor": executor})()
-
-    def reset_prefix_cache(self):
-        self.log.append(("reset", None))
+def _vllm_output(ids, text, finish_reason, logprobs=None):
+    """A vLLM CompletionOutput as generate returns it: logprobs one {token id: Logprob} per step."""
+    steps = None if logprobs is None else [{t: types.SimpleNamespace(logprob=lp)} for t, lp in zip(ids, logprobs)]
+    return types.SimpleNamespace(token_ids=ids, text=text, finish_reason=finish_reason, logprobs=steps)
 
 
-def test_sync_weights_streams_full_tensors_one_at_a_time_then_resets_cache():
+def _vllm_engine(monkeypatch, tokenizer, replies=(), **kwargs) -> tuple[engines.VLLMEngine, _FakeVLLM]:
+    fake = _FakeVLLM(replies)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    settings = dict(max_model_len=64, gpu_memory_utilization=0.4, seed=3, device="cpu", **kwargs)
+    return engines.VLLMEngine("/models/tiny", tokenizer, **settings), fake
+
+
+def test_vllm_engine_asks_for_its_budget_length_dtype_and_processed_logprobs(monkeypatch, tokenizer):
+    engine, fake = _vllm_engine(monkeypatch, tokenizer, enforce_eager=True)
+    [llm] = fake.kwargs_of("LLM")
+    assert llm == dict(model="/models/tiny", gpu_memory_utilization=0.4, max_model_len=64, dtype="bfloat16",
+                       seed=3, enforce_eager=True, distributed_executor_backend="external_launcher",
+                       enable_sleep_mode=True, logprobs_mode="processed_logprobs",
+                       enable_extensible_kv_cache=False, load_format="dummy")
+    with pytest.raises(ValueError, match="logprobs_mode is set by the engine"):
+        _vllm_engine(monkeypatch, tokenizer, logprobs_mode="raw_logprobs")
+
+
+def test_vllm_max_model_len_holds_the_template_the_prompt_budget_and_the_response(tokenizer):
+    template = len(engines.render_prompt(tokenizer, ""))
+    assert template > 0
+    assert engines.vllm_max_model_len(tokenizer, 100, 30) == template + 130
+    # the budget counts the message alone: a message of exactly 100 tokens fits with its response
+    message = "x" * 100
+    assert len(engines.render_prompt(tokenizer, message)) + 30 == engines.vllm_max_model_len(tokenizer, 100, 30)
+
+
+def test_vllm_sleeps_at_level_2_and_syncs_bf16_weights_after_waking_them(monkeypatch, tokenizer):
+    engine, fake = _vllm_engine(monkeypatch, tokenizer)
     inner = tiny_model(seed=2)
-    wrapped = torch.nn.Module()
-    wrapped._orig_mod = inner  # what torch.compile's wrapper looks like
-    llm = _FakeLLM()
-    sent = engines.sync_weights_into(llm, wrapped)
+    policy = torch.nn.Module()
+    policy._orig_mod = inner  # what torch.compile's wrapper looks like
+    engine.sleep()
+    engine.refresh(policy)
+    assert [name for name, _, _ in fake.calls] == ["LLM", "sleep", "wake_up", "collective_rpc", "reload_weights",
+                                                   "reset_prefix_cache", "wake_up"]
+    assert fake.kwargs_of("sleep") == [{"level": 2}]
+    assert fake.kwargs_of("wake_up") == [{"tags": ["weights"]}, {"tags": ["kv_cache"]}]
+    assert fake.kwargs_of("reload_weights")[0]["is_checkpoint_format"] is True
     expected = inner.state_dict()
-    loads = [entry for kind, entry in llm.log if kind == "load"]
-    assert sent == len(expected) == len(loads)
-    assert all(len(batch) == 1 for batch in loads)
-    assert llm.log[-1] == ("reset", None) and [k for k, _ in llm.log].count("reset") == 1
-    for (name, tensor), in loads:
-        assert torch.equal(tensor, expected[name])
+    assert [name for name, _ in fake.received] == list(expected)   # Hugging Face names, wrappers stripped
+    for name, tensor in fake.received:
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, expected[name].to(torch.bfloat16))
+
+
+def test_vllm_completion_ids_text_logprobs_and_finish_reasons(monkeypatch, tokenizer):
+    stop_ids = [byte_id(c) for c in "ab END!"]   # the last token runs past the stop string "END"
+    replies = [_vllm_output(stop_ids, "ab END", "stop", [-0.5] * len(stop_ids)),
+               _vllm_output([byte_id("q"), EOS], "q", "stop", [-1.0, -2.0]),
+               _vllm_output([byte_id("z")] * 4, "zzzz", "length", [-0.25] * 4)]
+    engine, fake = _vllm_engine(monkeypatch, tokenizer, replies)
+    prompt = engine.encode_prompt("hi")
+    [group] = engine.generate([prompt], n=3, max_new_tokens=4, temperature=0.9, top_p=0.95, stop=["END"])
+    assert fake.kwargs_of("SamplingParams") == [dict(n=3, temperature=0.9, top_p=0.95, max_tokens=4,
+                                                     logprobs=0, stop=["END"])]
+    assert fake.calls[-1][1][0] == [{"prompt_token_ids": prompt}]
+    for completion, reply in zip(group, replies):
+        assert completion.token_ids == reply.token_ids   # exactly the ids sampled, EOS included
+        assert completion.text == tokenizer.decode(reply.token_ids, skip_special_tokens=True)
+        assert completion.logprobs == [step[t].logprob for step, t in zip(reply.logprobs, reply.token_ids)]
+    assert group[0].text == "ab END!"   # the whole token that completed the stop string, as its id
+    assert [c.finish_reason for c in group] == ["stop", "stop", "length"]
+
+
+@pytest.mark.parametrize("reason,why", [("abort", "aborted"), ("error", "request-level internal error"),
+                                        ("repetition", "never asks for"), ("cancelled", "does not know")])
+def test_vllm_completion_that_no_sampling_rule_ended_is_refused(monkeypatch, tokenizer, reason, why):
+    engine, _ = _vllm_engine(monkeypatch, tokenizer, [_vllm_output([byte_id("a")], "a", reason, [-1.0])])
+    with pytest.raises(RuntimeError, match=f"finish_reason '{reason}': .*{why}"):
+        engine.generate([engine.encode_prompt("hi")], max_new_tokens=4)
+
+
+def test_vllm_generate_refuses_a_request_longer_than_max_model_len(monkeypatch, tokenizer):
+    engine, fake = _vllm_engine(monkeypatch, tokenizer)
+    prompt = list(range(3, 3 + 60))
+    with pytest.raises(ValueError, match="a prompt of 60 tokens and max_new_tokens 5 exceed max_model_len 64"):
+        engine.generate([prompt], max_new_tokens=5)
+    assert "generate" not in [name for name, _, _ in fake.calls]
+
+
+def _offloaded_weights_worker(rank: int, world: int, port: int, results):
+    """FSDP2 with train.py's --cpu-offload over NCCL: the shards live on the CPU."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        reference = tiny_model(seed=7).state_dict()
+        model = tiny_model(seed=7)
+        mesh = init_device_mesh("cuda", (world,))
+        for module in [*model.model.layers, model]:
+            fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy())
+        on_cpu = all(p.to_local().device.type == "cpu" for p in model.parameters())
+        sent = list(engines.iter_full_weights(model, torch.bfloat16, device))
+        results[rank] = (on_cpu, [name for name, _ in sent] == list(reference),
+                         all(t.device == device and t.dtype == torch.bfloat16
+                             and torch.equal(t, reference[name].to(device, torch.bfloat16)) for name, t in sent))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_vllm_sync_gathers_cpu_offloaded_shards_on_the_gpu_in_bf16():
+    world = min(torch.cuda.device_count(), 2)
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_offloaded_weights_worker, args=(world, _free_port(), results), nprocs=world)
+    assert dict(results) == {rank: (True, True, True) for rank in range(world)}
+
+
+# ------------------------------------------------------------------------- vLLM's own source
+# With VLLM_SOURCE naming an unpacked vLLM wheel (pip download --no-deps vllm; unzip; README), the
+# calls the engine really makes (recorded by _FakeVLLM) are checked against vLLM's source, read
+# with ast: vLLM is never imported.
+
+VLLM_CALLEES = {  # callee -> (file in the wheel, class, method); None: the class's fields
+    "LLM": ("vllm/entrypoints/llm.py", "LLM", "__init__"),
+    "generate": ("vllm/entrypoints/llm.py", "LLM", "generate"),
+    "sleep": ("vllm/entrypoints/llm.py", "LLM", "sleep"),
+    "wake_up": ("vllm/entrypoints/llm.py", "LLM", "wake_up"),
+    "reset_prefix_cache": ("vllm/entrypoints/llm.py", "LLM", "reset_prefix_cache"),
+    "collective_rpc": ("vllm/entrypoints/llm.py", "LLM", "collective_rpc"),
+    "reload_weights": ("vllm/v1/worker/gpu_worker.py", "Worker", "reload_weights"),
+    "SamplingParams": ("vllm/sampling_params.py", "SamplingParams", None),
+}
+VLLM_VALUES = {  # LLM keyword -> (file, the Literal type alias its value must be one of)
+    "logprobs_mode": ("vllm/config/model.py", "LogprobsMode"),
+    "dtype": ("vllm/config/model.py", "ModelDType"),
+    "distributed_executor_backend": ("vllm/config/parallel.py", "DistributedExecutorBackend"),
+    "load_format": ("vllm/model_executor/model_loader/__init__.py", "LoadFormats"),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_source():
+    root = os.environ.get("VLLM_SOURCE")
+    if not root:
+        pytest.skip("VLLM_SOURCE is not set: it names an unpacked vLLM wheel (README, 'The vLLM engine')")
+    metadata = [os.path.join(root, d, "METADATA") for d in os.listdir(root) if d.endswith(".dist-info")]
+    assert metadata, f"VLLM_SOURCE={root} holds no *.dist-info: not an unpacked wheel"
+    with open(metadata[0]) as f:
+        version = next(line.split(":", 1)[1].strip() for line in f if line.startswith("Version:"))
+    print(f"vLLM source checked: {version} ({root})")
+    trees = {}
+
+    def tree(path):
+        if path not in trees:
+            with open(os.path.join(root, path)) as f:
+                trees[path] = ast.parse(f.read())
+        return trees[path]
+    return types.SimpleNamespace(version=version, root=root, tree=tree)
+
+
+def _class(tree, name):
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, f"no class {name}"
+    return found[0]
+
+
+def _method(cls, name):
+    found = [n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    assert found, f"{cls.name} has no method {name}"
+    return found[0]
+
+
+def _fields(cls) -> set[str]:
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def _constants(tree, name) -> set:
+    """The constants in what the module assigns to `name`: a Literal alias's values, a tuple's items."""
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets) and node.value:
+            return {c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
+    raise AssertionError(f"no module-level {name}")
+
+
+def _recorded_calls(monkeypatch, tokenizer) -> _FakeVLLM:
+    """Every vLLM call of a run's life: start, sleep, refresh, generate (with stop strings)."""
+    engine, fake = _vllm_engine(monkeypatch, tokenizer, [_vllm_output([EOS], "", "stop", [0.0])])
+    engine.sleep()
+    engine.refresh(tiny_model())
+    engine.generate([engine.encode_prompt("hi")], n=2, max_new_tokens=4, temperature=0.9, stop=["END"])
+    return fake
+
+
+def test_vllm_calls_exist_in_vllm_source_with_the_keywords_passed(vllm_source, monkeypatch, tokenizer):
+    version, tree = vllm_source.version, vllm_source.tree
+    fake = _recorded_calls(monkeypatch, tokenizer)
+    engine_args = _fields(_class(tree("vllm/engine/arg_utils.py"), "EngineArgs"))
+    for callee, args, kwargs in fake.calls:
+        path, cls_name, method_name = VLLM_CALLEES[callee]
+        cls = _class(tree(path), cls_name)
+        if method_name is None:
+            accepted, positional = _fields(cls), []
+        else:
+            spec = _method(cls, method_name).args
+            positional = [a.arg for a in spec.posonlyargs + spec.args][1:]   # self left out
+            accepted = set(positional) | {a.arg for a in spec.kwonlyargs}
+            if spec.kwarg is not None:
+                assert callee == "LLM", f"{callee} takes **{spec.kwarg.arg}: the check would prove nothing"
+                accepted |= engine_args   # LLM hands the rest to EngineArgs
+        assert len(args) <= len(positional), f"vLLM {version}: {callee} takes {len(positional)} positional arguments"
+        unknown = sorted(set(kwargs) - accepted)
+        assert not unknown, f"vLLM {version}: {cls_name}.{method_name or '__init__'} has no keyword {unknown}"
+    [llm] = fake.kwargs_of("LLM")
+    for keyword, (path, alias) in VLLM_VALUES.items():
+        assert llm[keyword] in _constants(tree(path), alias), \
+            f"vLLM {version}: {keyword}={llm[keyword]!r} is not a {alias}"
+
+
+def test_vllm_reaches_its_worker_in_process_and_knows_every_finish_reason(vllm_source, monkeypatch, tokenizer):
+    version, tree = vllm_source.version, vllm_source.tree
+    fake = _recorded_calls(monkeypatch, tokenizer)
+    # the weight sync: LLM.collective_rpc -> the external launcher's executor, whose collective_rpc
+    # runs the method on its driver worker in this process -> the wrapper hands it to the Worker
+    assert fake.calls[[n for n, _, _ in fake.calls].index("collective_rpc")][1] == ("reload_weights",)
+    executors = tree("vllm/v1/executor/uniproc_executor.py")
+    assert "UniProcExecutor" in [b.id for b in _class(executors, "ExecutorWithExternalLauncher").bases]
+    rpc = _method(_class(executors, "UniProcExecutor"), "collective_rpc")
+    assert any(isinstance(c, ast.Call) and getattr(c.func, "id", "") == "run_method"
+               and ast.unparse(c.args[0]) == "self.driver_worker" for c in ast.walk(rpc)), \
+        f"vLLM {version}: UniProcExecutor.collective_rpc no longer runs the method in process"
+    forward = _method(_class(tree("vllm/v1/worker/worker_base.py"), "WorkerWrapperBase"), "__getattr__")
+    assert "self.worker" in ast.unparse(forward)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" in ast.unparse(tree("vllm/config/parallel.py")), \
+        f"vLLM {version}: the external launcher no longer turns multiprocessing off"
+    # wake_up's tags are those a partial wake may name; the prompt and output fields the engine uses
+    tags = _constants(tree("vllm/device_allocator/__init__.py"), "DEFERRABLE_TAGS")
+    assert {t for kwargs in fake.kwargs_of("wake_up") for t in kwargs["tags"]} <= tags
+    assert "prompt_token_ids" in _fields(_class(tree("vllm/inputs/llm.py"), "TokensPrompt"))
+    assert {"token_ids", "logprobs", "finish_reason"} <= _fields(_class(tree("vllm/outputs.py"), "CompletionOutput"))
+    assert "outputs" in [a.arg for a in _method(_class(tree("vllm/outputs.py"), "RequestOutput"), "__init__").args.args]
+    assert "logprob" in _fields(_class(tree("vllm/logprobs.py"), "Logprob"))
+    reasons = _constants(tree("vllm/v1/engine/__init__.py"), "FINISH_REASON_STRINGS")
+    assert reasons == engines.VLLM_FINISH_REASONS.keys() | engines.VLLM_REFUSED_FINISH_REASONS.keys(), \
+        f"vLLM {version} finishes with {sorted(reasons)}"
+
+
+def test_vllm_source_bears_out_the_engines_memory_settings(vllm_source):
+    version, tree = vllm_source.version, vllm_source.tree
+    # level 2 is the level at which the worker discards the parameters rather than copy them out
+    sleep = ast.unparse(_method(_class(tree("vllm/v1/worker/gpu_worker.py"), "Worker"), "sleep"))
+    assert engines.VLLM_SLEEP_LEVEL == 2 and "level == 2" in sleep and "_discardable_parameters" in sleep
+    # the one place vLLM caps this process's torch allocator is the extensible KV cache, which is off
+    capped = []
+    for folder, _, files in os.walk(os.path.join(vllm_source.root, "vllm")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    if "set_per_process_memory_fraction" in f.read():
+                        capped.append(os.path.relpath(os.path.join(folder, name), vllm_source.root))
+    assert capped == ["vllm/v1/worker/extensible_kv_cache.py"], f"vLLM {version}: {capped}"
+    assert engines.VLLM_SETTINGS["enable_extensible_kv_cache"] is False
 
 
 # ------------------------------------------------------------------------- OpenAI engine

@@ -398,6 +398,7 @@ def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_pa
     import sys
     import types
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    import engines
     log = []
     tokenizer = ByT5Tokenizer()
     model_dir = str(tmp_path / "model")
@@ -407,10 +408,7 @@ def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_pa
 
     class FakeLLM:
         def __init__(self, model, **kwargs):
-            log.append(("init", model, kwargs["seed"], kwargs["distributed_executor_backend"]))
-            target = types.SimpleNamespace(load_weights=lambda weights: log.append(("load", [n for n, _ in weights])))
-            worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=target))
-            self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=worker))
+            log.append(("init", model, kwargs))
 
         def generate(self, prompts, params, use_tqdm=False):
             log.append(("generate", len(prompts), params.n))
@@ -423,18 +421,41 @@ def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_pa
         def wake_up(self, tags=None):
             log.append(("wake", tags))
 
+        def collective_rpc(self, method, kwargs=None):   # the worker's reload_weights, in process
+            log.extend(("load", name, tensor.dtype) for name, tensor in kwargs["weights_iterator"])
+
         def reset_prefix_cache(self):
             log.append(("reset",))
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM, SamplingParams=types.SimpleNamespace))
+    monkeypatch.setenv("RANK", "0")   # what torchrun sets
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
     train.main(["--engine", "vllm", "--model", model_dir, "--oracle-share", "0", "--steps", "2", "--turns", "1",
                 "--trajectories", "2", "--task-ids", "builtin/level1/01_relu", "--tasks-per-step", "1",
+                "--max-new-tokens", "300", "--late-max-new-tokens", "400", "--vllm-gpu-memory", "0.45",
                 "--no-time-kernels", "--out", str(tmp_path / "out")])
     assert "--engine vllm has never run" in capsys.readouterr().out
+    (_, model, kwargs), *rest = log
+    assert model == model_dir and kwargs["seed"] == 0 and kwargs["gpu_memory_utilization"] == 0.45
+    assert kwargs["max_model_len"] == engines.vllm_max_model_len(tokenizer, 8192, 400) and kwargs["dtype"] == "bfloat16"
     n_weights = len(LlamaForCausalLM.from_pretrained(model_dir).state_dict())
-    kinds = [entry[0] for entry in log]
-    assert log[0] == ("init", model_dir, 0, "external_launcher") and log[1] == ("sleep", 1)
     one_step = ["wake"] + ["load"] * n_weights + ["reset", "wake", "generate", "sleep"]
-    assert kinds == ["init", "sleep"] + one_step * 2, kinds
-    wakes = [entry[1] for entry in log if entry[0] == "wake"]
-    assert wakes == [["weights"], ["kv_cache"]] * 2
+    assert [entry[0] for entry in rest] == ["sleep"] + one_step * 2, rest
+    assert {entry[1] for entry in rest if entry[0] == "sleep"} == {2}
+    assert [entry[1] for entry in rest if entry[0] == "wake"] == [["weights"], ["kv_cache"]] * 2
+    assert {entry[2] for entry in rest if entry[0] == "load"} == {torch.bfloat16}
+
+
+def test_vllm_engine_is_refused_in_one_line_without_torchrun_or_without_vllm(tmp_path, monkeypatch):
+    import sys
+    argv = ["--engine", "vllm", "--model", "/models/any", "--out", str(tmp_path / "out")]
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit, match="^train.py: --engine vllm runs under torchrun "):
+        train.main(argv)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.setenv(name, "0")
+    monkeypatch.setitem(sys.modules, "vllm", None)   # `import vllm` fails as when it is not installed
+    with pytest.raises(SystemExit, match=r"^train.py: --engine vllm needs vLLM \(pip install vllm\): "):
+        train.main(argv)
