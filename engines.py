@@ -236,8 +236,9 @@ class HFEngine:
                  cuda_graph: bool = True, grouped_attention: bool = True, check_every: int = 16,
                  initial_cache_tokens: int = 1024, compile_decode: bool = False,
                  prefill_chunk_tokens: int = 1 << 16, decode_kernel: bool = True,
-                 for_generation: Callable | None = None):
+                 for_generation: Callable | None = None, progress: bool = False):
         self.model = model
+        self.progress = progress   # a bar of rows decoded and tokens/s on stderr
         # model -> a context manager giving the model to decode with: the FSDP2 model unsharded by
         # default; train.py's offload_for_generation passes a bf16 copy (weights.generation_copy)
         self.for_generation = for_generation or functools.partial(
@@ -331,8 +332,21 @@ class HFEngine:
         return out
 
     def _generate_fast(self, prompts, n, max_new_tokens, temperature, top_p, stop) -> list[list[Completion]]:
-        groups = self.decoder.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
-                                       top_p=top_p, stop=stop, max_batch_rows=self.max_batch_rows)
+        from tqdm import tqdm
+        bar = tqdm(total=len(prompts) * n, desc="generating", unit="row", disable=not self.progress, leave=False)
+        tokens = 0
+
+        def on_batch(rows: int, new_tokens: int) -> None:
+            nonlocal tokens
+            tokens += new_tokens
+            bar.update(rows)
+            bar.set_postfix_str(f"{tokens / max(bar.format_dict['elapsed'], 1e-9):,.0f} tok/s")
+        try:
+            groups = self.decoder.generate(prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature,
+                                           top_p=top_p, stop=stop, max_batch_rows=self.max_batch_rows,
+                                           on_batch=on_batch)
+        finally:
+            bar.close()
         return [[Completion(token_ids=row.token_ids, logprobs=row.logprobs,
                             text=self.tokenizer.decode(row.token_ids, skip_special_tokens=True),
                             finish_reason="stop" if row.stopped else "length") for row in group]

@@ -108,9 +108,11 @@ class FastDecoder:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, n: int = 1, max_new_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, stop: Sequence[str] = (), max_batch_rows: int = 64) -> list[list[Decoded]]:
+                 top_p: float = 1.0, stop: Sequence[str] = (), max_batch_rows: int = 64,
+                 on_batch: Callable[[int, int], None] | None = None) -> list[list[Decoded]]:
         """n samples of each prompt, in prompt order. Rows are ordered by prompt length and
-        decoded max_batch_rows at a time; a prompt's samples share its prefill."""
+        decoded max_batch_rows at a time; a prompt's samples share its prefill. `on_batch(rows,
+        tokens)` hears of each decoded batch (a progress bar)."""
         by_length = sorted(range(len(prompts)), key=lambda p: len(prompts[p]))
         rows = [p for p in by_length for _ in range(n)]
         out: list[list[Decoded]] = [[] for _ in prompts]
@@ -123,6 +125,8 @@ class FastDecoder:
                 token_rows, logprob_rows, finish = decoding.decode()
             for p, ids, logprobs, finished in zip(batch, token_rows, logprob_rows, finish):
                 out[p].append(Decoded(ids, logprobs, finished >= 0))
+            if on_batch is not None:
+                on_batch(len(batch), sum(len(ids) for ids in token_rows))
         return out
 
 

@@ -174,8 +174,9 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
     plan = Plan(shape, s)
     plan.gpu["load"] = {**train_state, "slice read": slice_bytes}
     generation_resident = {} if s.offload_for_generation else {**train_state, "AdamW moments": moments_gpu}
-    if s.engine == "vllm":
-        plan.gpu["generation"] = {**generation_resident, "vLLM (its whole share)": int(s.vllm_gpu_memory * s.gpu_bytes)}
+    if s.engine == "vllm":   # the trainer's state stays; vLLM's share was free when it started (engines.py)
+        plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu,
+                                  "vLLM (its whole share)": int(s.vllm_gpu_memory * s.gpu_bytes)}
     else:
         plan.gpu["generation"] = {**generation_resident, "generation copy (bf16)": 2 * P, "KV cache": kv_cache,
                                   "prefill / decode work": max(prefill, decode)}

@@ -445,7 +445,7 @@ def plan_settings(config: Config, world: int, gpu_bytes: int) -> memory_plan.Set
         new_tokens=new_tokens, micro_batch_tokens=config.micro_batch_tokens,
         activation_checkpointing=config.activation_checkpointing, offload_optimizer=config.offload_optimizer,
         offload_for_generation=config.offload_for_generation, cpu_offload=config.cpu_offload, engine=config.engine,
-        vllm_gpu_memory=config.vllm_memory)
+        vllm_gpu_memory=config.vllm_gpu_memory)
 
 
 def model_config(config: Config):
@@ -490,6 +490,8 @@ def refusal(plan: memory_plan.Plan, remedy: str) -> str:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     config = parse_config(argv)
+    if not sys.stderr.isatty():   # a log file gets a progress bar's line every 30 s, not ten a second
+        os.environ.setdefault("TQDM_MININTERVAL", "30")
     if config.reuse_verdicts and config.time_kernels:
         raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
     for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
@@ -602,7 +604,8 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
                       if config.offload_for_generation else None)
     engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=plan.settings.rows if
                                       config.generation_batch_rows == 0 else config.generation_batch_rows,
-                                      compile_decode=config.compile_decode, for_generation=for_generation)
+                                      compile_decode=config.compile_decode, for_generation=for_generation,
+                                      progress=rank == 0)
     if config.oracle_share > 0:
         engine = engines.OracleMixedEngine(engine, tokenizer, train_tasks, oracle_share=config.oracle_share,
                                            language=sampling.language, seed=config.seed + rank)
@@ -618,6 +621,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     eval_device = str(device) if device.type == "cuda" else "cpu"
     evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=eval_device, time_candidate=config.time_kernels, sandbox=config.sandbox,
+        progress=rank == 0,
         max_parallel_compiles=builds_at_once(eval_device, local_world), zygotes=zygotes), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = rollout.reusing_verdicts(evaluate)
@@ -678,7 +682,9 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
         if rank == 0:
             record = train_log.step_record(step, gathered, update_out, config.turns)
             record["seconds_step"] = time.perf_counter() - step_start
-            record.update({k: v for k, v in {**generation_phase, **update_out["phases"]}.items() if k.startswith("gpu_peak")})
+            # each phase's GPU peak bytes (generation's included) and the training phases' seconds (rank 0's)
+            record.update({k: v for k, v in {**generation_phase, **update_out["phases"]}.items()
+                           if k.startswith("gpu_peak") or k in ("seconds_logprobs", "seconds_backward", "seconds_optimizer")})
             checkpoint.write_metrics(config.out, record)
             train_log.plot_curves(config.out)
             tqdm.write(train_log.step_line(record))

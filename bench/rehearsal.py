@@ -125,9 +125,10 @@ def main() -> None:
         ratio = f"{measured / planned:.2f}" if measured and planned else "-"
         print(f"{phase:<12} {planned / 1e9:>8.1f} {(measured or 0) / 1e9:>12.1f} {ratio:>14}")
     for m in metrics:
-        tokens = m.get("completion_tokens_total") or 0
-        print(f"step {m['step']}: " + ", ".join(f"{k} {v:.1f}" for k, v in m.items() if k.startswith("seconds_")
-                                              and isinstance(v, (int, float))))
+        tokens = m["response_tokens_mean"] * sum(m["status_counts"].values())
+        m["generation_tokens_per_s"] = tokens / max(m["seconds_generation"], 1e-9)
+        print(f"step {m['step']}: {tokens:.0f} tokens generated at {m['generation_tokens_per_s']:.0f} tok/s; "
+              + ", ".join(f"{k} {v:.1f}" for k, v in m.items() if k.startswith("seconds_") and isinstance(v, (int, float))))
     export = os.path.join(run_out, "export")
     if os.path.exists(os.path.join(export, "config.json")):
         from safetensors import safe_open
