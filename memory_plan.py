@@ -62,6 +62,12 @@ class ModelShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * 2   # keys and values, bf16
 
     @property
+    def forward_bytes_per_token(self) -> int:
+        """Bytes a token's activations take at the widest point of a forward without grad (bf16): the
+        MLP's act(gate), up and their product, beside the hidden state, residual and k, v."""
+        return 2 * (3 * self.intermediate + 2 * self.hidden + 2 * self.kv_heads * self.head_dim)
+
+    @property
     def layer_temp_bytes_per_token(self) -> int:
         """Bytes a token's activations take inside one decoder layer (bf16): what the forward keeps
         for its backward, or what a forward alone has alive at its widest."""
@@ -86,6 +92,12 @@ class Settings:
     cpu_offload: bool = False
     engine: str = "hf"
     vllm_gpu_memory: float = 0.0    # vLLM's whole share of the GPU when awake (engine vllm)
+    headroom: float = 0.05          # share of the GPU a plan leaves free: the allocator's fragmentation,
+                                    # the CUDA context, NCCL's buffers, CUDA graphs (none of them counted)
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpu_bytes * (1 - self.headroom))
 
 
 @dataclass
@@ -108,7 +120,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.settings.device == "cpu" or self.gpu_peak <= self.settings.gpu_bytes
+        return self.settings.device == "cpu" or self.gpu_peak <= self.settings.usable_bytes
 
 
 def model_shape(config) -> ModelShape:
@@ -151,49 +163,59 @@ def read_config(model: str):
 def make_plan(shape: ModelShape, s: Settings) -> Plan:
     P, N = shape.params, s.nproc
     shards, grads, moments = 4 * P // N, 4 * P // N, 8 * P // N
-    layer_chunk = 8 * shape.layer_params // N          # one layer's moments, streamed for the step
-    gathered = 2 * 2 * shape.layer_params + 2 * shape.root_params
-    T = max(s.micro_batch_tokens, s.prompt_tokens + s.new_tokens)   # a micro-batch holds at least one row
-    trained = T * s.new_tokens // (s.prompt_tokens + s.new_tokens)   # positions the LM head runs on
-    chunk = CHUNK_ELEMENTS * 4 * 3 // 2                               # grpo's fp32 chunk and its bf16 copy
-    head_forward = trained * shape.hidden * 2 + chunk                 # h / T, and one chunk of logits
+    largest_unit = max(shape.layer_params, shape.root_params)          # the root (embedding, head) usually
+    unit_moments = 8 * largest_unit // N                               # streamed to the GPU for its step
+    adamw_temp = 4 * shape.largest_param // N                          # AdamW's foreach temporaries (measured)
+    root, layer = shape.root_params, shape.layer_params
+    gathered = 2 * 2 * layer + 2 * root                                # two layers and the root, bf16
+    row = s.prompt_tokens + s.new_tokens
+    T = max(1, s.micro_batch_tokens // row) * row                     # whole rows at full length, the worst case
+    trained = T * s.new_tokens // row                                  # positions the LM head runs on
+    chunk = CHUNK_ELEMENTS * 4 * 3 // 2                                # grpo's fp32 chunk and its bf16 copy
+    head_forward = trained * shape.hidden * 2 + chunk                  # h / T, and one chunk of logits
     head_backward = shape.vocab * shape.hidden * 2 + trained * shape.hidden * 6 + chunk
     saved_inputs = shape.layers * T * shape.hidden * 2 if s.activation_checkpointing else 0
     layer_acts = (1 if s.activation_checkpointing else shape.layers) * T * shape.layer_temp_bytes_per_token
-    # the slice a rank reads at load: its rows of the largest tensor in the file's dtype, once in the
-    # memory map's pages and once as a tensor on the host, once more on the GPU before its upcast
+    # the slice a rank reads at load: its rows of the largest tensor in the file's dtype, on the host and
+    # again on the GPU before the shard's in-place upcast
     slice_bytes = -(-shape.largest_param // N) * shape.dtype_bytes
-    kv_cache = s.rows * (s.prompt_tokens + s.new_tokens) * shape.kv_bytes_per_token
-    prefill_tokens = min(s.prefill_chunk_tokens, s.rows * s.prompt_tokens)
-    prefill = prefill_tokens * (shape.layer_temp_bytes_per_token + shape.hidden * 4)
-    decode = s.rows * shape.vocab * 4 * 4                # the step's logits and the sampler's fp32 passes
+    kv_cache = s.rows * row * shape.kv_bytes_per_token
+    # a prefill forward: whole prompts, at most prefill_chunk_tokens and 2^27 mask entries (fast_decoder)
+    prompts = max(1, min((1 << 27) // s.prompt_tokens ** 2, s.prefill_chunk_tokens // s.prompt_tokens, s.rows))
+    prefill = prompts * s.prompt_tokens * shape.forward_bytes_per_token + 3 * (1 << 27)
+    decode = s.rows * shape.vocab * 4 * 4                              # the step's logits and the sampler's passes
+    full_tensor = 4 * shape.largest_param if N > 1 else 0              # an all-gathered fp32 tensor (one rank: none)
 
     on_gpu = not s.cpu_offload
     train_state = {"fp32 shards": shards if on_gpu else 0}
     moments_gpu = 0 if (s.offload_optimizer or s.cpu_offload) else moments
     plan = Plan(shape, s)
     plan.gpu["load"] = {**train_state, "slice read": slice_bytes}
-    generation_resident = {} if s.offload_for_generation else {**train_state, "AdamW moments": moments_gpu}
     if s.engine == "vllm":   # the trainer's state stays; vLLM's share was free when it started (engines.py)
         plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu,
                                   "vLLM (its whole share)": int(s.vllm_gpu_memory * s.gpu_bytes)}
-    else:
-        plan.gpu["generation"] = {**generation_resident, "generation copy (bf16)": 2 * P, "KV cache": kv_cache,
-                                  "prefill / decode work": max(prefill, decode)}
+    elif s.offload_for_generation:   # the copy is built with the training state already on the host
+        plan.gpu["generation"] = {"generation copy (bf16)": 2 * P, "KV cache": kv_cache,
+                                  "prefill / decode work": max(prefill, decode, full_tensor + 4 * shape.largest_param // N)}
+    else:   # FSDP2 unshards the policy in bf16 beside its shards
+        plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu, "generation copy (bf16)": 2 * P,
+                                  "KV cache": kv_cache, "prefill / decode work": max(prefill, decode)}
     plan.gpu["logprobs"] = {**train_state, "AdamW moments": moments_gpu, "gathered params (bf16)": gathered,
-                            "layer activations": T * shape.layer_temp_bytes_per_token, "LM head (fused)": head_forward}
+                            "layer activations": T * shape.forward_bytes_per_token, "LM head (fused)": head_forward}
+    # backward's peak is the larger of a layer's recompute (mid-backward) and the root's reduce-scatter at
+    # its end (the root's bf16 grads and their fp32 copy in and out)
+    middle = {"gathered params (bf16)": gathered, "saved layer inputs": saved_inputs, "layer activations": layer_acts, "LM head (fused)": head_backward}
+    end = {"gathered params (bf16)": 2 * root, "root grads (bf16, fp32 in and out)": root * (2 + 4) + 4 * root // N}
     plan.gpu["backward"] = {**train_state, "gradients": grads if on_gpu else 0, "AdamW moments": moments_gpu,
-                            "gathered params (bf16)": gathered,
-                            "gathered grads (bf16 + fp32)": 6 * max(shape.root_params, shape.layer_params),
-                            "saved layer inputs": saved_inputs, "layer activations": layer_acts,
-                            "LM head (fused)": head_backward}
+                            **(middle if sum(middle.values()) >= sum(end.values()) else end)}
     plan.gpu["optimizer"] = {**train_state, "gradients": grads if on_gpu else 0,
-                             "AdamW moments": moments if moments_gpu else (layer_chunk if on_gpu else 0)}
+                             "AdamW moments": moments if moments_gpu else (unit_moments if on_gpu else 0),
+                             "AdamW temporaries": adamw_temp if on_gpu else 0}
     host_state = {"fp32 shards": 0 if on_gpu else shards, "gradients": 0 if on_gpu else grads,
                   "AdamW moments": moments if (s.offload_optimizer or s.cpu_offload) else 0}
-    plan.host["load"] = {"fp32 shards": 0 if on_gpu else shards, "slice read (mapped and copied)": 2 * slice_bytes}
+    plan.host["load"] = {"fp32 shards": 0 if on_gpu else shards, "slice read": slice_bytes}
     generation_host = dict(host_state)
-    if s.offload_for_generation:
+    if s.offload_for_generation and s.engine != "vllm":
         generation_host.update({"fp32 shards": shards, "AdamW moments": moments})
     plan.host["generation"] = generation_host
     for phase in ("logprobs", "backward", "optimizer"):
@@ -211,7 +233,7 @@ def rows_that_fit(shape: ModelShape, s: Settings, most: int) -> int:
     """The most generation rows (<= most) whose generation phase fits the GPU; 0 if not one does."""
     import dataclasses
     for rows in range(most, 0, -1):
-        if make_plan(shape, dataclasses.replace(s, rows=rows)).peak("generation") <= s.gpu_bytes:
+        if make_plan(shape, dataclasses.replace(s, rows=rows)).peak("generation") <= s.usable_bytes:
             return rows
     return 0
 
@@ -242,7 +264,8 @@ def summary(plan: Plan) -> str:
     verdict = "fits" if plan.fits else "does not fit"
     gpu = ("" if plan.settings.device == "cpu" else
            f"GPU peak {gb(plan.gpu_peak)} of {gb(plan.settings.gpu_bytes)} GB a rank ({worst}), ")
-    return f"memory plan: {gpu}host peak {gb(plan.host_peak)} GB a rank: {verdict}"
+    room = "" if plan.settings.device == "cpu" else f" ({plan.settings.headroom:.0%} of the GPU kept free)"
+    return f"memory plan: {gpu}host peak {gb(plan.host_peak)} GB a rank: {verdict}{room}"
 
 
 def remedies(shape: ModelShape, s: Settings) -> str:

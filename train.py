@@ -221,20 +221,24 @@ def load_tasks(config: Config) -> list:
 
 
 def setup_policy(config: Config, device: torch.device, world: int):
-    """(FSDP2 model, tokenizer). A built-in tiny model is built whole and sharded; a checkpoint is built on
-    the meta device, sharded, and each rank reads only its own rows (weights.py): no rank's host memory
-    holds the model."""
+    """(FSDP2 model, tokenizer, the host memory the weights' load took). A built-in tiny model is built whole
+    and sharded; a checkpoint is built on the meta device, sharded, and each rank reads only its own rows
+    (weights.py): no rank's host memory holds the model."""
     from transformers import AutoConfig, AutoTokenizer
     if config.model in TINY_MODELS:
+        before = memory_plan.reset_host_peak()
         model, tokenizer = load_policy(config)
-        return shard(model.to(device), config, device, world), tokenizer
+        model = shard(model.to(device), config, device, world)
+        return model, tokenizer, memory_plan.host_peak() - before
     try:
         if dist.get_rank() == 0:   # a hub id's files: downloaded once, then the others find them cached
             folder = weights.local_folder(config.model)
         dist.barrier()
         folder = weights.local_folder(config.model)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = weights.empty_model(AutoConfig.from_pretrained(folder))
+        hf_config = AutoConfig.from_pretrained(folder)
+        before = memory_plan.reset_host_peak()   # the weights' load, what the plan's load phase counts
+        model = weights.empty_model(hf_config)
     except (OSError, ValueError) as error:
         raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
     if tokenizer.eos_token_id is None:
@@ -246,7 +250,7 @@ def setup_policy(config: Config, device: torch.device, world: int):
         weights.load_own_rows(model, folder)
     except (KeyError, ValueError, FileNotFoundError) as error:
         raise SystemExit(f"train.py: --model {config.model}: {str(error).strip(chr(39))}")
-    return model, tokenizer
+    return model, tokenizer, memory_plan.host_peak() - before
 
 
 @contextlib.contextmanager
@@ -308,17 +312,20 @@ def optimizer_step(optimizers: list, config: Config, device: torch.device) -> No
 
 @contextlib.contextmanager
 def decoding_copy(model, optimizers: list, config: Config, device: torch.device):
-    """offload_for_generation: the engine decodes with a bf16 copy (weights.generation_copy) while the fp32
-    shards and the moments wait in host memory (verl's offload for rollout); both come back after."""
-    with weights.generation_copy(model, device) as copy:
-        model.to("cpu")   # FSDP2's _apply reshards first and re-points its shards
-        move_moments(optimizers, "cpu")
-        try:
-            yield copy
-        finally:
-            del copy
-            torch.cuda.empty_cache()
-    model.to(device)
+    """offload_for_generation: the fp32 shards and the moments go to host memory (verl's offload for
+    rollout), then the engine decodes with a bf16 copy built from them (weights.generation_copy); after,
+    the copy is freed and the training state comes back."""
+    model.to("cpu")   # FSDP2's _apply reshards first and re-points its shards
+    move_moments(optimizers, "cpu")
+    try:
+        with weights.generation_copy(model, device) as copy:
+            try:
+                yield copy
+            finally:
+                del copy
+    finally:
+        torch.cuda.empty_cache()
+        model.to(device)
     if not config.offload_optimizer:
         move_moments(optimizers, device)
 
@@ -580,13 +587,12 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     if not plan.fits:
         raise SystemExit(refusal(plan, remedy))
     torch.manual_seed(config.seed)   # same initial weights on every rank
-    host_before = memory_plan.reset_host_peak()
     with measured("load", load_phase := {}, device):
-        model, tokenizer = setup_policy(config, device, world)
+        model, tokenizer, host_growth = setup_policy(config, device, world)
     if rank == 0:
         gpu = f", GPU peak {memory_plan.gb(load_phase['gpu_peak_load'])} GB" if "gpu_peak_load" in load_phase else ""
-        print(f"train.py: loaded in {load_phase['seconds_load']:.1f} s: host peak +"
-              f"{memory_plan.gb(memory_plan.host_peak() - host_before)} GB{gpu}", flush=True)
+        print(f"train.py: loaded in {load_phase['seconds_load']:.1f} s: host peak +{memory_plan.gb(host_growth)} GB"
+              f"{gpu}", flush=True)
     layer_params = sum(p.numel() for p in model.model.layers.parameters())   # a DTensor's numel is global
     optimizers = make_optimizers(model, config)
     vllm = None

@@ -199,17 +199,19 @@ def save_streaming(model, tokenizer, folder: str, rank: int, dtype: torch.dtype 
 @contextlib.contextmanager
 def generation_copy(model, device: torch.device, dtype: torch.dtype = torch.bfloat16):
     """A plain (unsharded) copy of an FSDP2 model in `dtype` on `device`, filled one full tensor at a
-    time (every rank walks the same order: the all-gathers are collectives). It exists for the body
-    of the `with`; the caller may move the training state off the GPU meanwhile."""
+    time (every rank walks the same order: the all-gathers are collectives). The shards may wait in
+    host memory: each comes to `device` alone for its all-gather (NCCL gathers device memory). It
+    exists for the body of the `with`."""
     from torch.distributed.tensor import DTensor
     copy = empty_model(model.config, dtype=dtype)
     materialize(copy, device)
     targets = copy.state_dict()
     with torch.no_grad():
         for name, tensor in model.state_dict().items():
+            tensor = tensor.to(device)
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             targets[name].copy_(full)
-            del full
+            del full, tensor
     copy.eval()
     try:
         yield copy

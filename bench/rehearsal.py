@@ -35,6 +35,8 @@ def make_checkpoint(folder: str, layers: int) -> None:
     config = AutoConfig.from_pretrained(os.path.join(ROOT, "examples", "qwq-32b"))
     config.num_hidden_layers = layers
     config.max_window_layers = layers
+    if getattr(config, "layer_types", None):   # transformers 5 checks one type per layer
+        config.layer_types = config.layer_types[:layers]
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

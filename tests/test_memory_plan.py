@@ -35,10 +35,10 @@ def test_each_category_is_its_formula(qwq):
     P = qwq.params
     assert plan.gpu["backward"]["fp32 shards"] == 4 * P // 8 and plan.gpu["backward"]["gradients"] == 4 * P // 8
     assert plan.host["backward"]["AdamW moments"] == 8 * P // 8 and plan.gpu["generation"]["AdamW moments"] == 0
-    assert plan.gpu["optimizer"]["AdamW moments"] == 8 * qwq.layer_params // 8   # one unit's at a time
+    assert plan.gpu["optimizer"]["AdamW moments"] == 8 * qwq.root_params // 8   # one unit's at a time: the largest
     assert plan.gpu["generation"]["KV cache"] == 4 * (8192 + 16384) * 256 * 1024
     assert plan.gpu["generation"]["generation copy (bf16)"] == 2 * P
-    assert plan.gpu["backward"]["saved layer inputs"] == 64 * 32768 * 5120 * 2
+    assert plan.gpu["backward"]["saved layer inputs"] == 64 * (8192 + 16384) * 5120 * 2   # one whole row a micro-batch
     on_host = memory_plan.make_plan(qwq, dataclasses.replace(s, offload_for_generation=True))
     assert "fp32 shards" not in on_host.gpu["generation"] and on_host.host["generation"]["fp32 shards"] == 4 * P // 8
     # a micro-batch holds at least one row: fewer tokens than a row change nothing
@@ -51,7 +51,7 @@ def test_rows_that_fit_are_the_most_that_fit(qwq):
                              micro_batch_tokens=32768, offload_optimizer=True, offload_for_generation=True)
     rows = memory_plan.rows_that_fit(qwq, s, 16)
     assert 1 <= rows < 16
-    fits = lambda r: memory_plan.make_plan(qwq, dataclasses.replace(s, rows=r)).peak("generation") <= s.gpu_bytes
+    fits = lambda r: memory_plan.make_plan(qwq, dataclasses.replace(s, rows=r)).peak("generation") <= 0.95 * s.gpu_bytes
     assert fits(rows) and not fits(rows + 1)
 
 
@@ -59,7 +59,7 @@ def test_plan_flag_prints_the_table_and_exits_by_whether_it_fits(capsys):
     train.main(["--preset", "kevin", "--plan", "--model", QWQ, "--nproc", "8", "--gpu-memory-gb", "141"])
     out = capsys.readouterr().out
     assert all(f"\n{phase} " in out for phase in memory_plan.PHASES)
-    assert out.splitlines()[-1].endswith(": fits") and "32.76B parameters" in out
+    assert out.splitlines()[-1].endswith(": fits (5% of the GPU kept free)") and "32.76B parameters" in out
     with pytest.raises(SystemExit) as info:
         train.main(["--preset", "kevin", "--plan", "--model", QWQ, "--nproc", "8", "--gpu-memory-gb", "40"])
     message = str(info.value)
