@@ -50,6 +50,7 @@ class ModelShape:
     root_params: int           # what FSDP2's root group holds: embedding, head (if untied), final norm
     largest_param: int         # elements of the largest single tensor (the embedding, usually)
     layers: int
+    heads: int
     hidden: int
     intermediate: int
     vocab: int
@@ -86,6 +87,7 @@ class Settings:
     new_tokens: int = 16384
     micro_batch_tokens: int = 16384
     prefill_chunk_tokens: int = 1 << 16
+    initial_cache_tokens: int = 1024  # new positions the fast decoder's cache starts with (it doubles)
     activation_checkpointing: bool = True
     offload_optimizer: bool = False
     offload_for_generation: bool = False
@@ -140,7 +142,8 @@ def model_shape(config) -> ModelShape:
     return ModelShape(
         params=sum(p.numel() for p in params.values()), layer_params=layer_params,
         root_params=sum(p.numel() for i, p in params.items() if i not in in_layers),
-        largest_param=max(p.numel() for p in params.values()), layers=len(layers), hidden=text.hidden_size,
+        largest_param=max(p.numel() for p in params.values()), layers=len(layers), heads=text.num_attention_heads,
+        hidden=text.hidden_size,
         intermediate=text.intermediate_size, vocab=text.vocab_size,
         kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads, head_dim=head_dim,
         dtype_bytes=torch.empty((), dtype=dtype).element_size())
@@ -179,11 +182,17 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
     # the slice a rank reads at load: its rows of the largest tensor in the file's dtype, on the host and
     # again on the GPU before the shard's in-place upcast
     slice_bytes = -(-shape.largest_param // N) * shape.dtype_bytes
-    kv_cache = s.rows * row * shape.kv_bytes_per_token
-    # a prefill forward: whole prompts, at most prefill_chunk_tokens and 2^27 mask entries (fast_decoder)
-    prompts = max(1, min((1 << 27) // s.prompt_tokens ** 2, s.prefill_chunk_tokens // s.prompt_tokens, s.rows))
-    prefill = prompts * s.prompt_tokens * shape.forward_bytes_per_token + 3 * (1 << 27)
-    decode = s.rows * shape.vocab * 4 * 4                              # the step's logits and the sampler's passes
+    # Decoding: the whole cache, the step's logits and the sampler's passes over them. A prefill forward
+    # (fast_decoder): whole prompts, at most prefill_chunk_tokens tokens and 2^27 mask entries; attention
+    # with a mask and grouped heads runs SDPA's math path, whose bf16 scores (heads x prompts x w x w) are
+    # the widest point (measured on the H100), else the MLP's; the cache then holds the prompts and the
+    # initial new positions.
+    w = s.prompt_tokens
+    prompts = max(1, min((1 << 27) // w ** 2, s.prefill_chunk_tokens // w, s.rows))
+    prefill = {"KV cache": s.rows * (w + s.initial_cache_tokens) * shape.kv_bytes_per_token,
+               "prefill work": max(shape.heads * prompts * w * w * 2, prompts * w * shape.forward_bytes_per_token)}
+    decode = {"KV cache": s.rows * row * shape.kv_bytes_per_token, "decode work": s.rows * shape.vocab * 4 * 4}
+    decoding = prefill if sum(prefill.values()) > sum(decode.values()) else decode
     full_tensor = 4 * shape.largest_param if N > 1 else 0              # an all-gathered fp32 tensor (one rank: none)
 
     on_gpu = not s.cpu_offload
@@ -195,11 +204,12 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
         plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu,
                                   "vLLM (its whole share)": int(s.vllm_gpu_memory * s.gpu_bytes)}
     elif s.offload_for_generation:   # the copy is built with the training state already on the host
-        plan.gpu["generation"] = {"generation copy (bf16)": 2 * P, "KV cache": kv_cache,
-                                  "prefill / decode work": max(prefill, decode, full_tensor + 4 * shape.largest_param // N)}
+        build = {"copy's build (one gathered tensor)": full_tensor + 4 * shape.largest_param // N}
+        plan.gpu["generation"] = {"generation copy (bf16)": 2 * P,
+                                  **(decoding if sum(decoding.values()) >= sum(build.values()) else build)}
     else:   # FSDP2 unshards the policy in bf16 beside its shards
         plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu, "generation copy (bf16)": 2 * P,
-                                  "KV cache": kv_cache, "prefill / decode work": max(prefill, decode)}
+                                  **decoding}
     plan.gpu["logprobs"] = {**train_state, "AdamW moments": moments_gpu, "gathered params (bf16)": gathered,
                             "layer activations": T * shape.forward_bytes_per_token, "LM head (fused)": head_forward}
     # backward's peak is the larger of a layer's recompute (mid-backward) and the root's reduce-scatter at

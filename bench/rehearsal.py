@@ -13,6 +13,7 @@ allocated (metrics.jsonl's gpu_peak_*), their ratio, the seconds, and generation
 host peak at load the same way. One device call:
 
     python bench/rehearsal.py --layers 2 --work /tmp/rehearsal --out $OUT
+    python bench/rehearsal.py --report docs/kevin_rehearsal/rehearsal.json   # a kept run against today's plan
 """
 import argparse
 import json
@@ -65,6 +66,44 @@ def run(argv: list[str], log: str, limit: float) -> tuple[int, str, float]:
     return proc.returncode, open(log).read(), time.perf_counter() - start
 
 
+def compare(plan, report: dict) -> list:
+    """(phase, planned bytes, measured bytes) per phase: GPU peaks from metrics.jsonl and the load line,
+    the host's growth at load from the load line."""
+    import memory_plan
+    rows = []
+    for phase in memory_plan.PHASES:
+        if phase == "load":
+            got = [float(r["load"][2]) * 1e9 for r in report["runs"] if r["load"] and r["load"][2]]
+        else:
+            got = [m.get(f"gpu_peak_{phase}") for m in report["metrics"] if m.get(f"gpu_peak_{phase}")]
+        rows.append((phase, plan.peak(phase), max(got) if got else None))
+    host_got = [float(r["load"][1]) * 1e9 for r in report["runs"] if r["load"]]
+    return rows + [("load (host)", plan.peak("load", "host"), max(host_got) if host_got else None)]
+
+
+def print_comparison(rows: list) -> None:
+    print(f"\n{'phase':<12} {'plan GB':>8} {'measured GB':>12} {'measured/plan':>14}")
+    for phase, planned, measured in rows:
+        ratio = f"{measured / planned:.2f}" if measured and planned else "-"
+        print(f"{phase:<12} {planned / 1e9:>8.1f} {(measured or 0) / 1e9:>12.1f} {ratio:>14}")
+
+
+def report_only(path: str) -> None:
+    """A kept rehearsal's measurements against the plan train.py makes today for the same settings."""
+    import memory_plan
+    import train
+    report = json.load(open(path))
+    settings = memory_plan.Settings(**report["plan"]["settings"])
+    config = memory_plan.read_config(os.path.join(ROOT, "examples", "qwq-32b"))
+    config.num_hidden_layers = report["layers"]
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:report["layers"]]
+    plan = memory_plan.make_plan(memory_plan.model_shape(config), settings)
+    print(f"{report['device']}, {report['layers']} layers of QwQ-32B's width")
+    print(memory_plan.table(plan))
+    print_comparison(compare(plan, report))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=2)
@@ -76,7 +115,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16384)
     parser.add_argument("--limit", type=float, default=400, help="seconds each train.py run may take")
+    parser.add_argument("--report", default="", help="print a kept rehearsal.json against today's plan, run nothing")
     args = parser.parse_args()
+    if args.report:
+        return report_only(args.report)
     import torch
     import memory_plan
     import train
@@ -110,22 +152,8 @@ def main() -> None:
     metrics = [json.loads(line) for line in open(os.path.join(run_out, "metrics.jsonl"))] \
         if os.path.exists(os.path.join(run_out, "metrics.jsonl")) else []
     report["metrics"] = metrics
-    rows = []
-    for phase in memory_plan.PHASES:
-        planned = plan.peak(phase)
-        if phase == "load":
-            got = [float(r["load"][2]) * 1e9 for r in report["runs"] if r["load"] and r["load"][2]]
-        else:
-            got = [m.get(f"gpu_peak_{phase}") for m in metrics if m.get(f"gpu_peak_{phase}")]
-        measured = max(got) if got else None
-        rows.append((phase, planned, measured))
-    host_planned = plan.peak("load", "host")
-    host_got = [float(r["load"][1]) * 1e9 for r in report["runs"] if r["load"]]
-    report["comparison"] = rows + [("load (host)", host_planned, max(host_got) if host_got else None)]
-    print(f"\n{'phase':<12} {'plan GB':>8} {'measured GB':>12} {'measured/plan':>14}")
-    for phase, planned, measured in report["comparison"]:
-        ratio = f"{measured / planned:.2f}" if measured and planned else "-"
-        print(f"{phase:<12} {planned / 1e9:>8.1f} {(measured or 0) / 1e9:>12.1f} {ratio:>14}")
+    report["comparison"] = compare(plan, report)
+    print_comparison(report["comparison"])
     for m in metrics:
         tokens = m["response_tokens_mean"] * sum(m["status_counts"].values())
         m["generation_tokens_per_s"] = tokens / max(m["seconds_generation"], 1e-9)
