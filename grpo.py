@@ -257,16 +257,17 @@ def linear_token_logprobs(hidden, weight, targets, chunk_size=None, *, return_en
     return (logp, entropy.view(targets.shape)) if return_entropy else logp
 
 
-def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs(model, batch: dict, temperature: float, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(token) under logits / temperature at every trained position of a batch of token rows,
     (rows, width - 1) with 0 elsewhere, and the mask of those positions.
 
     batch: "input_ids" (rows, width), right-padded, and "loss_mask" (rows, width), 1 on the tokens
     trained (the completion's). `model`: a Hugging Face causal LM (its forward and
     get_output_embeddings). The LM head runs on the trained positions only, inside the model's
-    forward (where FSDP2 has gathered its weight), fused with the log-probs (linear_token_logprobs)
-    when it has no bias: prompt and pad positions never become logits, and the trained ones exist
-    one chunk at a time. No attention mask: rows are right-padded, so
+    forward (where FSDP2 has gathered its weight), so prompt and pad positions never become logits.
+    `fused` (a head without bias): the head fused with the log-probs (linear_token_logprobs), so the
+    trained positions' logits exist one chunk at a time, not as (tokens x vocab) in bf16: the memory
+    a 152k vocabulary needs at 16k-token responses, paid in time (docs/PERFORMANCE.md). No attention mask: rows are right-padded, so
     under the causal mask no real token sees a pad, and without a padding mask SDPA can take its
     flash kernel (pads' outputs are never trained)."""
     mask = batch["loss_mask"][:, 1:]   # position i predicts token i + 1
@@ -274,7 +275,7 @@ def completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.T
     targets = batch["input_ids"][:, 1:][trained]
     head = model.get_output_embeddings()
     hook = None
-    if getattr(head, "bias", None) is None:
+    if fused and getattr(head, "bias", None) is None:
         # The head fused with the log-probs (linear_token_logprobs): the (tokens x vocab) logits never
         # exist, in forward or backward. logits / T = (h / T) W^T.
         head.forward = lambda hidden: linear_token_logprobs(hidden[:, :-1][trained] / temperature, head.weight, targets)

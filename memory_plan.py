@@ -18,8 +18,9 @@ With P parameters (L decoder layers of p_l each, the embedding and head E), N ra
                                 with the root's embedding and head (2E) gathered for the whole step
     activations      the decoder layers' saved inputs (T x hidden x 2 bytes a layer with activation
                      checkpointing, every temporary of every layer without), one layer's temporaries,
-                     and the fused LM head's work (grpo.linear_token_logprobs: one chunk of logits;
-                     in backward the head's bf16 weight gradient and an fp32 hidden gradient)
+                     and the LM head's: fused (grpo.linear_token_logprobs) one chunk of logits, in
+                     backward the head's bf16 weight gradient and an fp32 hidden gradient; unfused
+                     the trained tokens' bf16 logits, twice in forward and three times in backward
 
 where T = max(micro_batch_tokens, prompt + new tokens) (a micro-batch holds at least one row; rows
 at full length, the worst case). The phases: load, generation, log-probs (no grad), backward, optimizer step; a
@@ -89,6 +90,7 @@ class Settings:
     prefill_chunk_tokens: int = 1 << 16
     initial_cache_tokens: int = 1024  # new positions the fast decoder's cache starts with (it doubles)
     activation_checkpointing: bool = True
+    fused_lm_head: bool = True
     offload_optimizer: bool = False
     offload_for_generation: bool = False
     cpu_offload: bool = False
@@ -175,8 +177,12 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
     T = max(1, s.micro_batch_tokens // row) * row                     # whole rows at full length, the worst case
     trained = T * s.new_tokens // row                                  # positions the LM head runs on
     chunk = CHUNK_ELEMENTS * 4 * 3 // 2                                # grpo's fp32 chunk and its bf16 copy
-    head_forward = trained * shape.hidden * 2 + chunk                  # h / T, and one chunk of logits
-    head_backward = shape.vocab * shape.hidden * 2 + trained * shape.hidden * 6 + chunk
+    if s.fused_lm_head:
+        head_forward = trained * shape.hidden * 2 + chunk              # h / T, and one chunk of logits
+        head_backward = shape.vocab * shape.hidden * 2 + trained * shape.hidden * 6 + chunk
+    else:   # bf16 logits and logits / T; in backward their gradients too (not measured on a GPU)
+        head_forward = 2 * trained * shape.vocab * 2 + chunk
+        head_backward = 3 * trained * shape.vocab * 2 + chunk
     saved_inputs = shape.layers * T * shape.hidden * 2 if s.activation_checkpointing else 0
     layer_acts = (1 if s.activation_checkpointing else shape.layers) * T * shape.layer_temp_bytes_per_token
     # the slice a rank reads at load: its rows of the largest tensor in the file's dtype, on the host and
@@ -211,10 +217,10 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
         plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu, "generation copy (bf16)": 2 * P,
                                   **decoding}
     plan.gpu["logprobs"] = {**train_state, "AdamW moments": moments_gpu, "gathered params (bf16)": gathered,
-                            "layer activations": T * shape.forward_bytes_per_token, "LM head (fused)": head_forward}
+                            "layer activations": T * shape.forward_bytes_per_token, "LM head": head_forward}
     # backward's peak is the larger of a layer's recompute (mid-backward) and the root's reduce-scatter at
     # its end (the root's bf16 grads and their fp32 copy in and out)
-    middle = {"gathered params (bf16)": gathered, "saved layer inputs": saved_inputs, "layer activations": layer_acts, "LM head (fused)": head_backward}
+    middle = {"gathered params (bf16)": gathered, "saved layer inputs": saved_inputs, "layer activations": layer_acts, "LM head": head_backward}
     end = {"gathered params (bf16)": 2 * root, "root grads (bf16, fp32 in and out)": root * (2 + 4) + 4 * root // N}
     plan.gpu["backward"] = {**train_state, "gradients": grads if on_gpu else 0, "AdamW moments": moments_gpu,
                             **(middle if sum(middle.values()) >= sum(end.values()) else end)}

@@ -120,6 +120,7 @@ class Config:
     generation_batch_rows: int = 64   # rows the HF engine decodes at once (0: as many as the memory plan fits)
     compile_decode: bool = False      # torch.compile the HF engine's decode step, sampling and prefill
     activation_checkpointing: bool = False  # recompute activations in the backward: less memory, more time
+    fused_lm_head: bool = False       # LM head fused with the log-probs: no (tokens x vocab) logits, more time
     compile: bool = False             # torch.compile each decoder layer's training forward
     cpu_offload: bool = False         # FSDP2 keeps parameters and optimizer state in CPU memory
     offload_optimizer: bool = False   # AdamW's moments in host memory, one layer's on the GPU for its step (Kevin's ZeRO-3 offload)
@@ -136,7 +137,7 @@ PRESETS = {
                   trajectories=16, turns=4, max_new_tokens=16384, late_max_new_tokens=22528,
                   temperature=0.9, oracle_share=0.0, lr=2e-6, micro_batch_tokens=32768,
                   activation_checkpointing=True, save_every=5, offload_optimizer=True,
-                  offload_for_generation=True, generation_batch_rows=0),
+                  offload_for_generation=True, generation_batch_rows=0, fused_lm_head=True),
 }
 
 CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": rewards.RETURN_MODES,
@@ -380,7 +381,7 @@ def update(model, optimizers: list, samples: list, advantages: torch.Tensor, con
     # 4. old log-probs, once, before any optimizer step changes the weights
     with torch.no_grad(), measured("logprobs", phases, device):
         for batch in (b for batches in mini_batches for b in batches):
-            batch["old_logprobs"] = grpo.completion_logprobs(model, batch, temperature)[0]
+            batch["old_logprobs"] = grpo.completion_logprobs(model, batch, temperature, config.fused_lm_head)[0]
     out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [], "phases": phases,
            "advantage_nonzero": float((advantages != 0).float().mean()) if len(samples) else 0.0}
     for k, (batches, rows) in enumerate(zip(mini_batches, minis)):
@@ -391,7 +392,7 @@ def update(model, optimizers: list, samples: list, advantages: torch.Tensor, con
         step_loss = 0.0
         for batch in batches:
             with measured("backward", phases, device):   # the forward with grad, then the backward
-                logp, mask = grpo.completion_logprobs(model, batch, temperature)
+                logp, mask = grpo.completion_logprobs(model, batch, temperature, config.fused_lm_head)
                 row_adv = (advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"]
                            else torch.zeros(1, device=device))
                 # 5b. the clipped loss (grpo.policy_loss), normalised by the global Z
@@ -450,7 +451,8 @@ def plan_settings(config: Config, world: int, gpu_bytes: int) -> memory_plan.Set
         nproc=world, device=config.device, gpu_bytes=gpu_bytes,
         rows=min(config.generation_batch_rows or rows_per_rank, rows_per_rank), prompt_tokens=config.max_prompt_tokens,
         new_tokens=new_tokens, micro_batch_tokens=config.micro_batch_tokens,
-        activation_checkpointing=config.activation_checkpointing, offload_optimizer=config.offload_optimizer,
+        activation_checkpointing=config.activation_checkpointing, fused_lm_head=config.fused_lm_head,
+        offload_optimizer=config.offload_optimizer,
         offload_for_generation=config.offload_for_generation, cpu_offload=config.cpu_offload, engine=config.engine,
         vllm_gpu_memory=config.vllm_gpu_memory)
 

@@ -173,10 +173,12 @@ def test_linear_token_logprobs_bf16_matches_token_logprobs_of_bf16_logits():
 
 
 
-def test_completion_logprobs_of_right_padded_rows_equal_a_full_forward_of_each_row_alone():
+@pytest.mark.parametrize("fused", [False, True])
+def test_completion_logprobs_of_right_padded_rows_equal_a_full_forward_of_each_row_alone(fused):
     """completion_logprobs runs without a padding mask (right padding under the causal mask) and
     its LM head only on trained positions: each row's log-probs equal log_softmax(logits / T) of
-    a plain full forward over the row alone, at its completion tokens, and are 0 elsewhere."""
+    a plain full forward over the row alone, at its completion tokens, and are 0 elsewhere; the same
+    with the head fused with the log-probs, whose gradient equals the unfused one's."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -191,8 +193,18 @@ def test_completion_logprobs_of_right_padded_rows_equal_a_full_forward_of_each_r
     for r, (prompt, completion) in enumerate(rows):
         input_ids[r, :len(prompt) + len(completion)] = torch.tensor(prompt + completion)
         loss_mask[r, len(prompt):len(prompt) + len(completion)] = 1
-    logp, mask = grpo.completion_logprobs(model, {"input_ids": input_ids, "loss_mask": loss_mask}, temperature=0.7)
+    batch = {"input_ids": input_ids, "loss_mask": loss_mask}
+    logp, mask = grpo.completion_logprobs(model, batch, temperature=0.7, fused=fused)
     assert logp.shape == mask.shape == (len(rows), width - 1)
+    weights = torch.randn(logp.shape, generator=g)
+    grads = []
+    for fuse in (False, True):
+        model.zero_grad()
+        (grpo.completion_logprobs(model, batch, temperature=0.7, fused=fuse)[0] * weights).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for unfused, fused_grad in zip(*grads):
+        torch.testing.assert_close(fused_grad, unfused, rtol=1e-4, atol=1e-6)
+    assert "forward" not in vars(model.get_output_embeddings())   # the head is the model's own again
     assert bool((logp[~mask.bool()] == 0).all())
     for r, (prompt, completion) in enumerate(rows):
         ids = torch.tensor([prompt + completion])
