@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 GiB = 1 << 30
 CHUNK_ELEMENTS = 1 << 24   # grpo.CHUNK_ELEMENTS (not imported: this file stands alone)
+VLLM_PROFILE_TOKENS = 16384   # vLLM 0.34's max_num_batched_tokens for LLM on GPUs of 70 GiB or more
 PHASES = ("load", "generation", "logprobs", "backward", "optimizer")
 
 
@@ -110,6 +111,7 @@ class Plan:
     settings: Settings
     gpu: dict[str, dict[str, int]] = field(default_factory=dict)    # phase -> category -> bytes
     host: dict[str, dict[str, int]] = field(default_factory=dict)
+    short: list[str] = field(default_factory=list)   # what cannot work whatever the peaks say
 
     def peak(self, phase: str, where: str = "gpu") -> int:
         return sum(getattr(self, where)[phase].values())
@@ -124,7 +126,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.settings.device == "cpu" or self.gpu_peak <= self.settings.usable_bytes
+        return not self.short and (self.settings.device == "cpu" or self.gpu_peak <= self.settings.usable_bytes)
 
 
 def model_shape(config) -> ModelShape:
@@ -207,8 +209,14 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
     plan = Plan(shape, s)
     plan.gpu["load"] = {**train_state, "slice read": slice_bytes}
     if s.engine == "vllm":   # the trainer's state stays; vLLM's share was free when it started (engines.py)
-        plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu,
-                                  "vLLM (its whole share)": int(s.vllm_gpu_memory * s.gpu_bytes)}
+        share = int(s.vllm_gpu_memory * s.gpu_bytes)
+        plan.gpu["generation"] = {**train_state, "AdamW moments": moments_gpu, "vLLM (its whole share)": share}
+        # vLLM's start: its bf16 weights, its profile run's activations (16,384 tokens, vLLM's default batch
+        # on large GPUs) and the KV cache of one request of max_model_len must fit its share
+        need = 2 * P + VLLM_PROFILE_TOKENS * shape.forward_bytes_per_token + row * shape.kv_bytes_per_token
+        if share < need:
+            plan.short.append(f"vLLM's share ({gb(share)} GB) holds less than its weights, a profile run and one "
+                              f"request ({gb(need)} GB): raise --vllm-gpu-memory")
     elif s.offload_for_generation:   # the copy is built with the training state already on the host
         build = {"copy's build (one gathered tensor)": full_tensor + 4 * shape.largest_param // N}
         plan.gpu["generation"] = {"generation copy (bf16)": 2 * P,
@@ -281,7 +289,8 @@ def summary(plan: Plan) -> str:
     gpu = ("" if plan.settings.device == "cpu" else
            f"GPU peak {gb(plan.gpu_peak)} of {gb(plan.settings.gpu_bytes)} GB a rank ({worst}), ")
     room = "" if plan.settings.device == "cpu" else f" ({plan.settings.headroom:.0%} of the GPU kept free)"
-    return f"memory plan: {gpu}host peak {gb(plan.host_peak)} GB a rank: {verdict}{room}"
+    return f"memory plan: {gpu}host peak {gb(plan.host_peak)} GB a rank: {verdict}{room}" + "".join(
+        f"; {reason}" for reason in plan.short)
 
 
 def remedies(shape: ModelShape, s: Settings) -> str:

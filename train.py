@@ -487,6 +487,8 @@ def make_plan(config: Config, world: int) -> tuple[memory_plan.Plan, str]:
 
 
 def refusal(plan: memory_plan.Plan, remedy: str) -> str:
+    if plan.short:
+        return f"train.py: the memory plan does not fit: {plan.short[0]}"
     worst = max(memory_plan.PHASES, key=plan.peak)
     return (f"train.py: the memory plan does not fit: {worst} needs {memory_plan.gb(plan.peak(worst))} GB of "
             f"{memory_plan.gb(plan.settings.gpu_bytes)} GB a GPU at {plan.settings.nproc} ranks; "
