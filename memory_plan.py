@@ -214,7 +214,7 @@ def make_plan(shape: ModelShape, s: Settings) -> Plan:
         # vLLM's start: its bf16 weights, its profile run's activations (16,384 tokens, vLLM's default batch
         # on large GPUs) and the KV cache of one request of max_model_len must fit its share
         need = 2 * P + VLLM_PROFILE_TOKENS * shape.forward_bytes_per_token + row * shape.kv_bytes_per_token
-        if share < need:
+        if share < need and s.device != "cpu":   # (a CPU run of the engine is a test with a fake vLLM)
             plan.short.append(f"vLLM's share ({gb(share)} GB) holds less than its weights, a profile run and one "
                               f"request ({gb(need)} GB): raise --vllm-gpu-memory")
     elif s.offload_for_generation:   # the copy is built with the training state already on the host
@@ -312,6 +312,16 @@ def remedies(shape: ModelShape, s: Settings) -> str:
         if make_plan(shape, dataclasses.replace(s, **change)).fits:
             return flags
     return ""
+
+
+def refusal(plan: Plan, remedy: str) -> str:
+    """One line: why the plan does not fit and what would make it fit."""
+    if plan.short:
+        return f"the memory plan does not fit: {plan.short[0]}"
+    worst = max(PHASES, key=plan.peak)
+    return (f"the memory plan does not fit: {worst} needs {gb(plan.peak(worst))} GB of {gb(plan.settings.gpu_bytes)} "
+            f"GB a GPU at {plan.settings.nproc} ranks; " + (f"it fits with {remedy}" if remedy else
+            "no offload or batch flag makes it fit: more ranks or larger GPUs (train.py --plan shows each phase)"))
 
 
 def plan_json(plan: Plan) -> str:

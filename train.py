@@ -27,7 +27,6 @@ different distributions would not start at 1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -49,6 +48,7 @@ import checkpoint
 import engines
 import grpo
 import memory_plan
+import offload
 import rewards
 import rollout
 import tasks as tasks_module
@@ -224,111 +224,31 @@ def load_tasks(config: Config) -> list:
 def setup_policy(config: Config, device: torch.device, world: int):
     """(FSDP2 model, tokenizer, the host memory the weights' load took). A built-in tiny model is built whole
     and sharded; a checkpoint is built on the meta device, sharded, and each rank reads only its own rows
-    (weights.py): no rank's host memory holds the model."""
+    (weights.load_sharded): no rank's host memory holds the model."""
     from transformers import AutoConfig, AutoTokenizer
+    before = memory_plan.reset_host_peak()
     if config.model in TINY_MODELS:
-        before = memory_plan.reset_host_peak()
         model, tokenizer = load_policy(config)
-        model = shard(model.to(device), config, device, world)
-        return model, tokenizer, memory_plan.host_peak() - before
+        return shard(model.to(device), config, device, world), tokenizer, memory_plan.host_peak() - before
     try:
         if dist.get_rank() == 0:   # a hub id's files: downloaded once, then the others find them cached
-            folder = weights.local_folder(config.model)
+            weights.local_folder(config.model)
         dist.barrier()
         folder = weights.local_folder(config.model)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         hf_config = AutoConfig.from_pretrained(folder)
-        before = memory_plan.reset_host_peak()   # the weights' load, what the plan's load phase counts
-        model = weights.empty_model(hf_config)
     except (OSError, ValueError) as error:
         raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
     if tokenizer.eos_token_id is None:
         raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
-    model.config.use_cache = False
-    model = shard(model, config, device, world)
-    weights.materialize(model, torch.device("cpu") if config.cpu_offload else device)
+    before = memory_plan.reset_host_peak()   # the weights' load alone: what the plan's load phase counts
     try:
-        weights.load_own_rows(model, folder)
+        model = weights.load_sharded(folder, hf_config, functools.partial(shard, config=config, device=device,
+                                                                          world=world),
+                                     torch.device("cpu") if config.cpu_offload else device)
     except (KeyError, ValueError, FileNotFoundError) as error:
         raise SystemExit(f"train.py: --model {config.model}: {str(error).strip(chr(39))}")
     return model, tokenizer, memory_plan.host_peak() - before
-
-
-@contextlib.contextmanager
-def measured(phase: str, into: dict, device: torch.device):
-    """Seconds (summed over a phase's repeats) and, on a GPU, peak bytes allocated (their max) of a phase:
-    what bench/rehearsal.py holds against the memory plan, in metrics.jsonl."""
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        if cuda:
-            torch.cuda.synchronize(device)
-            into[f"gpu_peak_{phase}"] = max(into.get(f"gpu_peak_{phase}", 0), torch.cuda.max_memory_allocated(device))
-        into[f"seconds_{phase}"] = into.get(f"seconds_{phase}", 0.0) + time.perf_counter() - start
-
-
-def measuring(function, phase: str, into: dict, device: torch.device):
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        with measured(phase, into, device):
-            return function(*args, **kwargs)
-    return wrapper
-
-
-def make_optimizers(model, config: Config) -> list:
-    """One AdamW, or with offload_optimizer one per FSDP2 unit (each decoder layer, then the rest), so that
-    one unit's moments at a time come to the GPU for its step."""
-    adamw = functools.partial(torch.optim.AdamW, lr=config.lr, weight_decay=config.weight_decay)
-    if not config.offload_optimizer:
-        return [adamw(model.parameters())]
-    units = [list(layer.parameters()) for layer in model.model.layers]
-    in_units = {id(p) for unit in units for p in unit}
-    return [adamw(unit) for unit in units + [[p for p in model.parameters() if id(p) not in in_units]]]
-
-
-def move_moments(optimizers: list, device) -> None:
-    """Every state tensor of the optimizers (AdamW's exp_avg, exp_avg_sq) to `device`."""
-    for optimizer in optimizers:
-        for state in optimizer.state.values():
-            for key, value in state.items():
-                if torch.is_tensor(value) and key != "step":   # step stays a host scalar
-                    state[key] = value.to(device, non_blocking=True)
-
-
-def optimizer_step(optimizers: list, config: Config, device: torch.device) -> None:
-    """AdamW on every unit; with offload_optimizer each unit's moments come to the GPU for its step only."""
-    for optimizer in optimizers:
-        if config.offload_optimizer:
-            move_moments([optimizer], device)
-        optimizer.step()
-        if config.offload_optimizer:
-            move_moments([optimizer], "cpu")
-        optimizer.zero_grad(set_to_none=True)
-
-
-@contextlib.contextmanager
-def decoding_copy(model, optimizers: list, config: Config, device: torch.device):
-    """offload_for_generation: the fp32 shards and the moments go to host memory (verl's offload for
-    rollout), then the engine decodes with a bf16 copy built from them (weights.generation_copy); after,
-    the copy is freed and the training state comes back."""
-    model.to("cpu")   # FSDP2's _apply reshards first and re-points its shards
-    move_moments(optimizers, "cpu")
-    try:
-        with weights.generation_copy(model, device) as copy:
-            try:
-                yield copy
-            finally:
-                del copy
-    finally:
-        torch.cuda.empty_cache()
-        model.to(device)
-    if not config.offload_optimizer:
-        move_moments(optimizers, device)
 
 
 def shard(model, config: Config, device: torch.device, world: int):
@@ -379,7 +299,7 @@ def update(model, optimizers: list, samples: list, advantages: torch.Tensor, con
         batches += [rollout.empty_micro_batch(pad_id, device) for _ in range(n - len(batches))]
     phases = {}   # seconds and GPU peak bytes of each phase
     # 4. old log-probs, once, before any optimizer step changes the weights
-    with torch.no_grad(), measured("logprobs", phases, device):
+    with torch.no_grad(), train_log.measured("logprobs", phases, device):
         for batch in (b for batches in mini_batches for b in batches):
             batch["old_logprobs"] = grpo.completion_logprobs(model, batch, temperature, config.fused_lm_head)[0]
     out = {"loss": [], "clip_fraction": [], "grad_norm": [], "approx_kl": [], "phases": phases,
@@ -391,7 +311,7 @@ def update(model, optimizers: list, samples: list, advantages: torch.Tensor, con
         dist.all_reduce(total)
         step_loss = 0.0
         for batch in batches:
-            with measured("backward", phases, device):   # the forward with grad, then the backward
+            with train_log.measured("backward", phases, device):   # the forward with grad, then the backward
                 logp, mask = grpo.completion_logprobs(model, batch, temperature, config.fused_lm_head)
                 row_adv = (advantages[[rows[i] for i in batch["rows"]]].to(device) if batch["rows"]
                            else torch.zeros(1, device=device))
@@ -409,8 +329,8 @@ def update(model, optimizers: list, samples: list, advantages: torch.Tensor, con
         out["lr"] = lr_at(step * config.optimizer_steps + k, config.steps * config.optimizer_steps, config)
         for group in (g for optimizer in optimizers for g in optimizer.param_groups):
             group["lr"] = out["lr"]
-        with measured("optimizer", phases, device):
-            optimizer_step(optimizers, config, device)
+        with train_log.measured("optimizer", phases, device):
+            offload.optimizer_step(optimizers, config.offload_optimizer, device)
         out["loss"].append(step_loss)
         out["grad_norm"].append(float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm))
     return out
@@ -487,13 +407,7 @@ def make_plan(config: Config, world: int) -> tuple[memory_plan.Plan, str]:
 
 
 def refusal(plan: memory_plan.Plan, remedy: str) -> str:
-    if plan.short:
-        return f"train.py: the memory plan does not fit: {plan.short[0]}"
-    worst = max(memory_plan.PHASES, key=plan.peak)
-    return (f"train.py: the memory plan does not fit: {worst} needs {memory_plan.gb(plan.peak(worst))} GB of "
-            f"{memory_plan.gb(plan.settings.gpu_bytes)} GB a GPU at {plan.settings.nproc} ranks; "
-            + (f"it fits with {remedy}" if remedy else "no offload or batch flag makes it fit: more ranks or "
-               "larger GPUs (python train.py --plan shows each phase)"))
+    return f"train.py: {memory_plan.refusal(plan, remedy)}"
 
 
 # ----------------------------------------------------------------------------- main
@@ -591,14 +505,14 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     if not plan.fits:
         raise SystemExit(refusal(plan, remedy))
     torch.manual_seed(config.seed)   # same initial weights on every rank
-    with measured("load", load_phase := {}, device):
+    with train_log.measured("load", load_phase := {}, device):
         model, tokenizer, host_growth = setup_policy(config, device, world)
     if rank == 0:
         gpu = f", GPU peak {memory_plan.gb(load_phase['gpu_peak_load'])} GB" if "gpu_peak_load" in load_phase else ""
         print(f"train.py: loaded in {load_phase['seconds_load']:.1f} s: host peak +{memory_plan.gb(host_growth)} GB"
               f"{gpu}", flush=True)
     layer_params = sum(p.numel() for p in model.model.layers.parameters())   # a DTensor's numel is global
-    optimizers = make_optimizers(model, config)
+    optimizers = offload.make_optimizers(model, config.lr, config.weight_decay, per_unit=config.offload_optimizer)
     vllm = None
     if config.engine == "vllm":   # weights from --model, then synced from the policy before each rollout
         if rank == 0:
@@ -610,7 +524,8 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
                                   max_model_len=max_model_len, device=device, seed=config.seed + rank,
                                   dtype=torch.bfloat16)   # shard()'s compute dtype
         vllm.sleep()
-    for_generation = (functools.partial(decoding_copy, optimizers=optimizers, config=config, device=device)
+    for_generation = (functools.partial(offload.decoding_copy, optimizers=optimizers, device=device,
+                                        moments_on_gpu=not config.offload_optimizer)
                       if config.offload_for_generation else None)
     engine = vllm or engines.HFEngine(model, tokenizer, max_batch_rows=plan.settings.rows if
                                       config.generation_batch_rows == 0 else config.generation_batch_rows,
@@ -627,7 +542,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     clock = {}   # seconds per phase of this step
     engine.generate = train_log.timed(engine.generate, clock, "generation")
     generation_phase = {}   # seconds and GPU peak bytes of this step's generation
-    engine.generate = measuring(engine.generate, "generation", generation_phase, device)
+    engine.generate = train_log.measuring(engine.generate, "generation", generation_phase, device)
     eval_device = str(device) if device.type == "cuda" else "cpu"
     evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=eval_device, time_candidate=config.time_kernels, sandbox=config.sandbox,
@@ -639,7 +554,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     step_seconds = []   # this process's steps; its first carries one-time costs (compiles, cold caches)
     start_step, state = checkpoint.start(model, optimizers, config.out, config.resume, rank)
     if config.offload_optimizer:   # a restored optimizer's moments were made on the GPU
-        move_moments(optimizers, "cpu")
+        offload.move_moments(optimizers, "cpu")
     success = {k: tuple(v) for k, v in state.get("success", {}).items()}   # the sampler's statistics
     if rank == 0:
         checkpoint.atomic_write(os.path.join(config.out, "config.json"), json.dumps(dataclasses.asdict(config), indent=1))

@@ -24,6 +24,8 @@ forward + backward per sample, so 4x. Recomputation and padding are not model fl
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
 import os
@@ -42,6 +44,35 @@ def timed(fn, clock: dict, key: str):
         finally:
             clock[key] = clock.get(key, 0.0) + time.perf_counter() - start
             clock[key + "_calls"] = clock.get(key + "_calls", 0) + 1
+    return wrapper
+
+
+@contextlib.contextmanager
+def measured(phase: str, into: dict, device):
+    """Seconds (summed over a phase's repeats) and, on a GPU, peak bytes allocated (their max) of a phase,
+    as into["seconds_<phase>"] and into["gpu_peak_<phase>"]: what bench/rehearsal.py holds against the
+    memory plan."""
+    import torch
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.synchronize(device)
+            into[f"gpu_peak_{phase}"] = max(into.get(f"gpu_peak_{phase}", 0), torch.cuda.max_memory_allocated(device))
+        into[f"seconds_{phase}"] = into.get(f"seconds_{phase}", 0.0) + time.perf_counter() - start
+
+
+def measuring(fn, phase: str, into: dict, device):
+    """fn, each call measured as `phase` (measured)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with measured(phase, into, device):
+            return fn(*args, **kwargs)
     return wrapper
 
 

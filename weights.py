@@ -87,6 +87,17 @@ def materialize(model, device: torch.device) -> None:
             b.copy_(buffers[name])
 
 
+def load_sharded(folder: str, config, shard, device: torch.device):
+    """Steps 1-4 above: the model of `config` built empty, sharded by `shard(model) -> model` (fully_shard
+    per layer, then the root), its shards allocated on `device` and filled from `folder`."""
+    model = empty_model(config)
+    model.config.use_cache = False   # the training forward keeps no KV cache
+    model = shard(model)
+    materialize(model, device)
+    load_own_rows(model, folder)
+    return model
+
+
 def own_rows(param) -> tuple[torch.Tensor, int]:
     """(this rank's local tensor, its first global row): FSDP2's Shard(0) on a one-dimensional mesh
     gives rank r the rows [r*c, r*c + local rows), c = ceil(rows / world); a plain tensor is all rows."""

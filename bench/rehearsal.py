@@ -91,7 +91,6 @@ def print_comparison(rows: list) -> None:
 def report_only(path: str) -> None:
     """A kept rehearsal's measurements against the plan train.py makes today for the same settings."""
     import memory_plan
-    import train
     report = json.load(open(path))
     settings = memory_plan.Settings(**report["plan"]["settings"])
     config = memory_plan.read_config(os.path.join(ROOT, "examples", "qwq-32b"))
