@@ -28,6 +28,8 @@ def test_bad_inputs_fail_with_one_line_that_names_the_problem(tmp_path, capsys):
         (["--max-new-tokens", "100"], "longest oracle answer"),
         (["--levels", "one"], "--levels 'one': expected comma-separated level numbers"),
         (["--turns", "0"], "--turns 0: must be at least 1"),
+        (["--lr", "-1"], "--lr -1.0: must be > 0"),
+        (["--generation-batch-rows", "-2"], "--generation-batch-rows -2: must be >= 0"),
         (["--device", "bogus"], "--device bogus: expected cpu, cuda or cuda:N"),
     ]:
         with pytest.raises(SystemExit) as info:
