@@ -73,6 +73,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import kernel_boundary
+import kernel_gate
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
                            plan_copies, seal)
@@ -90,22 +91,6 @@ ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
             "harness_error")
 MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
-
-# aten ops a forward may run outside the extension: the `aten` column of kernel_gate.CALLS' allowed rows (the one
-# table of what a candidate may call, and why; a copy, held equal by tests/test_kernel_gate.py)
-ALLOWED_ATEN_OPS = frozenset("""
-empty empty_like empty_strided new_empty new_empty_strided new_zeros zeros zeros_like zero_ resize_
-ones ones_like full full_like new_ones new_full fill_
-view _unsafe_view reshape _reshape_alias view_as as_strided expand expand_as unsqueeze squeeze select
-slice narrow detach alias split split_with_sizes unsafe_split chunk unbind flatten set_
-t transpose permute
-contiguous clone copy_
-_to_copy to
-_local_scalar_dense item is_nonzero is_same_size sym_size sym_stride sym_numel sym_storage_offset dim
-size stride numel is_contiguous _has_compatible_shallow_copy_type
-record_stream
-""".split())
-
 
 @dataclass
 class EvalConfig:
@@ -696,11 +681,12 @@ def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
 
 
 def flag_ops(ops: list) -> list:
-    """The compute operators among recorded aten op names ('aten::add' etc.)."""
-    flagged = []
+    """The compute operators among recorded aten op names ('aten::add' etc.): what the allowed rows of
+    kernel_gate.CALLS (the one table of what a candidate may call, and why) do not list."""
+    allowed, flagged = kernel_gate.allowed().aten_ops, []
     for op in ops:
         ns, _, base = op.partition("::")
-        if ns == "aten" and base not in ALLOWED_ATEN_OPS and base.rstrip("_") not in ALLOWED_ATEN_OPS:
+        if ns == "aten" and base not in allowed and base.rstrip("_") not in allowed:
             flagged.append(op)
     return sorted(set(flagged))
 

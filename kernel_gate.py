@@ -11,13 +11,12 @@ rule, not the security boundary: kernel_eval.py is.
 One rule of what a kernel may call, written once as the table CALLS, a reason per row (as Kevin's
 rule: the compute happens in the kernel): allocation, views, transposes, copies, casts and sizes are
 glue around the kernel, allowed in forward and in the C++ host code alike; torch compute and
-data-building operators are the task's work and are not. Three readers follow it:
-  - the prompt: describe_calls() states the table; summarize.CALL_RULES is a copy of that text
-    (summarize imports no project module), held equal by tests/test_summarize.py;
-  - the gate: check_format's allow- and denylists below are made from the table;
+data-building operators are the task's work and are not. Three readers derive what they need from
+it, reading CALLS when they run (allowed(), describe_rules()), never a copy:
+  - the prompt: summarize.base_instruction states describe_rules(), the table's text among them;
+  - the gate: check_format's allow- and denylists (allowed());
   - the harness: kernel_eval's op check accepts the aten operators of the allowed rows and no others
-    (kernel_eval.ALLOWED_ATEN_OPS, a copy, held equal by tests/test_kernel_gate.py, which also runs
-    every row through the gate and through the harness on the CPU).
+    (allowed().aten_ops). tests/test_kernel_gate.py runs every row through the gate and the harness.
 
 How the gate finds torch compute in the forward pass (and every helper it reaches):
   - a torch.* function or tensor method outside the allowed rows, any torch.nn.functional name or
@@ -40,7 +39,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 
 # =========================================================================== what a kernel may call
@@ -176,38 +175,81 @@ CALLS = (
 )
 
 
-_FORWARD = [s for row in CALLS if row.forward for s in row.python]
-_SIZES = next(row for row in CALLS if row.what == "sizes and metadata")
 _DTYPES = {"float32", "float", "float16", "half", "bfloat16", "float64", "double", "int8", "uint8", "int16", "short",
            "int32", "int", "int64", "long", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"}
-# The gate's lists, from the table. torch names that are values, never called for work (dtypes,
-# layouts, the Tensor type), are allowed beside the table's calls.
-TORCH_ALLOWED = {f"torch.{n}" for n in _DTYPES} | {s for s in _FORWARD if s.startswith("torch.")} | {
-    "torch.dtype", "torch.Tensor", "torch.contiguous_format", "torch.channels_last", "torch.strided"}
-TENSOR_METHODS_ALLOWED = {s[2:-2] for s in _FORWARD if s.startswith("x.") and s.endswith("()")}
-TENSOR_NAMES_ALLOWED = {s[2:].removesuffix("()") for s in _FORWARD if s.startswith("x.")}
-TENSOR_SCALAR_METHODS = {s[2:-2] for s in _SIZES.python if s.endswith("()")}  # give sizes,
-TENSOR_SCALAR_ATTRS = {s[2:] for s in _SIZES.python if not s.endswith("()")}   # not tensors
-CPP_TORCH_CALLS_ALLOWED = {s.rsplit("::", 1)[1] for row in CALLS if row.host for s in row.cpp if "::" in s}
-CPP_TENSOR_METHODS_DENIED = {s[2:-2] for row in CALLS if not row.host for s in row.cpp if s.startswith("x.")}
-# what the harness's op check accepts (kernel_eval.ALLOWED_ATEN_OPS is a copy)
-ALLOWED_ATEN_OPS = frozenset(op for row in CALLS if row.forward or row.host for op in row.aten)
-_ALLOWED_WHAT = "allocation, views, transposes, copies, casts and sizes"  # the table, in short
 
 
-def describe_calls() -> str:
-    """The table as the prompt states it (summarize.CALL_RULES is this text)."""
+@dataclass(frozen=True)
+class Allowed:
+    """The lists the gate and the harness read, made from a table of calls (allowed())."""
+    torch: frozenset           # torch.* names forward may use: the table's, dtypes, types and layouts
+    tensor_names: frozenset    # x.m() and x.a forward may use
+    tensor_methods: frozenset  # the methods among them
+    scalar_methods: frozenset  # tensor methods and attributes that give sizes, not tensors
+    scalar_attrs: frozenset
+    cpp_calls: frozenset       # torch::f / at::f the host code may call (an allowlist)
+    cpp_methods_denied: frozenset  # tensor methods the host code may not call (a denylist)
+    aten_ops: frozenset        # the aten operators the harness's op check accepts
+    forward_rows: str          # the rows allowed in forward, as a refusal names them
+
+
+def allowed(calls: tuple | None = None) -> Allowed:
+    """The gate's and the harness's lists from `calls` (None: CALLS, read now, so that a table handed
+    in or patched is what every reader follows)."""
+    return _allowed(CALLS if calls is None else calls)
+
+
+@lru_cache(maxsize=4)
+def _allowed(calls: tuple) -> Allowed:
+    forward = [s for row in calls if row.forward for s in row.python]
+    sizes = next(row.python for row in calls if row.what == "sizes and metadata")
+    # torch names that are values, never called for work (dtypes, layouts, the Tensor type), are
+    # allowed beside the table's calls
+    return Allowed(
+        torch=frozenset({f"torch.{n}" for n in _DTYPES} | {s for s in forward if s.startswith("torch.")} | {
+            "torch.dtype", "torch.Tensor", "torch.contiguous_format", "torch.channels_last", "torch.strided"}),
+        tensor_names=frozenset(s[2:].removesuffix("()") for s in forward if s.startswith("x.")),
+        tensor_methods=frozenset(s[2:-2] for s in forward if s.startswith("x.") and s.endswith("()")),
+        scalar_methods=frozenset(s[2:-2] for s in sizes if s.endswith("()")),
+        scalar_attrs=frozenset(s[2:] for s in sizes if not s.endswith("()")),
+        cpp_calls=frozenset(s.rsplit("::", 1)[1] for row in calls if row.host for s in row.cpp if "::" in s),
+        cpp_methods_denied=frozenset(s[2:-2] for row in calls if not row.host for s in row.cpp
+                                     if s.startswith("x.")),
+        aten_ops=frozenset(op for row in calls if row.forward or row.host for op in row.aten),
+        forward_rows="; ".join(row.what for row in calls if row.forward))
+
+
+def describe_calls(calls: tuple | None = None) -> str:
+    """The table as the prompt states it (None: CALLS, read now)."""
+    calls = CALLS if calls is None else calls
+
     def listed(rows, examples):
         return "; ".join(f"{r.what} ({', '.join(r.python[:4] if examples else r.python)}"
                          f"{', ...' if examples else ''})" for r in rows)
     parts = [("In forward (and the helpers it calls), and in the C++ host code around your kernel "
               "(spelled torch::empty, x.transpose(...)), you may call only",
-              [r for r in CALLS if r.forward and r.host], False),
-             ("In forward only", [r for r in CALLS if r.forward and not r.host], False),
-             ("In the C++ host code only", [r for r in CALLS if r.host and not r.forward], False),
+              [r for r in calls if r.forward and r.host], False),
+             ("In forward only", [r for r in calls if r.forward and not r.host], False),
+             ("In the C++ host code only", [r for r in calls if r.host and not r.forward], False),
              ("Anything else there is the kernel's work and scores 0",
-              [r for r in CALLS if not r.forward and not r.host], True)]
+              [r for r in calls if not r.forward and not r.host], True)]
     return " ".join(f"{lead}: {listed(rows, examples)}." for lead, rows, examples in parts if rows)
+
+
+def describe_imports() -> str:
+    """ALLOWED_IMPORTS as the prompt and a refusal state them."""
+    names = [f"{n} (with torch.nn and torch.utils.cpp_extension)" if n == "torch" else n for n in ALLOWED_IMPORTS]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def describe_rules(calls: tuple | None = None) -> str:
+    """Every rule the gate holds a submission to, as the prompt states it: torch.nn (NN_ALLOWED), what
+    forward and the host code may call (describe_calls), imports (ALLOWED_IMPORTS), and the rules no
+    table lists (no_try_except, no_pass, SOURCE_DENIED)."""
+    nn_names = ", ".join(f"nn.{n}" for n in sorted(NN_ALLOWED))
+    return (f"Of torch.nn, ModelNew may use only the module system ({nn_names}); its __init__ may call "
+            f"torch to build parameters. {describe_calls(calls)} Import only {describe_imports()}. "
+            "No try/except, no `pass`, no extra streams, graphs, threads or processes.")
 
 
 # =========================================================================== the gate
@@ -316,14 +358,13 @@ def no_pass(c: _Candidate) -> str | None:
 def imports_only_torch_math_typing(c: _Candidate) -> str | None:
     for node in c.nodes:
         if isinstance(node, ast.ImportFrom) and node.level:
-            return _at(node, "relative imports are not allowed; import torch and math only.")
+            return _at(node, f"relative imports are not allowed; import only {describe_imports()}.")
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
             for name in names:
                 root = name.split(".")[0]
                 if root not in ALLOWED_IMPORTS:
-                    return _at(node, f"importing `{name}` is not allowed; only torch (with "
-                                     "torch.nn and torch.utils.cpp_extension), math and typing.")
+                    return _at(node, f"importing `{name}` is not allowed; only {describe_imports()}.")
 
 
 def no_import_star(c: _Candidate) -> str | None:
@@ -393,11 +434,11 @@ def kernel_source_calls_only_allowed_torch(c: _Candidate) -> str | None:
     for text in c.string_constants:
         code = _CPP_COMMENTS.sub(" ", text)
         for m in _CPP_TORCH_CALL.finditer(code):
-            if m.group(1) not in CPP_TORCH_CALLS_ALLOWED:
+            if m.group(1) not in c.allowed.cpp_calls:
                 return (f"the kernel source calls {m.group(0).rstrip('( ')}(), a torch compute "
                         "operator; compute it in your own kernel (allocation such as torch::empty is fine).")
         for m in _CPP_METHOD_CALL.finditer(code):
-            if m.group(1) in CPP_TENSOR_METHODS_DENIED:
+            if m.group(1) in c.allowed.cpp_methods_denied:
                 return (f"the kernel source calls .{m.group(1)}(), a torch tensor operator; "
                         "compute it in your own kernel.")
 
@@ -437,10 +478,10 @@ def torch_names_are_public_and_harmless(c: _Candidate) -> str | None:
             return _at(node, f"`{path}` is not allowed in a kernel submission.")
         if path in TORCH_MODULES:
             continue
-        if parts[1] == "cuda" and path not in TORCH_ALLOWED:
+        if parts[1] == "cuda" and path not in c.allowed.torch:
             return _at(node, f"`{path}` is not allowed (CUDA streams, graphs, events and device "
                              "settings are off limits); launch on the current stream.")
-        if parts[1] == "utils" and path not in TORCH_ALLOWED:
+        if parts[1] == "utils" and path not in c.allowed.torch:
             return _at(node, f"`{path}` is not allowed; use torch.utils.cpp_extension.load_inline.")
 
 
@@ -462,11 +503,11 @@ def nn_is_only_the_module_system(c: _Candidate) -> str | None:
 def forward_calls_only_allowed_torch_functions(c: _Candidate) -> str | None:
     """The forward column of CALLS for torch.* names; __init__ may build parameters freely."""
     for node, path in c.torch_references:
-        if path in TORCH_MODULES or path in TORCH_ALLOWED or path.split(".")[1] == "nn":
+        if path in TORCH_MODULES or path in c.allowed.torch or path.split(".")[1] == "nn":
             continue
         if c.in_forward(node):
             return _at(node, f"`{path}` is a torch compute operator, used in the forward pass; "
-                             f"only {_ALLOWED_WHAT} are allowed there. Do the work in your own kernel.")
+                             f"only {c.allowed.forward_rows} are allowed there. Do the work in your own kernel.")
         if not c.is_call_target(node):
             return _at(node, f"`{path}` may only be called (in __init__), not stored.")
 
@@ -504,12 +545,12 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
     """The forward column of CALLS for tensor methods and attributes."""
     types = c.types
     for node in c.forward_nodes:
-        if isinstance(node, ast.Attribute) and types.is_tensor(node.value) and node.attr not in TENSOR_NAMES_ALLOWED:
+        if isinstance(node, ast.Attribute) and types.is_tensor(node.value) and node.attr not in c.allowed.tensor_names:
             return _at(node, f"`.{node.attr}` on a tensor in the forward pass is torch compute; "
-                             f"only {_ALLOWED_WHAT} are allowed there.")
+                             f"only {c.allowed.forward_rows} are allowed there.")
         if _is_const_getattr(node) and c.dotted(node) is None and \
                 types.kind(node.args[0]) not in (_EXT, _SCALAR) and \
-                not types.is_self(node.args[0]) and node.args[1].value not in TENSOR_NAMES_ALLOWED:
+                not types.is_self(node.args[0]) and node.args[1].value not in c.allowed.tensor_names:
             return _at(node, f"`{_code(node)}` reaches `.{node.args[1].value}` on a possible tensor "
                              "in the forward pass; that is torch compute.")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and c.dotted(node.func) is None:
@@ -519,7 +560,7 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
             if isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name) and \
                     func.value.func.id == "super":
                 continue
-            if func.attr not in TENSOR_METHODS_ALLOWED | PYTHON_METHODS:
+            if func.attr not in c.allowed.tensor_methods and func.attr not in PYTHON_METHODS:
                 return _at(node, f"`{_code(node)}`: `.{func.attr}()` may be a torch tensor operator; in the forward "
                                  "pass call only your compiled extension's functions and the allowed calls.")
 
@@ -542,6 +583,7 @@ class _Candidate:
 
     def __init__(self, tree: ast.Module, language: str):
         self.tree, self.language = tree, language
+        self.allowed = allowed()  # the table's lists, as CALLS stands when this candidate is judged
         self.nodes = list(ast.walk(tree))
         self._walks: dict[ast.AST, list[ast.AST]] = {tree: self.nodes}
         self.parent: dict[ast.AST, ast.AST] = {}
@@ -852,7 +894,7 @@ class _Types:
     def _typ(self, node: ast.AST, env: dict[str, str]) -> str:
         path = self.c.dotted(node)
         if path is not None:
-            return _SCALAR if path.split(".")[0] != "torch" or path in TORCH_ALLOWED else _UNKNOWN
+            return _SCALAR if path.split(".")[0] != "torch" or path in self.c.allowed.torch else _UNKNOWN
         if isinstance(node, (ast.Constant, ast.JoinedStr)):
             return _SCALAR
         if isinstance(node, ast.Name):
@@ -867,7 +909,7 @@ class _Types:
             if isinstance(node.value, ast.Name) and env.get(node.value.id) == "self":
                 return self.self_attrs.get(node.attr, _UNKNOWN)
             if base == _TENSOR:
-                return _SCALAR if node.attr in TENSOR_SCALAR_ATTRS else _TENSOR
+                return _SCALAR if node.attr in self.c.allowed.scalar_attrs else _TENSOR
             return base if base in (_EXT, _SCALAR) else _UNKNOWN
         if isinstance(node, ast.Call):
             return self.call_type(node, env)
@@ -909,7 +951,7 @@ class _Types:
             if receiver == _EXT:
                 return _TENSOR
             if receiver == _TENSOR:
-                return _SCALAR if node.func.attr in TENSOR_SCALAR_METHODS else _TENSOR
+                return _SCALAR if node.func.attr in self.c.allowed.scalar_methods else _TENSOR
             if isinstance(node.func.value, ast.Name) and env.get(node.func.value.id) == "self":
                 kind = self.returns.get(node.func.attr, _UNKNOWN)
                 return _TENSOR if _TENSOR in arg_kinds else kind

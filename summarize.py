@@ -14,8 +14,10 @@ A response is expected to look like
     ```
     One or two sentences on what was tried.
 
-Standard library only: token counting is a callable handed in by the caller, and a verdict
-is read as a plain dict (rollout.verdict_record makes one from the harness's EvalResult).
+The prompt's rules are kernel_gate's (describe_rules: its table CALLS of what a kernel may call,
+the imports, the rules no table lists), read from it, never copied. Standard library and
+kernel_gate only: token counting is a callable handed in by the caller, and a verdict is read as
+a plain dict (rollout.verdict_record makes one from the harness's EvalResult).
 '''
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
+
+import kernel_gate
 
 FEEDBACK_CHARS = 1200  # error text shown back to the model is trimmed to this budget
 SUMMARY_CHARS = 1000   # a turn's own summary, as later prompts show it
@@ -259,37 +263,6 @@ def get_init_inputs():
     return []
 '''
 
-# What a candidate may call, in forward and in its C++ host code: kernel_gate.describe_calls(),
-# the text of kernel_gate.CALLS (one table, with the reason per row). A copy, since summarize
-# imports no project module; tests/test_summarize.py holds it equal to the table.
-CALL_RULES = (
-    "In forward (and the helpers it calls), and in the C++ host code around your kernel (spelled "
-    "torch::empty, x.transpose(...)), you may call only: allocation (torch.empty, "
-    "torch.empty_like, torch.empty_strided, torch.zeros, torch.zeros_like, x.new_empty(), "
-    "x.new_empty_strided(), x.new_zeros(), x.zero_()); constant fills (torch.ones, "
-    "torch.ones_like, torch.full, torch.full_like, x.new_ones(), x.new_full(), x.fill_()); views "
-    "(torch.reshape, torch.flatten, torch.squeeze, torch.unsqueeze, torch.narrow, torch.select, "
-    "torch.split, torch.chunk, torch.unbind, x.view(), x.view_as(), x.reshape(), x.reshape_as(), "
-    "x.flatten(), x.unflatten(), x.squeeze(), x.unsqueeze(), x.expand(), x.expand_as(), "
-    "x.narrow(), x.select(), x.split(), x.chunk(), x.unbind(), x.detach(), x.requires_grad_(), "
-    "x.data); transposes (torch.t, torch.transpose, torch.permute, x.t(), x.transpose(), "
-    "x.permute(), x.T, x.mT); copies (torch.clone, x.contiguous(), x.clone(), x.copy_()); casts "
-    "and device moves (x.to(), x.type_as(), x.half(), x.float(), x.double(), x.bfloat16(), "
-    "x.int(), x.long(), x.cuda(), x.cpu()); sizes and metadata (x.size(), x.dim(), x.numel(), "
-    "x.stride(), x.item(), x.data_ptr(), x.element_size(), x.is_contiguous(), x.get_device(), "
-    "x.storage_offset(), x.nelement(), x.ndimension(), x.shape, x.dtype, x.device, x.ndim, "
-    "x.is_cuda, x.layout, x.requires_grad, x.is_leaf); options, dtypes and devices (torch.Size, "
-    "torch.device, torch.get_default_dtype, torch.is_tensor); the device, its current stream and "
-    "the CPU threads (torch.no_grad, torch.inference_mode, torch.cuda.is_available, "
-    "torch.cuda.current_device, torch.cuda.device_count, torch.cuda.current_stream, "
-    "torch.cuda.get_device_properties, torch.cuda.get_device_capability, "
-    "torch.utils.cpp_extension.load_inline). Anything else there is the kernel's work and scores "
-    "0: torch compute operators and Python operators on tensors such as x + y, x > 0 or x[mask] "
-    "(torch.relu, torch.nn.functional.relu, x.sum(), x.matmul(), ...); data-building operators "
-    "(torch.cat, torch.where, x.gather(), x.repeat(), ...); new values on every call "
-    "(torch.tensor, torch.arange, torch.randn, torch.linspace, ...)."
-)
-
 _KERNEL_WORDS = {
     "cuda": ("custom CUDA kernels", "a `__global__` CUDA kernel compiled with "
              "torch.utils.cpp_extension.load_inline(cuda_sources=..., cpp_sources=<declarations>, "
@@ -307,11 +280,9 @@ def base_instruction(language: str) -> str:
         f"Given a PyTorch program with class Model, write class ModelNew: same constructor "
         f"arguments, same forward inputs and outputs, numerically equivalent, but the "
         f"computation done by {how}.\n"
-        "Rules: ModelNew may use nn.Module, nn.Parameter, the nn containers and nn.init; its "
-        "__init__ may call torch to build parameters. " + CALL_RULES + " Create "
-        "parameters in the same order as Model so that the same seed gives the same values. "
-        "Import only torch, torch.nn, torch.utils.cpp_extension and math. No try/except, "
-        "no `pass`, no extra streams or threads.\n"
+        # the gate's rules, read from kernel_gate (CALLS and its lists) each time a prompt is built
+        "Rules: " + kernel_gate.describe_rules() + " Create parameters in the same order as Model "
+        "so that the same seed gives the same values.\n"
         "Answer format: think inside <think>...</think>; then give the complete code in one "
         "```python block; then, after the block, one or two sentences summarizing what you "
         "tried and why."

@@ -639,7 +639,8 @@ class ModelNew(nn.Module):
 '''
 
 
-ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_memory.py", "kernel_sandbox.py", "kernel_worker.py")
+ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_gate.py", "kernel_memory.py", "kernel_sandbox.py",
+               "kernel_worker.py")
 
 
 @pytest.mark.slow

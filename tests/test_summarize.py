@@ -159,17 +159,17 @@ def test_first_turn_has_instruction_example_and_task():
                                         max_prompt_tokens=10**6)
 
 
-def test_the_prompt_states_the_table_of_what_a_kernel_may_call():
-    """summarize keeps a copy of kernel_gate.describe_calls() (it imports no project module): the
-    prompt, the gate and the harness's op list follow one table."""
+def test_the_prompt_states_the_gates_rules():
+    """The prompt's rules are kernel_gate's: every row of the table of what a kernel may call (each
+    allowed row's every spelling), and every import the gate lets through."""
     import kernel_gate
-    assert summarize.CALL_RULES == kernel_gate.describe_calls()
     for language in ("cuda", "cpp"):
-        assert summarize.CALL_RULES in summarize.base_instruction(language)
-    for row in kernel_gate.CALLS:
-        assert row.what in summarize.CALL_RULES
-        if row.forward:
-            assert all(spelling in summarize.CALL_RULES for spelling in row.python), row.what
+        rules = summarize.base_instruction(language)
+        for row in kernel_gate.CALLS:
+            assert row.what in rules
+            if row.forward:
+                assert all(spelling in rules for spelling in row.python), row.what
+        assert all(name in rules for name in kernel_gate.ALLOWED_IMPORTS)
 
 
 def test_later_turns_show_code_summary_feedback_never_thinking():
@@ -219,10 +219,12 @@ def test_bad_arguments():
         build_prompt("  ", [], language="cuda", count_tokens=words, max_prompt_tokens=10**6)
 
 
-def test_imports_with_only_the_standard_library(tmp_path):
-    shutil.copy(os.path.join(ROOT, "summarize.py"), tmp_path)
+def test_imports_with_only_the_standard_library_and_the_gate(tmp_path):
+    for name in ("summarize.py", "kernel_gate.py"):
+        shutil.copy(os.path.join(ROOT, name), tmp_path)
     out = subprocess.run([sys.executable, "-S", "-E", "-c",
-                          "import summarize, sys; assert 'torch' not in sys.modules; "
+                          "import summarize, sys; assert 'Import only' in summarize.base_instruction('cuda'); "
+                          "assert 'torch' not in sys.modules; "
                           "print(summarize.parse_response('```python\\nclass ModelNew: x=1\\n```').code)"],
                          cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
