@@ -741,7 +741,7 @@ def test_candidate_sees_no_secret_of_the_harness_and_still_builds(cache_root, mo
     result = judged_without_secrets(open(CPP_CASES["benign"]).read(), "cpu", monkeypatch, cache_root=cache_root, **FAST)
     assert result.status == "correct", result.message
     # control: the probe does see a secret that the allowlist lets through
-    monkeypatch.setattr(sandbox, "ENV_ALLOWED", sandbox.ENV_ALLOWED | {"OPENAI_API_KEY"})
+    monkeypatch.setattr(kernel_boundary, "ENV_ALLOWED", kernel_boundary.ENV_ALLOWED | {"OPENAI_API_KEY"})
     leaked = judged_without_secrets(open(CPP_CASES["benign"]).read(), "cpu", monkeypatch, cache_root=cache_root, **FAST)
     assert leaked.status == "runtime_error" and "sees the harness's secret" in leaked.message, leaked.message
 
