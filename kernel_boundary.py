@@ -12,6 +12,8 @@ any of the candidate's code runs. A confined worker is:
   directory, the caller's binds: its source, its own build directory); every other file system is
   read-only;
 - uid/gid 65534 (when the harness is root), with no capabilities and no_new_privs.
+Every worker, confined or not (the reference's too), and the probe below get an allowlisted
+environment (worker_env): what compilers, torch and CUDA need, never the trainer's API keys.
 The GPU rules out a user namespace (CUDA does not work in one), so the unprivileged uid comes from
 dropping root's. `boundary_for(mode)` says which boundary a batch gets (SANDBOX_MODES), from a probe
 that starts one confined child and checks what it sees (boundary_problem).
@@ -41,8 +43,6 @@ import sys
 import tempfile
 import threading
 
-from kernel_sandbox import worker_env
-
 SANDBOX_MODES = ("auto", "require", "off")
 UNPRIVILEGED_ID = 65534  # nobody / nogroup
 TMPFS_BYTES = 1 << 30  # each tmpfs a confined worker may write (RAM: a candidate could fill it)
@@ -59,6 +59,21 @@ _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 _MOUNT_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": 1024,
                        "nodiratime": 2048, "relatime": 1 << 21}
 _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 4, 24, 38
+
+
+# The environment a worker gets: what the compilers, torch and CUDA need, and the harness's own
+# variables; nothing else of the harness's (API keys and tokens of the trainer stay out of reach).
+ENV_ALLOWED = frozenset("""PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TMP TEMP LD_LIBRARY_PATH LIBRARY_PATH
+CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH PYTHONPATH VIRTUAL_ENV CC CXX CUDAHOSTCXX MAX_JOBS OMP_NUM_THREADS
+MKL_NUM_THREADS XDG_CACHE_HOME""".split())
+ENV_ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVCC_", "NVIDIA_", "TORCH_", "TRITON_", "KERNEL_EVAL_")
+
+
+def worker_env(extra: dict) -> dict:
+    """The allowlisted part of this process's environment, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES)}
+    env.update(extra)
+    return env
 
 
 @functools.cache

@@ -1,9 +1,9 @@
 """kernel_build: how a candidate's `load_inline` extension is built, for kernel_eval.
 
-Optional: kernel_eval.py with kernel_worker.py, kernel_memory.py, kernel_sandbox.py and
-kernel_boundary.py judges candidates without this file (plain `load_inline`, in a build directory
-per candidate). With it, every compile and run worker calls `patch_load_inline` before the
-candidate's code runs, and `torch.utils.cpp_extension.load_inline` (and `load`) then build:
+Optional: kernel_eval.py with kernel_worker.py, kernel_verdict.py, kernel_gate.py, kernel_memory.py,
+kernel_sandbox.py and kernel_boundary.py judges candidates without this file (plain `load_inline`,
+in a build directory per candidate). With it, every compile and run worker calls `patch_load_inline`
+before the candidate's code runs, and `torch.utils.cpp_extension.load_inline` (and `load`) then build:
 
 Fairness (what a verdict depends on)
 - in cache_root/build/<sha256 of the call's sources, flags, torch, python, arch>: two candidates

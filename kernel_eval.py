@@ -13,10 +13,12 @@ candidate C against a reference R:
     python kernel_eval.py REF.py CANDIDATE.py --device cpu --json
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
-This file decides. What runs inside each worker (the trusted reference's loop, the untrusted
-candidate's) is kernel_worker.py; how workers are started and talked to, kernel_sandbox.py; what a
-candidate's workers run behind, kernel_boundary.py; how a batch fits in memory and how tensors travel
-between processes, kernel_memory.py; how extensions are built, kernel_build.py (optional).
+This file runs the judging; what decides (statuses, EvalResult, the comparison, the op check, run
+limits, the paired-timing verdict) is kernel_verdict.py. What runs inside each worker (the trusted
+reference's loop, the untrusted candidate's) is kernel_worker.py; how workers are started and talked
+to, kernel_sandbox.py; what a candidate's workers run behind, kernel_boundary.py; how a batch fits in
+memory and how tensors travel between processes, kernel_memory.py; how extensions are built,
+kernel_build.py (optional).
 
 How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
 1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
@@ -45,7 +47,7 @@ How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
    compute for the same request (timed warm), a smaller one of its seconds moving the data, plus a
    slack, under a fixed ceiling (run_limit).
 
-Statuses (STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
+Statuses (kernel_verdict.STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
 crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
 reference failed: no verdict on the candidate; a trainer drops the task's samples, eval.py reports
 the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
@@ -73,10 +75,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import kernel_boundary
-import kernel_gate
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
                            plan_copies, seal)
+from kernel_verdict import EvalResult, cut, flag_ops, paired_verdict, run_limit, trim_error
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -88,8 +90,6 @@ except ModuleNotFoundError as e:  # judged with plain load_inline (the module do
 # what the sandbox runs for every process it starts (`python ENTRY --_worker ...`)
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.py")
 
-STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
-            "harness_error")
 MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
 
 @dataclass
@@ -166,33 +166,6 @@ class EvalConfig:
     sandbox: str = "auto"  # what candidates' workers run behind (kernel_boundary.boundary_for, SANDBOX_MODES)
 
 
-@dataclass
-class EvalResult:
-    status: str
-    compiled: bool = False
-    correct: bool = False
-    speedup: float = 0.0
-    ref_ms: float = 0.0
-    candidate_ms: float = 0.0
-    message: str = ""
-    timing_ok: bool = True
-    claimed_ms: float = 0.0  # the candidate process's own median, before the cross-check
-    wall_ms: float = 0.0  # the parent's clock over the timing request
-    # the timing window as paired_verdict saw it, per side ("reference", "candidate") and block in
-    # time order: [calls, median and mean claimed ms/call, parent's ms/call]; a diagnostic
-    blocks: dict = field(default_factory=dict)
-    ops: list = field(default_factory=list)  # aten compute ops seen in forward (when flagged)
-    alone: bool = False  # judged again with the device to itself, after running out of memory beside others
-    trials: int = 0  # correctness trials run (plan_copies: fewer than n_correct_trials for a large task)
-    seconds: dict = field(default_factory=dict)  # per phase
-    timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
-    build_reused: bool | None = None  # the compile record came from the build cache (None: never compiled)
-    boundary: str = ""  # what the candidate's processes ran behind (kernel_boundary.boundary_for)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 # ----------------------------------------------------------------------------- the verdict path
 
 def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
@@ -217,7 +190,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     for i, (ref_src, cand_src) in enumerate(pairs):
         reason = precheck(cand_src) if precheck else None
         if reason:
-            results[i] = EvalResult(status="format_error", message=_cut(str(reason), config.message_chars),
+            results[i] = EvalResult(status="format_error", message=cut(str(reason), config.message_chars),
                                     boundary=boundary)
         else:
             todo.append(i)
@@ -352,7 +325,7 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
             result.timeout_seconds = f.waited_s
     if result.status != "correct":
         result.speedup, result.correct = 0.0, False
-    result.message = _cut(result.message, cfg.message_chars)
+    result.message = cut(result.message, cfg.message_chars)
     return result
 
 
@@ -383,7 +356,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
             raise _Failure("incorrect", reason)
         for t, c in enumerate(changed):
             if c:
-                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {_cut(str(c), 40)} in place")
+                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
         result.correct = True
     if not cfg.time_candidate:
         return
@@ -469,22 +442,6 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
     return changed, reason
 
 
-def run_limit(cfg: EvalConfig, ref: tuple | None, ceiling_s: float) -> tuple:
-    """(seconds, how derived): what a candidate may take for a run request (check, timing) for which the
-    reference took `ref` = (seconds of compute, seconds moving the data the candidate moves; None: unknown):
-    run_timeout_multiple x the first + run_timeout_io_multiple x the second + slack, at most `ceiling_s`."""
-    if ref is None:
-        return ceiling_s, "the fixed ceiling: the reference's time for this request is unknown"
-    compute_s, moving_s = ref
-    how = (f"{cfg.run_timeout_multiple:g} x the reference's {compute_s:.2g} s"
-           + (f" + {cfg.run_timeout_io_multiple:g} x its {moving_s:.2g} s moving the data" if moving_s else "")
-           + f" + {cfg.run_timeout_slack_s:g} s")
-    derived = cfg.run_timeout_multiple * compute_s + cfg.run_timeout_io_multiple * moving_s + cfg.run_timeout_slack_s
-    if derived >= ceiling_s:
-        return ceiling_s, f"the fixed ceiling, under {how}"
-    return derived, how
-
-
 def _request_key(msg: dict) -> tuple | str:
     """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
     as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
@@ -539,156 +496,6 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
             raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
                            waited_s=cfg.time_timeout_s)
     return blocks["ref"], blocks["cand"]
-
-
-def paired_verdict(ref_blocks: list, cand_blocks: list, cfg: EvalConfig, cpu: bool = False) -> dict:
-    """The speedup from reference and candidate blocks timed in one window, each block (claimed per-call
-    times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's process tree,
-    which load does not inflate): {"speedup", "ref_ms" (the reference's time paid), "claimed_ms",
-    "parent_ms", "problem", "note"}. Per call (the same loop runs on both sides):
-
-        speedup    = median(reference times) / median(candidate times)   (the reference's capped on GPU)
-        overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
-                     flushes, syncs, the request: trusted, it runs the task's own code)
-        parent_ms  = low(candidate blocks' parent's ms / calls) - low(overheads)
-        resolution = noise x (low(overheads) - min(overheads)) + abs
-        low        = the lower median (the 2nd smallest of 4 blocks)
-
-    A stall (a worker or the parent's timing thread descheduled, another thread holding the GIL) only
-    lengthens a block, so each side is read from its less-stalled half: up to half of either side's
-    blocks may stall without changing the verdict. A lie is not a stall: a block's wall time is never
-    less than the work the candidate did in it.
-        paid iff parent_ms <= (1 + rel) x median(candidate times) + resolution   (else its clock lies)
-             and parent_ms > resolution                      (else the parent cannot confirm it)
-
-    On GPU the reference paid is at most ref_slowdown_max x the median of its first block (timed before
-    any candidate block): GPU work the candidate left queued would slow the reference and inflate the
-    speedup; an honest window shows the same when a multi-op reference's launch level switches, so the
-    excess is not paid rather than the speedup refused. CPU time is not slowed by other processes."""
-    ref_times = [t for times, _ in ref_blocks for t in times]
-    cand_times = [t for times, _ in cand_blocks for t in times]
-    out = {"speedup": 0.0, "ref_ms": statistics.median(ref_times), "claimed_ms": 0.0, "parent_ms": 0.0,
-           "problem": None, "note": None}
-    if not cand_times or not all(math.isfinite(t) and t > 0 for t in cand_times):
-        out["problem"] = "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
-        return out
-    overheads = [ms / len(times) - statistics.fmean(times) for times, ms in ref_blocks]
-    claimed = out["claimed_ms"] = statistics.median(cand_times)
-    overhead = statistics.median_low(overheads)
-    parent = statistics.median_low([ms / len(times) for times, ms in cand_blocks]) - overhead
-    out["parent_ms"] = max(parent, 0.0)
-    resolution = cfg.cross_check_noise * (overhead - min(overheads)) + (
-        cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
-    if not parent <= (1 + cfg.cross_check_rel) * claimed + resolution:
-        out["problem"] = (f"timing cross-check failed: claimed {claimed:.4g} ms/call but the harness's clock saw "
-                          f"{parent:.4g} ms/call (the reference's loop overhead taken out)")
-    elif not parent > resolution:
-        out["problem"] = (f"timing cross-check failed: {claimed:.4g} ms/call is faster than the harness's clock "
-                          f"resolves in this window ({resolution:.2g} ms/call): speedup unconfirmable")
-    else:
-        first = statistics.median(ref_blocks[0][0])  # timed before any candidate block
-        if not cpu and out["ref_ms"] > cfg.ref_slowdown_max * first:
-            out["note"] = (f"the reference ran {out['ref_ms'] / first:.3g}x slower beside the candidate than "
-                           f"before it: paid against {cfg.ref_slowdown_max:g}x its time before it")
-            out["ref_ms"] = cfg.ref_slowdown_max * first
-        out["speedup"], out["problem"] = finite_speedup(out["ref_ms"], claimed)
-    return out
-
-
-def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
-    """(ref_ms / candidate_ms, None), or (0.0, reason) when either time or their ratio is not a
-    positive finite number: a claimed 5e-324 ms is positive and finite, its speedup is not."""
-    for who, ms in (("reference", ref_ms), ("candidate", candidate_ms)):
-        if not (isinstance(ms, (int, float)) and math.isfinite(ms) and ms > 0):
-            return 0.0, f"timing cross-check failed: the {who}'s time ({ms!r} ms) is not a positive finite number"
-    ratio = ref_ms / candidate_ms
-    if not math.isfinite(ratio):
-        return 0.0, f"timing cross-check failed: a claimed {candidate_ms:.3g} ms/call gives no finite speedup"
-    return ratio, None
-
-
-def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
-    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a short reason."""
-    import torch
-    if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
-        got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
-        return f"expected {len(ref)} output tensor(s), got {got}"
-    for k, (r, c) in enumerate(zip(ref, cand)):
-        name = f"output {k}" if len(ref) > 1 else "output"
-        if not isinstance(c, torch.Tensor):
-            return f"{name} is {type(c).__name__}, expected a tensor"
-        if c.device.type != "cpu" or c.layout != torch.strided or type(c) is not torch.Tensor:
-            return f"{name} is not a plain dense tensor"
-        if tuple(c.shape) != tuple(r.shape):
-            return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
-        if c.dtype != r.dtype:
-            return f"{name} dtype {str(c.dtype).replace('torch.', '')}, expected {str(r.dtype).replace('torch.', '')}"
-        c = c.to(r.device)
-        if not r.is_floating_point() and not r.is_complex():
-            if not torch.equal(c, r):
-                return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
-            continue
-        reason = _compare_floats(r, c, name, tolerance_for(str(r.dtype).replace("torch.", ""), tolerances))
-        if reason:
-            return reason
-    return None
-
-
-COMPARE_CHUNK = 1 << 24  # elements per step: bounded temporaries, whatever the output's size
-
-
-def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
-    """|c - r| <= atol + rtol |r| wherever r is finite, and c non-finite exactly where r is (same
-    values); in float32 (float64 for float64), chunk by chunk."""
-    import torch
-    atol, rtol = tol
-    if r.is_complex():
-        r, c = torch.view_as_real(r), torch.view_as_real(c)
-    work = torch.float64 if r.dtype == torch.float64 else torch.float32
-    rf, cf = r.reshape(-1), c.reshape(-1)
-    zero = torch.zeros((), dtype=torch.int64, device=r.device)
-    extra, extra_nan, outside, nonfinite_differ = zero.clone(), zero.clone(), zero.clone(), zero.clone()
-    max_diff = torch.zeros((), dtype=work, device=r.device)
-    for i in range(0, rf.numel(), COMPARE_CHUNK):
-        rr, cc = rf[i: i + COMPARE_CHUNK].to(work), cf[i: i + COMPARE_CHUNK].to(work)
-        diff = (cc - rr).abs_()
-        within = diff <= rr.abs().mul_(rtol).add_(atol)
-        if bool(within.all()):
-            continue  # the usual chunk: every value within tolerance (a NaN anywhere fails this)
-        r_fin, c_fin = torch.isfinite(rr), torch.isfinite(cc)
-        new_bad = r_fin & ~c_fin  # unwritten memory shows up as NaN (poison) here
-        extra += new_bad.sum()
-        extra_nan += (new_bad & torch.isnan(cc)).sum()
-        r_bad = ~r_fin
-        nonfinite_differ += (r_bad & (cc.nan_to_num() != rr.nan_to_num())).sum()
-        bad = r_fin & c_fin & ~within
-        outside += bad.sum()
-        max_diff = torch.maximum(max_diff, torch.where(bad, diff, 0).max())
-    n = r.numel()
-    if extra.item():
-        kind = "NaN" if extra_nan.item() else "Inf"
-        return f"{name} has {kind} at {extra.item()} of {n} positions (unwritten memory?)"
-    if nonfinite_differ.item():
-        return f"{name}: non-finite values differ from the reference"
-    if outside.item():
-        return (f"{name}: {outside.item()} of {n} values outside tolerance "
-                f"(atol={atol}, rtol={rtol}); max abs diff {max_diff.item():.4g}")
-    return None
-
-
-def tolerance_for(dtype_name: str, tolerances: dict) -> tuple:
-    return tolerances.get(dtype_name, tolerances.get("float32", (1e-2, 1e-2)))
-
-
-def flag_ops(ops: list) -> list:
-    """The compute operators among recorded aten op names ('aten::add' etc.): what the allowed rows of
-    kernel_gate.CALLS (the one table of what a candidate may call, and why) do not list."""
-    allowed, flagged = kernel_gate.allowed().aten_ops, []
-    for op in ops:
-        ns, _, base = op.partition("::")
-        if ns == "aten" and base not in allowed and base.rstrip("_") not in allowed:
-            flagged.append(op)
-    return sorted(set(flagged))
 
 
 class _Failure(Exception):
@@ -851,7 +658,7 @@ class ReferenceSession:
             except _Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
                 raise _Failure("runtime_error", "the candidate's outputs could not be compared (they "
-                               f"stopped the harness's reader: {_cut(f.message, 200)})") from None
+                               f"stopped the harness's reader: {cut(f.message, 200)})") from None
             if reply.get("unreadable"):
                 raise _Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
             return reply.get("reason")
@@ -949,7 +756,6 @@ def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: di
 
 
 def _death_reason(worker: sandbox.Worker, phase: str) -> str:
-    from kernel_worker import trim_error  # the worker's own message format (it imports this module: here, not on top)
     return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
 
 
@@ -1011,7 +817,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
                       "torch_preloaded": msg.get("torch_preloaded") is True, **built}
         elif msg.get("kind") == "build":
-            record = {"status": "compile_error", "message": _cut(str(msg.get("message", "")), cfg.message_chars),
+            record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), cfg.message_chars),
                       **built}
             undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
             if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
@@ -1141,10 +947,6 @@ def _scratch(cfg: EvalConfig, prefix: str) -> str:
     root = cfg.scratch_root or tempfile.gettempdir()
     os.makedirs(root, exist_ok=True)
     return tempfile.mkdtemp(prefix=prefix, dir=root)
-
-
-def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 # ----------------------------------------------------------------------------- command line

@@ -1,7 +1,7 @@
 """kernel_sandbox: where kernel_eval runs code it does not trust, and how it talks to it.
 
-Standard library only. It knows nothing of verdicts: it starts processes, limits them, moves bytes
-to and from them, and kills them.
+Standard library and kernel_boundary (below it) only. It knows nothing of verdicts: it starts
+processes, limits them, moves bytes to and from them, and kills them.
 
 - A worker is `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S ARGS...` (ENTRY: the
   caller's script, kernel_worker.py, whose __main__ hands `--_supervise` and `--_zygote` back here)
@@ -13,8 +13,8 @@ to and from them, and kills them.
   kernel_boundary's namespaces and uid: the supervisor enters them before any of its code runs.
 - Every process of a worker carries its tag (TAG_ENV) in its initial environment block, which the
   parent sweeps /proc for (kill_by_tag) after each worker and when a batch is interrupted
-  (stop_everything). The environment is an allowlist (worker_env), never the trainer's API keys;
-  MALLOC_PERTURB_ poisons fresh heap memory.
+  (stop_everything). The environment is kernel_boundary's allowlist (worker_env), never the
+  trainer's API keys; MALLOC_PERTURB_ poisons fresh heap memory.
 - Zygotes: a process that ran the caller's `preload` (import torch) once forks supervisors and
   their workers on request, each with its own tag written over the zygote's: the same isolation,
   without an interpreter start and `import torch` per worker. One out of service (killed, say)
@@ -42,25 +42,13 @@ import threading
 import time
 import traceback
 
+import kernel_boundary as boundary
+from kernel_boundary import worker_env
+
 # ----------------------------------------------------------------------------- environment
 
 TAG_ENV = "KERNEL_EVAL_TAG"
 POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
-
-# The environment a worker gets: what the compilers, torch and CUDA need, and the harness's own
-# variables; nothing else of the harness's (API keys and tokens of the trainer stay out of reach).
-ENV_ALLOWED = frozenset("""PATH HOME USER LOGNAME LANG LANGUAGE TZ TMPDIR TMP TEMP LD_LIBRARY_PATH LIBRARY_PATH
-CPATH C_INCLUDE_PATH CPLUS_INCLUDE_PATH PYTHONPATH VIRTUAL_ENV CC CXX CUDAHOSTCXX MAX_JOBS OMP_NUM_THREADS
-MKL_NUM_THREADS XDG_CACHE_HOME""".split())
-ENV_ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVCC_", "NVIDIA_", "TORCH_", "TRITON_", "KERNEL_EVAL_")
-
-
-def worker_env(extra: dict) -> dict:
-    """The allowlisted part of this process's environment, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES)}
-    env.update(extra)
-    return env
-
 
 # ----------------------------------------------------------------------------- files and locks
 
@@ -398,7 +386,6 @@ def supervise(spec: dict, worker_main=None) -> int:
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     confine = spec.get("confine")
     if confine:
-        import kernel_boundary as boundary
         boundary.load_libc()  # loaded here, not in the child between fork and exec
 
     def limits():
@@ -557,8 +544,7 @@ class Worker:
         os.makedirs(scratch, exist_ok=True)
         self.scratch, self.tag = scratch, secrets.token_hex(8)
         if confine:
-            import kernel_boundary
-            confine = kernel_boundary.with_entry(confine, entry)
+            confine = boundary.with_entry(confine, entry)
         cmd_r, cmd_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # file descriptors (memory files of tensors) travel over a socket, next to the command pipe

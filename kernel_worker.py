@@ -1,6 +1,6 @@
 """kernel_worker: what runs inside a worker process of kernel_eval, sandboxed by kernel_sandbox.
 
-kernel_eval names this file as the entry of every process it starts (and imports only trim_error):
+kernel_eval names this file as the entry of every process it starts (and never imports it):
 `python kernel_worker.py --_worker MODE --cmd-fd C --reply-fd R --fd-sock S --job JOB`, forked from a
 zygote (`--_zygote`, torch imported once) or spawned, under a supervisor (`--_supervise`). A worker
 is one of three, each a function here:
@@ -12,7 +12,7 @@ is one of three, each a function here:
 - ref (_reference_worker), trusted: the task's own code. It writes the model's init inputs, and the
   inputs it draws from the parent's secret seeds, to memory files the parent seals, keeps the
   reference outputs (they never leave this process) and compares a candidate's output file with
-  them (compare_outputs): it sends back the first difference, or None.
+  them (kernel_verdict.compare_outputs): it sends back the first difference, or None.
 - cand (_candidate_worker), untrusted: the candidate's code. It is given inputs only, runs the check
   trials on clones of them under an aten operator recorder and writes each call's outputs to a memory
   file of its own; it sends back which inputs each trial changed and the ops it saw, never a verdict.
@@ -30,14 +30,20 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import sys
 import time
 import traceback
 
 import kernel_sandbox as sandbox
-from kernel_eval import _cut, compare_outputs, kernel_build
 from kernel_memory import TRUSTED_FILE_MAX_BYTES, TensorFileWriter, read_tensor_sets, write_tensor_sets
+from kernel_verdict import compare_outputs, cut, trim_error
+
+try:  # per-hash build directories and -O3, header tiers, precompiled headers (kernel_eval's docstring, step 2)
+    import kernel_build
+except ModuleNotFoundError as e:  # plain load_inline, in a directory of the source's own (_install_builder)
+    if e.name != "kernel_build":
+        raise
+    kernel_build = None
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
 _process_time = time.process_time  # CPU timing: this process's CPU time (all threads), not wall
@@ -461,42 +467,13 @@ def _import_source(path: str, module_name: str):
     return module
 
 
-_ERROR_LINE = re.compile(r"(error|Error|ERROR|undefined reference|fatal)")
-# A compiler's or linker's command line, however long its include paths make it: "... -c x.cu -o x.o",
-# "... -shared ... -o ext.so". torch prints ninja's first command on its "Error building extension" line.
-_COMMAND_LINE = re.compile(r"\s-c\s+\S+\s+-o\s+\S+\s*$|\s-shared\s.*\s-o\s+\S+\.so\s*$")
-_BUILD_ERROR_HEAD = re.compile(r"^(Error building extension '[^']*'):.*$")
-
-
-def trim_error(text: str, max_lines: int = 12, max_chars: int = 1500) -> str:
-    """The first useful lines of a compiler/traceback dump, for the model's feedback."""
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    lines = [re.sub(r"/\S*/(build|torch_extensions|kevalrun-[^/]*)/\S*?/", "", ln) for ln in lines]
-    lines = [_BUILD_ERROR_HEAD.sub(r"\1", ln) for ln in lines]
-    lines = [ln for ln in lines if not ln.startswith(("ninja: build stopped", "[", "FAILED:"))
-             and "nvcc --generate" not in ln and not _COMMAND_LINE.search(ln)]
-    picked, seen = [], set()
-    for i, ln in enumerate(lines):
-        if _ERROR_LINE.search(ln):
-            for j in range(max(0, i - 1), min(len(lines), i + 3)):
-                if j not in seen:
-                    seen.add(j)
-                    picked.append(lines[j])
-        if len(picked) >= max_lines:
-            break
-    if not picked:
-        picked = lines[-max_lines:]
-    out = "\n".join(picked[:max_lines])
-    return out if len(out) <= max_chars else out[: max_chars - 3] + "..."
-
-
 def describe_exception(exc: BaseException, path: str, max_lines: int = 6, max_chars: int = 800) -> str:
     """A failure of the code in `path` as the policy (and a user) can act on it: the line of that
     file where it happened and the exception, without the harness's frames or caret lines:
     "line 12: SyntaxError: invalid syntax: def forward(self x):", "line 30: NameError: ..."."""
     if isinstance(exc, SyntaxError) and exc.filename == path:
         text = (exc.text or "").strip()
-        return f"line {exc.lineno}: {type(exc).__name__}: {exc.msg}" + (f": {_cut(text, 200)}" if text else "")
+        return f"line {exc.lineno}: {type(exc).__name__}: {exc.msg}" + (f": {cut(text, 200)}" if text else "")
     line = None
     for frame, lineno in traceback.walk_tb(exc.__traceback__):
         if frame.f_code.co_filename == path:
@@ -506,7 +483,7 @@ def describe_exception(exc: BaseException, path: str, max_lines: int = 6, max_ch
     text = head + (f": {lines[0]}" if lines else "")
     if len(lines) > 1:  # e.g. a build error raised at load: its first error lines
         text += "\n" + trim_error("\n".join(lines[1:]), max_lines=max_lines)
-    return _cut(text, max_chars)
+    return cut(text, max_chars)
 
 
 def _as_list(out) -> list:

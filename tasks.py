@@ -440,7 +440,7 @@ def degeneracy_reason(outputs: list, tolerances: dict, min_std_ratio: float = MI
     is within tolerance. A spread above 10 x atol also keeps an output from being within tolerance
     of zeros (that needs every |y| <= atol / (1 - rtol)), so a kernel that writes only zeros fails."""
     import torch
-    from kernel_eval import tolerance_for
+    from kernel_verdict import tolerance_for
     for i, y in enumerate(outputs):
         name = f"output {i}"
         if not isinstance(y, torch.Tensor) or not y.is_floating_point():
@@ -462,7 +462,7 @@ def partial_computation_reason(model, inputs: list, outputs: list, tolerances: d
     differ from `outputs` beyond tolerance, else a kernel that skips its last block (or ignores
     that input) would pass. None when every input matters."""
     import torch
-    from kernel_eval import compare_outputs
+    from kernel_verdict import compare_outputs
     for i, x in enumerate(inputs):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() < 2:
             continue

@@ -1,7 +1,8 @@
 """Tests for kernel_boundary: what a confined worker sees (pid 1 of its own namespace, no network,
 uid 65534 without capabilities, only what it is given to read and write, nothing left behind),
-what the plan hides, and the probe and modes that choose the boundary. The workers here run a tiny
-entry script of their own through kernel_sandbox, not kernel_eval."""
+what the plan hides, the environment every worker gets (an allowlist), and the probe and modes
+that choose the boundary. The workers here run a tiny entry script of their own through
+kernel_sandbox, not kernel_eval."""
 import contextlib
 import json
 import os
@@ -231,3 +232,11 @@ def test_boundary_imports_only_the_standard_library():
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))" % ROOT)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_worker_environment_is_an_allowlist(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("KERNEL_EVAL_TEST_X", "1")
+    env = boundary.worker_env({"EXTRA": "2"})
+    assert "OPENAI_API_KEY" not in env and env["KERNEL_EVAL_TEST_X"] == "1" and env["EXTRA"] == "2"
+    assert env["PATH"] == os.environ["PATH"]

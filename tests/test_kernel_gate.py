@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 import kernel_gate
+import kernel_verdict
 import summarize
 from kernel_gate import CALLS, check_format
 
@@ -384,16 +385,14 @@ def test_each_host_spelling_of_the_table_meets_the_gate(row, spelling):
 
 
 def test_every_row_says_why_and_the_harness_accepts_exactly_the_allowed_rows_ops():
-    import kernel_eval
     assert all(row.why and row.python and row.cpp for row in CALLS)
     assert not any(row.aten for row in CALLS if not (row.forward or row.host))
     allowed = [f"aten::{op}" for row in CALLS if row.forward for op in row.aten]
     refused = ["aten::relu", "aten::mm", "aten::cat", "aten::gather", "aten::arange", "aten::lift_fresh"]
-    assert kernel_eval.flag_ops(allowed + refused + ["myext::fused"]) == sorted(refused)
+    assert kernel_verdict.flag_ops(allowed + refused + ["myext::fused"]) == sorted(refused)
 
 
 def test_transposes_copies_casts_and_fills_are_allowed_alike_by_prompt_gate_and_harness():
-    import kernel_eval
     rows = {row.what: row for row in CALLS}
     for what, spelled, ops in [("transposes", ("x.t()", "x.permute()"), ("t", "transpose", "permute")),
                                ("copies", ("x.clone()", "x.copy_()"), ("clone", "copy_")),
@@ -403,7 +402,7 @@ def test_transposes_copies_casts_and_fills_are_allowed_alike_by_prompt_gate_and_
         row = rows[what]
         assert row.forward and row.host and set(spelled) <= set(row.python), what
         assert all(s in kernel_gate.describe_calls() for s in spelled), what
-        assert kernel_eval.flag_ops([f"aten::{op}" for op in ops]) == [], what
+        assert kernel_verdict.flag_ops([f"aten::{op}" for op in ops]) == [], what
 
 
 def test_one_row_edited_in_a_copy_of_the_table_changes_the_prompt_the_gate_and_the_op_check(monkeypatch):
@@ -411,7 +410,6 @@ def test_one_row_edited_in_a_copy_of_the_table_changes_the_prompt_the_gate_and_t
     table, and the prompt's rules, the gate's lists and decision, and the harness's op check all follow."""
     import dataclasses
 
-    import kernel_eval
     transposing = candidate(forward="return ext.run(x.t(), torch.empty_like(x))")
     ops = ["aten::t", "aten::transpose", "aten::permute"]
 
@@ -422,7 +420,7 @@ def test_one_row_edited_in_a_copy_of_the_table_changes_the_prompt_the_gate_and_t
     assert where_transposes_are(before) == "allowed"
     assert {"torch.transpose", "torch.permute"} <= kernel_gate.allowed().torch
     assert {"t", "transpose", "permute"} <= kernel_gate.allowed().tensor_methods
-    assert check_format(transposing) is None and kernel_eval.flag_ops(ops) == []
+    assert check_format(transposing) is None and kernel_verdict.flag_ops(ops) == []
 
     edited = tuple(dataclasses.replace(row, forward=False, host=False) if row.what == "transposes" else row
                    for row in CALLS)
@@ -434,7 +432,7 @@ def test_one_row_edited_in_a_copy_of_the_table_changes_the_prompt_the_gate_and_t
     assert "transpose" in kernel_gate.allowed().cpp_methods_denied  # the host code's denylist grows
     reason = check_format(transposing)
     assert "`.t`" in reason and "transposes" not in reason  # the refusal names the rows still allowed
-    assert kernel_eval.flag_ops(ops) == sorted(ops)
+    assert kernel_verdict.flag_ops(ops) == sorted(ops)
 
 
 # Each row judged by the harness on the CPU: a candidate makes the row's calls in forward and in
