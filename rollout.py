@@ -277,9 +277,10 @@ def rollout(tasks: Sequence[Any], engine: Engine, evaluate_batch: Callable[[list
 
 
 def reusing_verdicts(evaluate_batch: Callable[[list[tuple[str, str]]], list]):
-    """evaluate_batch that judges each distinct (reference, code) pair once per run: for
-    correctness-only runs (a speedup is a new measurement each time), where a policy that repeats
-    itself would rebuild the same kernels every step. A pair's first appearance gets the harness's
+    """evaluate_batch that judges each distinct (reference, code) pair once per run, for a policy that
+    repeats itself and would otherwise rebuild and rerun the same kernels every step. With timing on,
+    a repeated kernel keeps its first measured speedup (one measurement of identical code on the same
+    machine, not a new one each time: its noise is frozen too). A pair's first appearance gets the harness's
     verdict; every other appearance (later in the batch, or in a later call) gets a copy of it
     marked verdict_reused, so the turn stats count it as reused, not as judged again."""
     verdicts = {}

@@ -104,7 +104,7 @@ class Config:
     sampler: str = "uniform"          # task draws: uniform, or prioritized (Kimi k1.5: weight 1 - success rate + floor)
     priority_floor: float = 0.05      # the floor of --sampler prioritized
     time_kernels: bool = True         # time correct kernels; off: correctness only, so scores are exact (tests)
-    reuse_verdicts: bool = False      # judge each distinct (task, code) once per run (needs --no-time-kernels)
+    reuse_verdicts: bool = False      # judge each distinct (task, code) once per run; a timed one keeps its first speedup
     sandbox: str = "auto"             # candidates behind namespaces and uid 65534: auto (else a warning), require, off
     # the update
     lr: float = 1e-4                  # AdamW learning rate, constant after warm-up
@@ -417,8 +417,6 @@ def main(argv=None) -> None:
     config = parse_config(argv)
     if not sys.stderr.isatty():   # a log file gets a progress bar's line every 30 s, not ten a second
         os.environ.setdefault("TQDM_MININTERVAL", "30")
-    if config.reuse_verdicts and config.time_kernels:
-        raise SystemExit("train.py: --reuse-verdicts needs --no-time-kernels (a speedup is a new measurement each time)")
     for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
                  "micro_batch_tokens", "save_every", "keep_checkpoints"):
         if getattr(config, name) < 1:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import json
 import os
@@ -87,11 +88,24 @@ def forward_flops(layer_params: int, model_config, samples: list) -> float:
 
 def rank_summary(samples: list, turn_stats: list[dict], update_out: dict, clock: dict, flops: float) -> dict:
     """What one rank sends to rank 0 after a step (all_gather_object): a row per sample, not the samples."""
-    return {"rows": [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated)
-                     for s in samples],
+    return {"rows": [(s.task_id, s.turn, s.status, s.score, s.speedup, len(s.completion_ids), s.truncated,
+                      code_id(s.code)) for s in samples],
             "loss": update_out["loss"], "clips": update_out["clip_fraction"], "approx_kl": update_out["approx_kl"],
             "advantage_nonzero": update_out["advantage_nonzero"], "clock": dict(clock), "turn_stats": turn_stats,
             "flops": flops}
+
+
+def code_id(code: str | None) -> str:
+    """A kernel's name in the metrics: the sha256 of its code (leading and trailing blank space left
+    out), first 12 hex digits; "" for no code."""
+    return hashlib.sha256(code.strip().encode()).hexdigest()[:12] if code and code.strip() else ""
+
+
+def mean_speedup_of_correct(rows: list) -> float | None:
+    """Mean speedup over the correct rows (a correct kernel whose time was not confirmed counts 0);
+    None without a correct row."""
+    speedups = [r[4] for r in rows if r[2] == "correct"]
+    return sum(speedups) / len(speedups) if speedups else None
 
 
 def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) -> dict:
@@ -108,6 +122,10 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             "correct_rate": sum(r[2] == "correct" for r in rows) / n,
             "correct_rate_per_turn": [sum(r[2] == "correct" for r in t) / max(1, len(t)) for t in per_turn],
             "best_speedup": max((r[4] for r in rows), default=0.0),
+            "speedup_correct_mean": mean_speedup_of_correct(rows),
+            "speedup_correct_mean_per_turn": [mean_speedup_of_correct(t) for t in per_turn],
+            # one row per sample: (task, turn, status, speedup, code_id), what learning_report.py counts
+            "samples": [(r[0], r[1], r[2], round(r[4], 4), r[7]) for r in rows],
             "status_counts": {s: sum(r[2] == s for r in rows) for s in sorted({r[2] for r in rows})},
             "response_tokens_mean": sum(r[5] for r in rows) / n, "truncated_rate": sum(r[6] for r in rows) / n,
             "not_okay_ratio": sum(t["not_okay_ratio"] * t["n"] for t in turns) / max(1, sum(t["n"] for t in turns)),
@@ -157,11 +175,11 @@ def curves_figure(rows: list[dict]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
-    keys = ["reward_mean", "correct_rate", "best_speedup", "response_tokens_mean", "seconds_step"]
+    keys = ["reward_mean", "correct_rate", "speedup_correct_mean", "response_tokens_mean", "seconds_step"]
     fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
     steps = [r["step"] for r in rows]
-    for ax, key in zip(axes.flat, keys):
-        ax.plot(steps, [r[key] for r in rows], marker="o")
+    for ax, key in zip(axes.flat, keys):   # a step with no correct kernel has no speedup: a gap
+        ax.plot(steps, [float("nan") if r.get(key) is None else r[key] for r in rows], marker="o")
         ax.set_title(key)
     per_turn = axes.flat[len(keys)]
     for turn in range(len(rows[-1]["correct_rate_per_turn"])):

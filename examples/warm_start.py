@@ -66,8 +66,12 @@ import engines  # noqa: E402
 import rollout  # noqa: E402
 import summarize  # noqa: E402
 import tasks as tasks_module  # noqa: E402
+from train_log import code_id  # noqa: E402
 
-VARIANTS = ("correct", "wrong_values", "no_compile")
+VARIANTS = ("fast", "slow", "wrong_values", "no_compile")
+CORRECT_VARIANTS = ("fast", "slow")
+DEFAULT_SHARES = "fast=0.15,slow=0.25,wrong_values=0.3,no_compile=0.3"
+SLOW_PASSES = 4   # the slow variant does the solution's work this many times over
 DEFAULT_TASKS = "level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim"
 DEFAULT_HELDOUT = "level1/02_gelu_tanh,level2/06_bias_tanh_multiply"
 
@@ -86,10 +90,11 @@ SUMMARIES = (
     "One {lang} kernel computes {name}; forward only allocates the output and calls it.",
     "I replaced the reference's operator with my own {lang} code for {name}.",
 )
-# Verdicts made up for earlier attempts in later-turn prompts (the harness's real messages
-# differ in detail; their shape is the same).
+# Verdicts made up for earlier attempts in later-turn prompts, used until the harness's real verdicts
+# of the variants (variants.json, judged beside the training) are there; their shape is the harness's.
 MADE_UP_VERDICTS = {
-    "correct": {"status": "correct", "speedup": 0.0, "message": ""},
+    "fast": {"status": "correct", "speedup": 1.0, "ref_ms": 0.2, "candidate_ms": 0.2, "message": ""},
+    "slow": {"status": "correct", "speedup": 0.25, "ref_ms": 0.2, "candidate_ms": 0.8, "message": ""},
     "wrong_values": {"status": "incorrect",
                      "message": "output: {n} of {n} values outside tolerance (atol=0.01, rtol=0.01); "
                                 "max abs diff 1"},
@@ -121,14 +126,78 @@ def drop_declaration(code: str) -> tuple[str, str]:
     raise ValueError("drop_declaration: no declaration like `const int64_t n = ...;` that is used later")
 
 
-def variant_code(solution: str, variant: str) -> str:
-    if variant == "correct":
+_CUDA_LAUNCH = re.compile(r"^([ \t]*)(\w+\s*<<<.*?>>>\s*\(.*?\);)[ \t]*$", re.M | re.S)
+_CPP_LOOP = re.compile(r"^([ \t]+)for \(", re.M)
+
+
+def slow_code(solution: str, language: str, passes: int = SLOW_PASSES) -> str:
+    """The solution doing its work `passes` times over: correct, about `passes` times slower. CUDA: the
+    kernel launch repeated in a loop; C++: the host function's first top-level loop (each built-in C++
+    solution writes every output afresh in it, so a repeat gives the same values). Raises if the code
+    has no such launch or loop."""
+    if language == "cuda":
+        match = _CUDA_LAUNCH.search(solution)
+        if not match:
+            raise ValueError("slow_code: no kernel launch `name<<<...>>>(...);` found")
+        indent, launch = match.groups()
+        looped = (f"{indent}for (int pass = 0; pass < {passes}; ++pass) {{\n{indent}    "
+                  + launch.replace("\n", "\n    ") + f"\n{indent}}}")
+        return solution[:match.start()] + looped + solution[match.end():]
+    match = _CPP_LOOP.search(solution, max(0, solution.find("torch::Tensor")))
+    if not match:
+        raise ValueError("slow_code: no top-level for loop in the host function")
+    end = _statement_end(solution, match.end() - 1)
+    indent, body = match.group(1), solution[match.start():end]
+    looped = (f"{indent}for (int pass = 0; pass < {passes}; ++pass) {{\n"
+              + "\n".join("    " + line if line.strip() else line for line in body.split("\n"))
+              + f"\n{indent}}}")
+    return solution[:match.start()] + looped + solution[end:]
+
+
+def _statement_end(code: str, paren: int) -> int:
+    """The index just past the loop statement whose header's "(" is at `paren`: its header, then a
+    braced block or one statement up to its ";"."""
+    depth, i = 0, paren
+    while True:
+        depth += {"(": 1, ")": -1}.get(code[i], 0)
+        i += 1
+        if depth == 0:
+            break
+    while code[i].isspace():
+        i += 1
+    if code[i] != "{":
+        return code.index(";", i) + 1
+    depth = 0
+    for i in range(i, len(code)):
+        depth += {"{": 1, "}": -1}.get(code[i], 0)
+        if depth == 0:
+            return i + 1
+    raise ValueError("slow_code: unbalanced braces")
+
+
+def variant_code(solution: str, variant: str, language: str) -> str:
+    if variant == "fast":
         return solution
+    if variant == "slow":
+        return slow_code(solution, language)
     if variant == "wrong_values":
         return engines.corrupt_solution(solution)
     if variant == "no_compile":
         return drop_declaration(solution)[0]
     raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
+
+
+def parse_shares(text: str) -> dict:
+    """`fast=0.15,slow=0.25,...` -> {variant: share}; every variant named once, shares summing to 1."""
+    shares = {}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in VARIANTS or name in shares:
+            raise ValueError(f"--shares: {name!r} is not a variant or is named twice; variants: {VARIANTS}")
+        shares[name] = float(value)
+    if set(shares) != set(VARIANTS) or min(shares.values()) < 0 or abs(sum(shares.values()) - 1) > 1e-6:
+        raise ValueError(f"--shares must give each of {VARIANTS} a share >= 0, summing to 1; got {text!r}")
+    return shares
 
 
 def task_words(task) -> dict:
@@ -155,10 +224,25 @@ def made_up_feedback(solution: str, variant: str) -> str:
     return summarize.feedback(verdict)
 
 
-def draw_variant(rng: random.Random, correct_share: float) -> str:
-    if rng.random() < correct_share:
-        return "correct"
-    return rng.choice(VARIANTS[1:])
+def draw_variant(rng: random.Random, shares: dict) -> str:
+    return rng.choices(list(shares), weights=list(shares.values()))[0]
+
+
+class Feedback:
+    """The feedback line an earlier attempt of each (task, variant) gets in a later-turn prompt: the
+    harness's real one from variants.json once `--variants-only` (run beside the training) has written
+    it, else a made-up one of the same shape. The file is looked for again every `every` calls."""
+
+    def __init__(self, path: str, every: int = 200):
+        self.path, self.every, self.calls, self.real = path, every, 0, None
+
+    def __call__(self, task, variant: str, language: str) -> str:
+        if self.real is None and self.calls % self.every == 0 and os.path.exists(self.path):
+            with open(self.path) as f:
+                self.real = json.load(f)
+        self.calls += 1
+        real = (self.real or {}).get(f"{task.task_id}:{variant}")
+        return real["feedback"] if real else made_up_feedback(task.solutions[language], variant)
 
 
 @dataclass
@@ -170,21 +254,27 @@ class Example:
     response_ids: list[int]   # the response's tokens, then EOS
 
 
-def draw_example(task, tokenizer, rng: random.Random, args) -> Example:
+def draw_example(task, tokenizer, rng: random.Random, args, feedback=None) -> Example:
+    """One training example. A later-turn prompt shows one or two earlier attempts drawn from the
+    mixture, with their feedback; its response is drawn from the mixture too (nothing here teaches
+    what to do after which feedback: RL must), except that with --repeat-share it repeats the last
+    attempt's code, whatever its verdict, so that keeping a kernel is something the policy can do."""
+    feedback = feedback or (lambda t, v, language: made_up_feedback(t.solutions[language], v))
     solution = task.solutions[args.language]
-    history = []
+    words = dict(task_words(task), lang="CUDA" if args.language == "cuda" else "C++")
+    history, last = [], None
     if rng.random() < args.later_turn_share:
         for _ in range(rng.choice((1, 2))):
-            earlier = draw_variant(rng, args.correct_share)
-            words = dict(task_words(task), lang="CUDA" if args.language == "cuda" else "C++")
+            last = draw_variant(rng, args.shares)
             history.append(summarize.Attempt(
-                code=variant_code(solution, earlier), summary=rng.choice(SUMMARIES).format(**words),
-                feedback=made_up_feedback(solution, earlier)))
+                code=variant_code(solution, last, args.language),
+                summary=rng.choice(SUMMARIES).format(**words), feedback=feedback(task, last, args.language)))
     prompt = summarize.build_prompt(task.reference_src, history, language=args.language,
                                     count_tokens=lambda s: len(tokenizer(s, add_special_tokens=False).input_ids),
                                     max_prompt_tokens=args.max_prompt_tokens)
-    variant = draw_variant(rng, args.correct_share)
-    text = response_text(task, variant_code(solution, variant), args.language, rng)
+    repeat = last is not None and rng.random() < args.repeat_share
+    variant = last if repeat else draw_variant(rng, args.shares)
+    text = response_text(task, variant_code(solution, variant, args.language), args.language, rng)
     response_ids = list(tokenizer(text, add_special_tokens=False).input_ids) + [tokenizer.eos_token_id]
     return Example(task.task_id, variant, len(history), engines.render_prompt(tokenizer, prompt),
                    response_ids)
@@ -282,7 +372,7 @@ def on_distribution(model, tokenizer, train_tasks, args) -> dict:
                              temperature=args.eval_temperature)
     counts = {v: 0 for v in VARIANTS + ("other",)}
     for task, group in zip(train_tasks, groups):
-        codes = {variant_code(task.solutions[args.language], v).strip(): v for v in VARIANTS}
+        codes = {variant_code(task.solutions[args.language], v, args.language).strip(): v for v in VARIANTS}
         for completion in group:
             code = summarize.parse_response(completion.text).code
             counts[codes.get((code or "").strip(), "other")] += 1
@@ -294,6 +384,7 @@ def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
     """Next-token training until --steps, --max-seconds, or (checked every --check-every steps)
     until --target-on-distribution of the samples reproduce a trained variant exactly."""
     rng = random.Random(f"warm-start:{args.seed}")
+    feedback = Feedback(os.path.join(args.out, "variants.json"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
     model.to(device).train()
     history = []
@@ -310,7 +401,8 @@ def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
         if time.monotonic() - t0 > args.max_seconds:
             log(json.dumps({"event": "time limit", "step": step}))
             break
-        batch = [draw_example(rng.choice(train_tasks), tokenizer, rng, args) for _ in range(args.batch_size)]
+        batch = [draw_example(rng.choice(train_tasks), tokenizer, rng, args, feedback)
+                 for _ in range(args.batch_size)]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args)
         loss = response_loss(model, batch, device)
@@ -348,7 +440,7 @@ def judge_samples(model, tokenizer, eval_tasks, args, device, log, n: int | None
     t0 = time.monotonic()
     samples, _ = rollout.rollout(eval_tasks, engine, evaluate, config)
     by_task = {}
-    known = {t.task_id: {variant_code(t.solutions[args.language], v).strip(): v for v in VARIANTS}
+    known = {t.task_id: {variant_code(t.solutions[args.language], v, args.language).strip(): v for v in VARIANTS}
              for t in eval_tasks}
     for s in samples:
         row = by_task.setdefault(s.task_id, {"n": 0, "correct": 0, "statuses": {}, "variants": {},
@@ -370,16 +462,25 @@ def judge_samples(model, tokenizer, eval_tasks, args, device, log, n: int | None
 
 
 def judge_variants(train_tasks, args, log) -> dict:
-    """The harness's verdict on each trained variant of each task (no timing): what the mixture
-    is worth, and, run beside the training, the compile cache warmed for the RL run."""
+    """The harness's verdict on each trained variant of each task, timed as the RL run times: what the
+    mixture is worth, the feedback line later-turn prompts show for it (the training reads it from
+    variants.json once written), each variant's code_id (learning_report.py names the kernels of a
+    run's samples with it); run beside the training, it also fills the compile cache for the RL run."""
     import kernel_eval
     keys = [(t, v) for t in train_tasks for v in VARIANTS]
-    pairs = [(t.reference_src, variant_code(t.solutions[args.language], v)) for t, v in keys]
+    codes = [variant_code(t.solutions[args.language], v, args.language) for t, v in keys]
     t0 = time.monotonic()
-    results = kernel_eval.evaluate_batch(pairs, device=args.harness_device, time_candidate=False)
-    verdicts = {f"{t.task_id}:{v}": {"status": r.status, "message": r.message[:300]}
-                for (t, v), r in zip(keys, results)}
-    log(json.dumps({"event": "variants judged", "seconds": time.monotonic() - t0, "verdicts": verdicts}))
+    results = kernel_eval.evaluate_batch([(t.reference_src, c) for (t, _), c in zip(keys, codes)],
+                                         device=args.harness_device, time_candidate=True)
+    verdicts = {}
+    for (t, v), code, result in zip(keys, codes, results):
+        record = rollout.verdict_record(result)
+        verdicts[f"{t.task_id}:{v}"] = {
+            "variant": v, "task_id": t.task_id, "code_id": code_id(code), "status": record["status"],
+            "speedup": record.get("speedup", 0.0), "message": (record.get("message") or "")[:300],
+            "feedback": summarize.feedback(record)}
+    log(json.dumps({"event": "variants judged", "seconds": time.monotonic() - t0,
+                    "verdicts": {k: {f: v[f] for f in ("status", "speedup")} for k, v in verdicts.items()}}))
     return verdicts
 
 
@@ -407,10 +508,13 @@ def parse_args(argv=None):
                    "--language cuda, cpu for cpp)")
     p.add_argument("--seed", type=int, default=0)
     # data
-    p.add_argument("--correct-share", type=float, default=0.3,
-                   help="share of training responses whose code is the built-in solution")
+    p.add_argument("--shares", default=DEFAULT_SHARES,
+                   help="the mixture of the responses' code: the solution (fast), the solution doing its work "
+                        f"{SLOW_PASSES}x over (slow), wrong values, no compile")
     p.add_argument("--later-turn-share", type=float, default=0.3,
                    help="share of training prompts that show earlier attempts (turns > 0)")
+    p.add_argument("--repeat-share", type=float, default=0.25,
+                   help="share of later-turn responses that repeat the last attempt's code, whatever its verdict")
     p.add_argument("--max-prompt-tokens", type=int, default=3072)
     # tokenizer and model
     p.add_argument("--vocab-size", type=int, default=4096)
@@ -442,8 +546,12 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=1024)
     args = p.parse_args(argv)
     args.harness_device = args.harness_device or ("cuda" if args.language == "cuda" else "cpu")
-    if not 0.0 <= args.correct_share <= 1.0 or not 0.0 <= args.later_turn_share <= 1.0:
-        p.error("--correct-share and --later-turn-share must be in [0, 1]")
+    if not 0.0 <= args.later_turn_share <= 1.0 or not 0.0 <= args.repeat_share <= 1.0:
+        p.error("--later-turn-share and --repeat-share must be in [0, 1]")
+    try:
+        args.shares = parse_shares(args.shares)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -464,7 +572,7 @@ def main(argv=None) -> int:
     heldout = select_tasks(all_tasks, args.heldout) if args.heldout else []
     for task in train_tasks:  # fail now, not after training, if a variant cannot be made
         for variant in VARIANTS:
-            variant_code(task.solutions[args.language], variant)
+            variant_code(task.solutions[args.language], variant, args.language)
     if args.variants_only:
         with open(os.path.join(args.out, "variants.json"), "w") as f:
             json.dump(judge_variants(train_tasks, args, log), f, indent=1)

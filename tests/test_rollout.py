@@ -501,6 +501,16 @@ def test_reused_verdicts_judge_each_distinct_pair_once():
     assert calls == [[("r", "a"), ("r", "b")], [("r2", "a")]]
 
 
+def test_a_reused_timed_verdict_keeps_its_first_speedup():
+    speedups = iter([1.25, 0.5])
+
+    def evaluate(pairs, **kwargs):
+        return [{"status": "correct", "speedup": next(speedups)} for _ in pairs]
+    once = rollout.reusing_verdicts(evaluate)
+    assert [v["speedup"] for v in once([("r", "a")])] == [1.25]
+    assert [(v["speedup"], v["verdict_reused"]) for v in once([("r", "a")])] == [(1.25, True)]
+
+
 def test_a_verdict_known_without_the_harness_lets_its_trajectory_go_on(tokenizer):
     """reusing_verdicts holds kernel X's verdict from an earlier step. Trajectory 0 repeats X at turn 0,
     then writes a new kernel W; trajectory 1 writes a new kernel Y, then repeats it. Overlapped, W is

@@ -372,11 +372,6 @@ def test_metrics_count_builds_compiled_and_reused_and_verdicts_reused(tmp_path, 
     assert f"compiled 0, cached {0 if reuse else 1}, verdicts reused {4 if reuse else 0}" in capsys.readouterr().out
 
 
-def test_reuse_verdicts_is_refused_when_kernels_are_timed():
-    with pytest.raises(SystemExit, match="--reuse-verdicts needs --no-time-kernels"):
-        train.main(["--reuse-verdicts"])
-
-
 def test_max_minutes_stops_before_a_step_and_still_exports(tmp_path, capsys):
     train.main(["--max-minutes", "0.0001", "--out", str(tmp_path)])
     captured = capsys.readouterr()

@@ -11,13 +11,13 @@ def _summary(rows, loss, clips, kl, nonzero, clock, turn_stats, flops):
 
 
 def test_step_record_from_two_ranks_by_hand(tmp_path):
-    # (task, turn, status, score, speedup, completion tokens, truncated)
-    rank0 = _summary([("a", 0, "correct", 0.3, 1.5, 100, False), ("a", 1, "format_error", 0.0, 0.0, 300, True)],
+    # (task, turn, status, score, speedup, completion tokens, truncated, code_id)
+    rank0 = _summary([("a", 0, "correct", 0.3, 1.5, 100, False, "k1"), ("a", 1, "format_error", 0.0, 0.0, 300, True, "")],
                      [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0,
                                                        "generation_calls": 3, "evaluation_calls": 1},
                      [{"n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1},
                        "kernels_compiled": 1, "builds_reused": 0, "verdicts_reused": 0}], 1e12)
-    rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False), ("b", 1, "correct", 0.9, 3.0, 200, False)],
+    rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False, "k2"), ("b", 1, "correct", 0.9, 3.0, 200, False, "k3")],
                      [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5,
                                                        "generation_calls": 2, "evaluation_calls": 2},
                      # b's third candidate got no verdict (harness_error): no row, counted apart
@@ -32,6 +32,10 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["reward_mean"] == (0.3 + 0.9) / 4 and record["correct_rate"] == 0.5
     assert record["correct_rate_per_turn"] == [0.5, 0.5]
     assert record["best_speedup"] == 3.0
+    assert record["speedup_correct_mean"] == (1.5 + 3.0) / 2   # the correct rows only
+    assert record["speedup_correct_mean_per_turn"] == [1.5, 3.0]
+    assert record["samples"] == [("a", 0, "correct", 1.5, "k1"), ("a", 1, "format_error", 0.0, ""),
+                                 ("b", 0, "incorrect", 0.0, "k2"), ("b", 1, "correct", 3.0, "k3")]
     assert record["status_counts"] == {"correct": 2, "format_error": 1, "incorrect": 1}   # the rows trained on
     assert record["response_tokens_mean"] == 200 and record["truncated_rate"] == 0.25
     assert record["not_okay_ratio"] == (0.5 * 2 + 0.0 * 3) / 5 and record["harness_errors"] == 1
@@ -55,10 +59,16 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert (tmp_path / "plots" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_code_id_names_a_kernel_by_its_code():
+    assert train_log.code_id("  int x;\n") == train_log.code_id("int x;") != train_log.code_id("int y;")
+    assert train_log.code_id(None) == train_log.code_id("  ") == ""
+    assert train_log.mean_speedup_of_correct([("a", 0, "incorrect", 0.0, 0.0)]) is None
+
+
 def test_curves_are_a_grid_of_panels_with_whole_steps(tmp_path):
     """Three steps: a plain axis would tick 1.0, 1.25, 1.5, ...; the panels sit in a grid, not a strip."""
     import matplotlib.image
-    rows = [{"step": s, "reward_mean": 0.1 * s, "correct_rate": 0.2, "best_speedup": 1.0, "response_tokens_mean": 9.0,
+    rows = [{"step": s, "reward_mean": 0.1 * s, "correct_rate": 0.2, "speedup_correct_mean": None if s == 2 else 1.0, "response_tokens_mean": 9.0,
              "seconds_step": 3.0, "correct_rate_per_turn": [0.1, 0.3]} for s in (1, 2, 3)]
     fig = train_log.curves_figure(rows)
     ticks = [t for ax in fig.axes for t in ax.get_xticks() if 1 <= t <= 3]

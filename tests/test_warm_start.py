@@ -1,4 +1,5 @@
 """examples/warm_start.py: the variants, the prompts, the loss mask, and the saved checkpoint."""
+import json
 import os
 import random
 import sys
@@ -36,15 +37,54 @@ def test_drop_declaration_removes_a_used_declaration():
 
 @pytest.mark.parametrize("language", ["cuda", "cpp"])
 def test_every_builtin_task_has_distinct_variants_that_pass_the_gate(language):
-    # The broken variants must reach the harness (a gate refusal would make them format errors,
-    # a different lesson) and must differ from the solution (else "broken" would be correct).
+    # The variants must reach the harness (a gate refusal would make them format errors, a different
+    # lesson) and must differ from each other. A task whose C++ host function has no loop to repeat
+    # has no slow variant: one line says so, and the demo's tasks all have one.
     for task in ALL_TASKS:
         solution = task.solutions[language]
-        codes = {v: warm_start.variant_code(solution, v) for v in warm_start.VARIANTS}
-        assert codes["correct"] == solution
+        try:
+            codes = {v: warm_start.variant_code(solution, v, language) for v in warm_start.VARIANTS}
+        except ValueError as e:
+            assert language == "cpp" and "no top-level for loop" in str(e), task.task_id
+            assert not any(task.task_id.endswith(n) for n in warm_start.DEFAULT_TASKS.split(","))
+            continue
+        assert codes["fast"] == solution
         assert len(set(codes.values())) == len(codes), task.task_id
         for variant, code in codes.items():
             assert kernel_gate.check_format(code, language) is None, (task.task_id, variant)
+
+
+def test_slow_code_repeats_the_launch_or_the_loop():
+    cuda = ("void f(torch::Tensor x) {\n"
+            "    k<<<blocks, 256, 0, s>>>(\n"
+            "        x.data_ptr<float>(), n);\n"
+            "    C10_CUDA_KERNEL_LAUNCH_CHECK();\n}")
+    assert warm_start.slow_code(cuda, "cuda", passes=3) == (
+        "void f(torch::Tensor x) {\n"
+        "    for (int pass = 0; pass < 3; ++pass) {\n"
+        "        k<<<blocks, 256, 0, s>>>(\n"
+        "            x.data_ptr<float>(), n);\n"
+        "    }\n"
+        "    C10_CUDA_KERNEL_LAUNCH_CHECK();\n}")
+    braced = ("torch::Tensor f(torch::Tensor x) {\n"
+              "    for (int64_t i = 0; i < n; ++i) {\n"
+              "        out[i] = in[(i)];\n"
+              "    }\n"
+              "    return y;\n}")
+    assert warm_start.slow_code(braced, "cpp", passes=2) == (
+        "torch::Tensor f(torch::Tensor x) {\n"
+        "    for (int pass = 0; pass < 2; ++pass) {\n"
+        "        for (int64_t i = 0; i < n; ++i) {\n"
+        "            out[i] = in[(i)];\n"
+        "        }\n"
+        "    }\n"
+        "    return y;\n}")
+    one_statement = "torch::Tensor f() {\n    for (int p = 0; p < b; ++p)\n        g(p, h(p));\n    return y;\n}"
+    assert warm_start.slow_code(one_statement, "cpp", passes=2) == (
+        "torch::Tensor f() {\n    for (int pass = 0; pass < 2; ++pass) {\n"
+        "        for (int p = 0; p < b; ++p)\n            g(p, h(p));\n    }\n    return y;\n}")
+    with pytest.raises(ValueError, match="no kernel launch"):
+        warm_start.slow_code("void f() {}", "cuda")
 
 
 def test_turn0_prompt_is_exactly_the_rollouts(tokenizer):
@@ -60,14 +100,19 @@ def test_turn0_prompt_is_exactly_the_rollouts(tokenizer):
     assert example.response_ids[-1] == tokenizer.eos_token_id
     parsed = summarize.parse_response(tokenizer.decode(example.response_ids, skip_special_tokens=True))
     assert parsed.error is None
-    assert parsed.code.strip() == warm_start.variant_code(task.solutions["cpp"], example.variant).strip()
+    assert parsed.code.strip() == warm_start.variant_code(task.solutions["cpp"], example.variant, "cpp").strip()
 
 
-def test_variant_mixture_follows_correct_share():
+def test_variant_mixture_follows_the_shares():
+    shares = warm_start.parse_shares("fast=0.1,slow=0.2,wrong_values=0.3,no_compile=0.4")
     rng = random.Random(0)
-    draws = [warm_start.draw_variant(rng, 0.3) for _ in range(4000)]
-    assert abs(draws.count("correct") / 4000 - 0.3) < 0.03
-    assert abs(draws.count("wrong_values") / 4000 - 0.35) < 0.03
+    draws = [warm_start.draw_variant(rng, shares) for _ in range(4000)]
+    for variant, share in shares.items():
+        assert abs(draws.count(variant) / 4000 - share) < 0.03, variant
+    for bad, why in [("fast=0.5,slow=0.5", "each of"), ("fast=1,fast=0", "named twice"),
+                     ("fast=0.5,slow=0.6,wrong_values=0,no_compile=-0.1", "each of")]:
+        with pytest.raises(ValueError, match=why):
+            warm_start.parse_shares(bad)
 
 
 def test_later_turn_prompts_show_earlier_attempts(tokenizer):
@@ -79,12 +124,35 @@ def test_later_turn_prompts_show_earlier_attempts(tokenizer):
     assert "Attempt 1:" in text and "Feedback: Your code" in text
 
 
+def test_a_repeat_response_is_the_last_attempts_code(tokenizer):
+    args = warm_start.parse_args(["--out", "unused", "--language", "cpp", "--later-turn-share", "1",
+                                  "--repeat-share", "1"])
+    task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
+    for seed in range(6):
+        example = warm_start.draw_example(task, tokenizer, random.Random(seed), args)
+        prompt = tokenizer.decode(example.prompt_ids)
+        code = summarize.parse_response(tokenizer.decode(example.response_ids, skip_special_tokens=True)).code
+        last_attempt = prompt[prompt.rindex(f"Attempt {example.n_attempts}:"):]
+        assert code.strip() in last_attempt
+
+
+def test_later_turns_show_the_harness_feedback_once_variants_json_is_there(tmp_path):
+    task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
+    feedback = warm_start.Feedback(str(tmp_path / "variants.json"), every=1)
+    made_up = feedback(task, "slow", "cpp")
+    assert made_up == warm_start.made_up_feedback(task.solutions["cpp"], "slow")
+    real = "Your code is correct and ran at 0.31x the speed of the reference (2.000 ms vs 0.620 ms)."
+    (tmp_path / "variants.json").write_text(json.dumps({f"{task.task_id}:slow": {"feedback": real}}))
+    assert feedback(task, "slow", "cpp") == real   # every call looks while none was found
+    assert feedback(task, "fast", "cpp") == warm_start.made_up_feedback(task.solutions["cpp"], "fast")
+
+
 def test_response_loss_is_the_masked_mean_over_response_tokens(tokenizer):
     # Against the naive form: full logits, log-softmax, mean over the response positions only.
     args = warm_start.parse_args(["--out", "unused", "--hidden", "32", "--layers", "1", "--heads", "2"])
     model = warm_start.build_model(tokenizer, args)
-    batch = [warm_start.Example("t", "correct", 0, [5, 6, 7], [8, 9, 1]),
-             warm_start.Example("t", "correct", 0, [5, 6], [10, 1])]
+    batch = [warm_start.Example("t", "fast", 0, [5, 6, 7], [8, 9, 1]),
+             warm_start.Example("t", "fast", 0, [5, 6], [10, 1])]
     got = warm_start.response_loss(model, batch, torch.device("cpu"))
     terms = []
     for e in batch:
