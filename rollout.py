@@ -397,6 +397,10 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         # the phases of the candidate whose verdict came last: the turn waited for it
         "slowest_seconds": {k: round(v, 1) for k, v in (last.seconds if last else {}).items()},
         "slowest_verdict": verdict_line(last.status, last.message) if last else "",
+        # each verdict judged now: seconds from its compile's start to its verdict, by status
+        "latency_by_status": {status: [round(t.seconds["latency"], 2) for t in judged_now
+                                       if t.status == status and "latency" in t.seconds]
+                              for status in sorted({t.status for t in judged_now if "latency" in t.seconds})},
     }
 
 

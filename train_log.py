@@ -148,6 +148,8 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             # per turn (and rank), the phases of the verdict that came last (compile, device_wait, check, ...)
             "slowest_seconds": [turn.get("slowest_seconds", {}) for turn in turns],
             "slowest_verdict": [turn.get("slowest_verdict", "") for turn in turns],
+            "latency_by_status": {status: [x for turn in turns for x in turn.get("latency_by_status", {}).get(status, [])]
+                                  for status in sorted({s for turn in turns for s in turn.get("latency_by_status", {})})},
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")},
             # the rollout's harness calls and generation rounds (the busiest rank's): turns overlapped, a
             # step whose new kernels come in different trajectories' turns waits for one harness call

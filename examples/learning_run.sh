@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# The learning demo (issue 14, docs/learning/README.md) in one command: a warm start, then train.py's
-# GRPO with the real harness, two seeds side by side, a report. The whole script ends within BUDGET
-# seconds. On the H200 (one device call of at most 10 minutes):
-#     OUT=$OUT BUDGET=570 bash examples/learning_run.sh
-# On a CPU with C++ kernels, at a small size (a plumbing check, not evidence: see MODE=cpu below):
+# The learning demo (docs/learning/README.md) in one command: a warm start, then train.py's GRPO with
+# the real harness and Kevin's reward (0.3 x correct + speedup), a report. The whole script ends within
+# BUDGET seconds. On an H100 or H200, one seed per device call (at most 10 minutes):
+#     OUT=$OUT BUDGET=585 SEEDS=0 bash examples/learning_run.sh      # then SEEDS=1 in a second call
+# On a CPU with C++ kernels (2 cores; see MODE=cpu below):
 #     OUT=runs/learning_cpu MODE=cpu bash examples/learning_run.sh
-# Every setting below is an environment variable; the defaults are the H200 run's.
+# Every setting below is an environment variable; the defaults are the GPU run's.
 #
 # What runs:
-#  1. examples/warm_start.py --variants-only (background; VARIANTS=0 skips it): the harness's verdict on
-#     each trained variant; it also fills kernel_eval's compile cache for the samples that reproduce them.
+#  1. examples/warm_start.py --variants-only (background; VARIANTS=0 skips it): the harness's timed verdict
+#     on each variant the warm start trains (fast, slow, wrong_values, no_compile), written to variants.json:
+#     the warm start's later-turn prompts show these real feedback lines once the file is there, the report
+#     names the samples' kernels with it, and the builds fill kernel_eval's compile cache for the RL run.
 #  2. examples/warm_start.py: the warm start (a Qwen2-shaped model, random init, next-token loss on
 #     responses in the policy's format) for WS_SECONDS at most; saved with save_pretrained in $WORK/warm.
-#  3. per seed, side by side: train.py with --reuse-verdicts (each distinct kernel judged once: this
-#     policy repeats a few kernels, and a correctness-only verdict does not change) and --max-minutes (no
-#     step starts that would end past the deadline; the export is still written). `timeout` is the
-#     backstop: a cut step is lost, every finished one is in metrics.jsonl and plots/curves.png.
-#  4. examples/learning_report.py: the per-step table (with evaluation's share of the step, seconds lost to
-#     timeouts, kernels compiled, builds from cache, verdicts reused), the done-when check, one PNG of both seeds.
-# $OUT gets at most 8 files (what the device tool brings back): report.md, seeds.png, run_info.txt,
-# rl_seed{0,1}_metrics.jsonl, rl_seed{0,1}_curves.png, learning.tgz (every run's metrics.jsonl,
-# extra.jsonl, config.json, plots/curves.png and log, the warm start's log and json, variants.json;
-# no weights, no checkpoints). Everything else stays in $WORK.
+#  3. per seed: train.py with --reuse-verdicts (each distinct kernel judged once per run, a timed one keeping
+#     its first speedup: this policy repeats a few kernels) and --max-minutes (no step starts that would
+#     end past the deadline; the export is still written). `timeout` is the backstop.
+#  4. examples/learning_report.py: the per-step table (correct rate and speedup of correct kernels, per
+#     turn; the share of each variant; evaluation seconds; compile errors' latency), the done-when check,
+#     one plot per seed.
+# $OUT gets at most 8 files (what the device tool brings back): report.md, run_info.txt, variants.json,
+# rl_seed{N}_metrics.jsonl, rl_seed{N}.png, learning.tgz (every run's metrics.jsonl, config.json,
+# plots/curves.png and log, the warm start's log and json; no weights, no checkpoints).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${MODE:-gpu}
@@ -49,6 +50,11 @@ WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-150}; WS_SECONDS=${WS_SECONDS:-10
 WS_CHECK=${WS_CHECK:-8}    # samples per task in the final exact-variant check (generation only)
 WS_EVAL=${WS_EVAL:-0}      # samples per task judged by the harness after the warm start (0: RL's step 1,
                            # sampled before any update, measures the warm start on G x T x tasks samples)
+# the warm start's mixture: the solution (fast), the solution doing its work 4x over (slow), two broken
+# variants; later-turn prompts (the earlier attempts with the harness's real feedback) and, of their
+# responses, the share that repeats the last attempt's code whatever its verdict
+SHARES=${SHARES:-fast=0.15,slow=0.25,wrong_values=0.3,no_compile=0.3}
+LATER=${LATER:-0.4}; REPEAT=${REPEAT:-0.25}
 TEMPERATURE=${TEMPERATURE:-0.6}
 GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64
 # G=8: at 16 the first step's cold nvcc builds (two seeds at once) took 100-180 s and each seed
@@ -80,7 +86,7 @@ task_ids=$(echo "$TASKS" | tr ',' '\n' | sed 's|^|builtin/|' | paste -sd,)
 n_tasks=$(echo "$TASKS" | tr ',' '\n' | wc -l)
 warmup_frac=$(awk -v w="$WARMUP" -v s="$STEPS" 'BEGIN { printf "%.6f", w / (2 * s) }')
 { date -u; nvidia-smi -L 2>/dev/null; git log --oneline -1 2>/dev/null; git status --short 2>/dev/null | head -20
-  for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL \
+  for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL SHARES LATER REPEAT \
            TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
       echo "$v=${!v}"; done
   # what an earlier run on this machine left in the harness's cache: a later call finds its builds and probes
@@ -101,6 +107,7 @@ fi
 timeout -s INT "${WS_TIMEOUT:-$(( WS_SECONDS + 120 ))}" "$PY" examples/warm_start.py --language "$LANGUAGE" \
     --device "$DEVICE" --tasks "$TASKS" --heldout "$HELDOUT" --out "$WORK/warm" --hidden "$HIDDEN" \
     --layers "$LAYERS" --heads "$HEADS" --batch-size "$WS_BATCH" --steps "$WS_STEPS" --lr "$WS_LR" \
+    --shares "$SHARES" --later-turn-share "$LATER" --repeat-share "$REPEAT" \
     --max-seconds "$WS_SECONDS" --check-every 200 --check-samples "$WS_CHECK" --eval-temperature "$TEMPERATURE" \
     --target-on-distribution 0.85 --eval-samples "$WS_EVAL" --max-new-tokens "$MAX_NEW" > "$WORK/warm_start.log" 2>&1
 note "warm start exit $?"
@@ -118,7 +125,7 @@ for seed in $SEEDS; do
         --generation-batch-rows "$GEN_ROWS" --model "$WORK/warm" --tasks builtin --task-ids "$task_ids" --heldout 0 --out "$WORK/rl_seed$seed" \
         --steps "$STEPS" --seed "$seed" --device "$DEVICE" --tasks-per-step "$n_tasks" --trajectories "$G" \
         --turns "$T" --max-prompt-tokens "$MAX_PROMPT" --max-new-tokens "$MAX_NEW" --temperature "$TEMPERATURE" \
-        --gamma 0.4 --return-mode sum --oracle-share "$ORACLE_SHARE" --no-time-kernels --lr "$RL_LR" \
+        --gamma 0.4 --return-mode sum --oracle-share "$ORACLE_SHARE" --lr "$RL_LR" \
         --warmup-frac "$warmup_frac" --weight-decay 0 --grad-clip "$GRAD_CLIP" --optimizer-steps 2 \
         --clip-low 0.2 --clip-high 0.28 --aggregation dr_grpo --scale-by-std --save-every "$SAVE_EVERY" \
         --keep-checkpoints 1 > "$WORK/rl_seed$seed.log" 2>&1 &
@@ -129,18 +136,19 @@ note "RL done"
 # 4. the report, then $OUT (at most 8 files)
 metrics=$(for seed in $SEEDS; do echo "$WORK/rl_seed$seed/metrics.jsonl"; done)
 # shellcheck disable=SC2086
-"$PY" examples/learning_report.py $metrics --png "$WORK/seeds.png" > "$WORK/report.md" 2> "$WORK/report.err"
+"$PY" examples/learning_report.py $metrics --variants "$WORK/warm/variants.json" --png-dir "$WORK/plots" \
+    > "$WORK/report.md" 2> "$WORK/report.err"
 note "report exit $?"
 for seed in $SEEDS; do
     d="$WORK/rl_seed$seed"
     cp "$d/metrics.jsonl" "$OUT/rl_seed${seed}_metrics.jsonl" 2>/dev/null
-    cp "$d/plots/curves.png" "$OUT/rl_seed${seed}_curves.png" 2>/dev/null
+    cp "$WORK/plots/rl_seed$seed.png" "$OUT/rl_seed${seed}.png" 2>/dev/null
 done
 (cd "$WORK" && tar czf "$OUT_ABS/learning.tgz" --exclude='*.safetensors' --exclude='checkpoints' --exclude='export' \
     --exclude='*.pt' --exclude='*.distcp' run_info.txt variants.log warm_start.log report.md report.err \
     warm/warm_start.json warm/warm_start_log.jsonl warm/variants.json warm/variants_log.jsonl \
     $(for seed in $SEEDS; do echo "rl_seed$seed rl_seed$seed.log"; done) 2>/dev/null) 2>/dev/null
 note "total"
-cp "$WORK/report.md" "$WORK/seeds.png" "$WORK/run_info.txt" "$OUT/" 2>/dev/null
+cp "$WORK/report.md" "$WORK/run_info.txt" "$WORK/warm/variants.json" "$OUT/" 2>/dev/null
 cat "$WORK/report.md"
 exit 0

@@ -574,8 +574,10 @@ def main(argv=None) -> int:
         for variant in VARIANTS:
             variant_code(task.solutions[args.language], variant, args.language)
     if args.variants_only:
-        with open(os.path.join(args.out, "variants.json"), "w") as f:
+        path = os.path.join(args.out, "variants.json")   # the training reads it meanwhile: never half a file
+        with open(path + ".tmp", "w") as f:
             json.dump(judge_variants(train_tasks, args, log), f, indent=1)
+        os.replace(path + ".tmp", path)
         return 0
     device = torch.device(args.device)
     tokenizer = build_tokenizer(all_tasks, args.vocab_size, args.max_token_length)

@@ -589,6 +589,21 @@ def test_turn_stats_count_builds_compiled_and_reused_and_verdicts_reused(tokeniz
                                                       "timeout: candidate timed out during check (Z)"]
 
 
+def test_turn_stats_give_each_judged_verdicts_latency_by_status(tokenizer):
+    script = {("A", 0, 0): response("Okay.", kernel("X"), "s"), ("A", 1, 0): response("Okay.", kernel("Y"), "s"),
+              ("A", 2, 0): response("Okay.", kernel("X"), "s")}
+    verdicts = {kernel("X"): ("correct", 3.25), kernel("Y"): ("compile_error", 1.5)}
+
+    def harness(pairs, **kwargs):
+        return [{"status": verdicts[code][0], "correct": verdicts[code][0] == "correct", "speedup": 0.0,
+                 "seconds": {"latency": verdicts[code][1]}} for _, code in pairs]
+    config = rollout.RolloutConfig(n_trajectories=3, n_turns=1, max_new_tokens=4096,
+                                   max_prompt_tokens=100_000, language="cpp")
+    _, stats = rollout.rollout([TASK_A], ScriptedEngine(tokenizer, script), rollout.reusing_verdicts(harness), config)
+    # X's second appearance reused the first verdict: it waited for nothing and is not counted
+    assert stats[0]["latency_by_status"] == {"compile_error": [1.5], "correct": [3.25]}
+
+
 def test_verdict_line_is_the_status_and_the_first_diagnostic():
     compile_error = ("compilation failed:\nError building extension 'ext'\n"
                      "line 14 (cuda.cu:43): error: identifier \"stride\" is undefined\n      for (...)\n")

@@ -16,7 +16,8 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
                      [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0,
                                                        "generation_calls": 3, "evaluation_calls": 1},
                      [{"n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1},
-                       "kernels_compiled": 1, "builds_reused": 0, "verdicts_reused": 0}], 1e12)
+                       "kernels_compiled": 1, "builds_reused": 0, "verdicts_reused": 0,
+                       "latency_by_status": {"correct": [12.5]}}], 1e12)
     rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False, "k2"), ("b", 1, "correct", 0.9, 3.0, 200, False, "k3")],
                      [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5,
                                                        "generation_calls": 2, "evaluation_calls": 2},
@@ -25,7 +26,8 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
                        "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1},
                        "kernels_compiled": 1, "builds_reused": 1, "verdicts_reused": 1,
                        "slowest_seconds": {"compile": 9.5, "since_batch_start": 14.2},
-                       "slowest_verdict": "timeout: candidate timed out during check"}], 2e12)
+                       "slowest_verdict": "timeout: candidate timed out during check",
+                       "latency_by_status": {"correct": [14.2], "incorrect": [9.0]}}], 2e12)
     update_out = {"loss": [0.25, -0.5], "grad_norm": [0.2, 0.1], "lr": 1e-5}
     record = train_log.step_record(4, [rank0, rank1], update_out, n_turns=2)
     assert record["step"] == 5
@@ -42,6 +44,7 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["timeout_seconds"] == 8.5  # rank 0's turn stats name none: 0
     assert (record["kernels_compiled"], record["builds_reused"], record["verdicts_reused"]) == (2, 1, 1)
     assert record["slowest_seconds"] == [{}, {"compile": 9.5, "since_batch_start": 14.2}]  # per turn and rank
+    assert record["latency_by_status"] == {"correct": [12.5, 14.2], "incorrect": [9.0]}
     assert record["slowest_verdict"] == ["", "timeout: candidate timed out during check"]
     assert record["loss"] == ((0.25 + 0.75) + (-0.5 + 0.5)) / 2   # ranks summed, optimizer steps averaged
     assert abs(record["clip_fraction"] - 0.2) < 1e-12 and abs(record["approx_kl"] - 0.03) < 1e-12
