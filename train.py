@@ -12,7 +12,7 @@ One step, each a line of `train`'s loop you can point at:
  1. draw tasks (tasks.draw_tasks: uniform, or Kimi k1.5's prioritised sampling); rank r takes
     tasks[r::world], so a task's whole group (G trajectories x T turns) lives on one rank;
  2. rollout: G x T attempts per task, judged by kernel_eval -> Samples with discounted returns;
- 3. advantages: grpo.group_advantages over each task's G*T samples;
+ 3. advantages: grpo.group_advantages over each task's G*T samples (or each turn's G);
  4. old log-probs (grpo.completion_logprobs), once, under no_grad, before the first optimizer step;
  5. for each of `optimizer_steps` mini-batches: the global normaliser Z (all-reduced), the clipped
     loss on micro-batches (the same count on every rank), grad-norm clip, AdamW step;
@@ -116,6 +116,7 @@ class Config:
     clip_high: float = 0.28           # the ratio's upper clip, 1 + clip_high (Kevin: 0.28)
     aggregation: str = "dr_grpo"      # the loss's normaliser over tokens (grpo.py; Kevin: dr_grpo)
     scale_by_std: bool = True         # divide advantages by their task's standard deviation
+    advantage_groups: str = "task"    # normalise over each task's G*T samples (Kevin), or each (task, turn)'s G
     micro_batch_tokens: int = 16384   # padded tokens per forward/backward micro-batch
     generation_batch_rows: int = 64   # rows the HF engine decodes at once (0: as many as the memory plan fits)
     compile_decode: bool = False      # torch.compile the HF engine's decode step, sampling and prefill
@@ -141,7 +142,7 @@ PRESETS = {
 }
 
 CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_mode": rewards.RETURN_MODES,
-           "aggregation": grpo.AGGREGATIONS, "sandbox": ("auto", "require", "off")}
+           "aggregation": grpo.AGGREGATIONS, "advantage_groups": ("task", "task_turn"), "sandbox": ("auto", "require", "off")}
 
 
 FLAG_KINDS = {"bool": dict(action=argparse.BooleanOptionalAction), "int": dict(type=int, metavar="N"),
@@ -588,7 +589,10 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
             vllm.sleep()
         train_start = time.perf_counter()
         # 3. advantages per task over its G*T samples
-        advantages = grpo.group_advantages([s.discounted_return for s in samples], [s.task_id for s in samples],
+        # per (task, turn): a turn's own baseline; a turn-1 return also counts the later turns' scores, so
+        # over all turns the later turns' samples sit below the task's mean whatever they did
+        groups = [s.task_id if config.advantage_groups == "task" else (s.task_id, s.turn) for s in samples]
+        advantages = grpo.group_advantages([s.discounted_return for s in samples], groups,
                                            scale_by_std=config.scale_by_std)
         # 4-5. old log-probs, then optimizer steps (global Z, clipped loss, grad clip, AdamW)
         update_out = update(model, optimizers, samples, advantages, config, step_sampling, step, pad_id, device, world)

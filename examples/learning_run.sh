@@ -42,18 +42,18 @@ LANGUAGE=${LANGUAGE:-cuda}
 DEVICE=${DEVICE:-cuda}
 TASKS=${TASKS:-level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim}
 HELDOUT=${HELDOUT-level1/02_gelu_tanh,level2/06_bias_tanh_multiply}
-# the warm start: 8.8M parameters; 100 s (the 2026-12-01 run: loss 0.013 at 73 s, 0.007 at 120 s).
-# WS_STEPS sets the cosine schedule's length: 600 left lr at 9.5e-4 when the second run's 100 s ran
-# out at step 121 (loss 0.045, 86% format errors); 150 lets it decay within the time.
+# the warm start: 8.8M parameters, ~1 s a step of 64 examples on an H100; WS_STEPS is the cosine
+# schedule's length, so that lr has decayed when WS_SECONDS run out (a sampled policy at a high lr is
+# noisy: more kernels that are no variant, each a new build in step 1)
 HIDDEN=${HIDDEN:-384}; LAYERS=${LAYERS:-4}; HEADS=${HEADS:-6}
-WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-150}; WS_SECONDS=${WS_SECONDS:-100}; WS_LR=${WS_LR:-1e-3}
-WS_CHECK=${WS_CHECK:-8}    # samples per task in the final exact-variant check (generation only)
+WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-100}; WS_SECONDS=${WS_SECONDS:-110}; WS_LR=${WS_LR:-1e-3}
+WS_CHECK=${WS_CHECK:-0}    # samples per task in the final exact-variant check (0: RL's step 1 measures it)
 WS_EVAL=${WS_EVAL:-0}      # samples per task judged by the harness after the warm start (0: RL's step 1,
                            # sampled before any update, measures the warm start on G x T x tasks samples)
-# the warm start's mixture: the solution (fast), the solution doing its work 4x over (slow), two broken
+# the warm start's mixture: the solution (fast), the solution doing its work 8x over (slow), two broken
 # variants; later-turn prompts (the earlier attempts with the harness's real feedback) and, of their
 # responses, the share that repeats the last attempt's code whatever its verdict
-SHARES=${SHARES:-fast=0.15,slow=0.25,wrong_values=0.3,no_compile=0.3}
+SHARES=${SHARES:-fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3}
 LATER=${LATER:-0.4}; REPEAT=${REPEAT:-0.25}
 TEMPERATURE=${TEMPERATURE:-0.6}
 GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64
@@ -70,6 +70,9 @@ RL_LR=${RL_LR:-3e-5}; WARMUP=${WARMUP:-4}
 # away anyway, and 1.0 keeps the setting of the first demo run.
 GRAD_CLIP=${GRAD_CLIP:-1.0}
 ORACLE_SHARE=${ORACLE_SHARE:-0}
+# advantages per (task, turn): a turn-1 return also counts turn 2's score (sum, gamma 0.4), so normalised
+# over both turns (Kevin's grouping) every turn-2 sample would sit below its task's mean whatever it did
+ADV_GROUPS=${ADV_GROUPS:-task_turn}
 STEPS=${STEPS:-40}         # an upper bound: the time budget ends the run first (lr is constant after warm-up)
 SAVE_EVERY=${SAVE_EVERY:-5}
 SEEDS=${SEEDS:-"0 1"}
@@ -87,7 +90,7 @@ n_tasks=$(echo "$TASKS" | tr ',' '\n' | wc -l)
 warmup_frac=$(awk -v w="$WARMUP" -v s="$STEPS" 'BEGIN { printf "%.6f", w / (2 * s) }')
 { date -u; nvidia-smi -L 2>/dev/null; git log --oneline -1 2>/dev/null; git status --short 2>/dev/null | head -20
   for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL SHARES LATER REPEAT \
-           TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
+           TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE ADV_GROUPS STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
       echo "$v=${!v}"; done
   # what an earlier run on this machine left in the harness's cache: a later call finds its builds and probes
   cache=${KERNEL_EVAL_CACHE:-$HOME/.cache/kernel_eval}
@@ -127,7 +130,7 @@ for seed in $SEEDS; do
         --turns "$T" --max-prompt-tokens "$MAX_PROMPT" --max-new-tokens "$MAX_NEW" --temperature "$TEMPERATURE" \
         --gamma 0.4 --return-mode sum --oracle-share "$ORACLE_SHARE" --lr "$RL_LR" \
         --warmup-frac "$warmup_frac" --weight-decay 0 --grad-clip "$GRAD_CLIP" --optimizer-steps 2 \
-        --clip-low 0.2 --clip-high 0.28 --aggregation dr_grpo --scale-by-std --save-every "$SAVE_EVERY" \
+        --clip-low 0.2 --clip-high 0.28 --aggregation dr_grpo --scale-by-std --advantage-groups "$ADV_GROUPS" --save-every "$SAVE_EVERY" \
         --keep-checkpoints 1 > "$WORK/rl_seed$seed.log" 2>&1 &
 done
 wait

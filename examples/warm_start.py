@@ -70,8 +70,8 @@ from train_log import code_id  # noqa: E402
 
 VARIANTS = ("fast", "slow", "wrong_values", "no_compile")
 CORRECT_VARIANTS = ("fast", "slow")
-DEFAULT_SHARES = "fast=0.15,slow=0.25,wrong_values=0.3,no_compile=0.3"
-SLOW_PASSES = 4   # the slow variant does the solution's work this many times over
+DEFAULT_SHARES = "fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3"
+SLOW_PASSES = 8   # the slow variant does the solution's work this many times over
 DEFAULT_TASKS = "level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim"
 DEFAULT_HELDOUT = "level1/02_gelu_tanh,level2/06_bias_tanh_multiply"
 
@@ -91,17 +91,19 @@ SUMMARIES = (
     "I replaced the reference's operator with my own {lang} code for {name}.",
 )
 # Verdicts made up for earlier attempts in later-turn prompts, used until the harness's real verdicts
-# of the variants (variants.json, judged beside the training) are there; their shape is the harness's.
+# of the variants (variants.json, judged beside the training) are there; their text has the shape of
+# the harness's messages (kernel_eval), its numbers are made up.
 MADE_UP_VERDICTS = {
-    "fast": {"status": "correct", "speedup": 1.0, "ref_ms": 0.2, "candidate_ms": 0.2, "message": ""},
-    "slow": {"status": "correct", "speedup": 0.25, "ref_ms": 0.2, "candidate_ms": 0.8, "message": ""},
-    "wrong_values": {"status": "incorrect",
-                     "message": "output: {n} of {n} values outside tolerance (atol=0.01, rtol=0.01); "
-                                "max abs diff 1"},
+    "fast": {"status": "correct", "speedup": 1.0, "ref_ms": 0.2, "candidate_ms": 0.2},
+    "slow": {"status": "correct", "speedup": 0.25, "ref_ms": 0.2, "candidate_ms": 0.8},
+    "wrong_values": {"status": "incorrect", "message": "trial 1/5: output: {n} of {n} values outside tolerance "
+                                                      "(atol=0.01, rtol=0.01); max abs diff 1"},
     "no_compile": {"status": "compile_error",
-                   "message": "error: identifier \"{var}\" is undefined\n1 error detected in the "
-                              "compilation of \"main.cpp\"."},
+                   "message": "compilation failed:\nError building extension '{name}'\nline {line} (cuda.cu:{line}): "
+                              "error: identifier \"{var}\" is undefined"},
 }
+CORRECT_MESSAGE = ("correct; {ref_ms:.4f} ms reference vs {candidate_ms:.4f} ms candidate ({speedup:.3f}x), timed "
+                   "in turn in one window")
 
 # transformers' Qwen2Tokenizer pre-tokenisation regex (PRETOKENIZE_REGEX there)
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -219,8 +221,15 @@ def response_text(task, code: str, language: str, rng: random.Random) -> str:
 
 def made_up_feedback(solution: str, variant: str) -> str:
     verdict = dict(MADE_UP_VERDICTS[variant])
-    var = drop_declaration(solution)[1] if variant == "no_compile" else ""
-    verdict["message"] = verdict["message"].format(n=4096, var=var)
+    if verdict["status"] == "correct":
+        verdict["message"] = CORRECT_MESSAGE.format(**verdict)
+    elif variant == "no_compile":
+        broken, var = drop_declaration(solution)
+        name = re.search(r"name\s*=\s*[\"']([^\"']+)", solution)
+        line = next((i + 1 for i, text in enumerate(broken.split("\n")) if re.search(rf"\b{var}\b", text)), 1)
+        verdict["message"] = verdict["message"].format(name=name.group(1) if name else "ext", line=line, var=var)
+    else:
+        verdict["message"] = verdict["message"].format(n=4096)
     return summarize.feedback(verdict)
 
 
