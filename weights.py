@@ -31,6 +31,7 @@ import copy
 import json
 import math
 import os
+from typing import Iterator
 
 import torch
 
@@ -162,12 +163,29 @@ def export_names(model) -> list[tuple[str, torch.Tensor]]:
     return list(state.items())
 
 
+def full_tensors(model, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 exported_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of each state-dict entry (`exported_only`: of export_names), one at a time, on
+    `device` in `dtype` (None: as stored). A DTensor's shard is moved and cast before `full_tensor()`
+    all-gathers it: NCCL gathers only GPU tensors (shards may wait in host memory) and a bf16 gather moves
+    half the bytes of an fp32 one. Every rank walks it in step (the all-gathers are collectives); the
+    extra memory is one full tensor."""
+    from torch.distributed.tensor import DTensor
+    for name, tensor in export_names(model) if exported_only else model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            local = tensor.to_local().to(device=device, dtype=dtype)
+            tensor = DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False,
+                                        shape=tensor.shape, stride=tensor.stride()).full_tensor()
+        else:
+            tensor = tensor.to(device=device, dtype=dtype)
+        yield name, tensor.detach()
+
+
 def save_streaming(model, tokenizer, folder: str, rank: int, dtype: torch.dtype | None = None,
                    max_shard_bytes: int = 4 << 30) -> None:
     """Write `model` (FSDP2-sharded or not) as a Hugging Face folder, one full tensor at a time.
     Every rank calls it (the all-gathers are collectives); only rank 0 writes."""
     from safetensors.torch import save_file
-    from torch.distributed.tensor import DTensor
     dtype = dtype or getattr(model, "checkpoint_dtype", None) or checkpoint_dtype(model.config)
     items = export_names(model)
     # shards decided up front from the global shapes, so each file's name knows the count
@@ -184,10 +202,9 @@ def save_streaming(model, tokenizer, folder: str, rank: int, dtype: torch.dtype 
         names = [SINGLE_FILE]
     shard_of = {name: k for k, shard in enumerate(shards) for name in shard}
     pending, weight_map, total = {}, {}, 0
-    for i, (name, tensor) in enumerate(items):
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    for i, (name, full) in enumerate(full_tensors(model, dtype=dtype, exported_only=True)):
         if rank == 0:
-            pending[name] = full.detach().to(dtype).cpu().contiguous()
+            pending[name] = full.cpu().contiguous()
             weight_map[name] = names[shard_of[name]]
             total += pending[name].numel() * pending[name].element_size()
         del full
@@ -213,16 +230,13 @@ def generation_copy(model, device: torch.device, dtype: torch.dtype = torch.bflo
     time (every rank walks the same order: the all-gathers are collectives). The shards may wait in
     host memory: each comes to `device` alone for its all-gather (NCCL gathers device memory). It
     exists for the body of the `with`."""
-    from torch.distributed.tensor import DTensor
     copy = empty_model(model.config, dtype=dtype)
     materialize(copy, device)
     targets = copy.state_dict()
     with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            tensor = tensor.to(device)
-            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        for name, full in full_tensors(model, device, dtype):
             targets[name].copy_(full)
-            del full, tensor
+            del full
     copy.eval()
     try:
         yield copy
