@@ -47,7 +47,7 @@ import urllib.error
 import urllib.request
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 

@@ -29,11 +29,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import functools
 import math
 import os
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
+
+import memory_plan
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -242,3 +246,97 @@ def generation_copy(model, device: torch.device, dtype: torch.dtype = torch.bflo
         yield copy
     finally:
         del copy, targets
+
+
+# ----------------------------------------------------------------------------- train.py's policy
+# `config` is train.Config (its model, cpu_offload, activation_checkpointing and compile fields).
+
+TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 byte tokenizer
+    "tiny-llama": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768),
+}
+
+
+def load_policy(config):
+    """(model, tokenizer) of config.model on the host, whole (a built-in tiny model, or from_pretrained);
+    every failure is one line that names the problem."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    if config.model in TINY_MODELS:
+        tokenizer = ByT5Tokenizer()
+        model = LlamaForCausalLM(LlamaConfig(**TINY_MODELS[config.model], eos_token_id=tokenizer.eos_token_id,
+                                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None))
+    else:
+        if config.model.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(config.model)):
+            raise SystemExit(f"train.py: --model {config.model}: no such directory")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(config.model)
+            model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+        except OSError as error:
+            raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
+    model.config.use_cache = False  # the training forward keeps no KV cache
+    return model, tokenizer
+
+
+def setup_policy(config, device: torch.device, world: int):
+    """(FSDP2 model, tokenizer, the host memory the weights' load took). A built-in tiny model is built whole
+    and sharded; a checkpoint is built on the meta device, sharded, and each rank reads only its own rows
+    (load_sharded): no rank's host memory holds the model."""
+    from transformers import AutoConfig, AutoTokenizer
+    before = memory_plan.reset_host_peak()
+    if config.model in TINY_MODELS:
+        model, tokenizer = load_policy(config)
+        return shard(model.to(device), config, device, world), tokenizer, memory_plan.host_peak() - before
+    try:
+        if dist.get_rank() == 0:   # a hub id's files: downloaded once, then the others find them cached
+            local_folder(config.model)
+        dist.barrier()
+        folder = local_folder(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        hf_config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
+    before = memory_plan.reset_host_peak()   # the weights' load alone: what the plan's load phase counts
+    try:
+        model = load_sharded(folder, hf_config, functools.partial(shard, config=config, device=device, world=world),
+                             torch.device("cpu") if config.cpu_offload else device)
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: {str(error).strip(chr(39))}")
+    return model, tokenizer, memory_plan.host_peak() - before
+
+
+def shard(model, config, device: torch.device, world: int):
+    """FSDP2: each decoder layer its own group, then the root (torchtitan's layout)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    mesh = init_device_mesh(device.type, (world,))
+    kwargs = dict(mesh=mesh)
+    if device.type == "cuda":  # bf16 compute, fp32 master weights and gradient reduction
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if config.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if config.activation_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x renamed it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in model.model.layers:
+        if config.compile:   # fuses norms, rotary, SwiGLU; forward only, so FSDP2's hooks stay eager
+            layer.forward = torch.compile(layer.forward, dynamic=True)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def model_config(config):
+    """The model's transformers config, without its weights."""
+    if config.model in TINY_MODELS:
+        from transformers import LlamaConfig
+        return LlamaConfig(**TINY_MODELS[config.model])
+    try:
+        return memory_plan.read_config(config.model)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: {str(error).splitlines()[0]}")
