@@ -47,7 +47,6 @@ one kernel budget).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import glob
@@ -60,11 +59,13 @@ import random
 import shlex
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import beam_search
 import checkpoint
 import engines
+import flags
 import kernel_gate
 import rewards
 import rollout
@@ -650,7 +651,7 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
     levels = {t.task_id: t.level for t in task_list}
     total = len(task_list) * shape["budget"]
     progress = None
-    if not args.no_progress:
+    if args.progress:
         from tqdm import tqdm
         progress = tqdm(total=total, desc=shape["name"], unit="kernel", file=sys.stderr)
     writer = RecordWriter(out_dir, levels, progress)
@@ -683,81 +684,51 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
     return write_outputs(out_dir, records, title, extra)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.error = lambda message: ap.exit(2, f"eval.py: {message}\n")   # one line, not the usage block
-    ap.add_argument("--policy", required=True, metavar="POLICY", help="oracle, oracle-corrupt, a Hugging Face model "
-                    "id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates "
-                    "(required)")
-    ap.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible endpoint, .../v1 (default: none)")
-    ap.add_argument("--model", metavar="NAME", help="the model's name at --base-url (default: --policy)")
-    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
-                    help="the environment variable that holds --base-url's key (default: %(default)s)")
-    ap.add_argument("--http-workers", type=int, default=8, metavar="N",
-                    help="requests to --base-url at once (default: %(default)s)")
-    ap.add_argument("--corrupt-rate", type=float, default=0.0, metavar="X",
-                    help="--policy oracle: the share of answers corrupted (default: %(default)s)")
-    ap.add_argument("--tasks", default="builtin", metavar="SOURCE",
-                    help="builtin, a KernelBench checkout, or a .jsonl/.parquet export (default: %(default)s)")
-    ap.add_argument("--levels", metavar="LEVELS", help="comma-separated levels, e.g. 1,2 (default: all)")
-    ap.add_argument("--split", choices=("all", "train", "heldout"), default="all",
-                    help="the part of tasks.split_tasks' train/held-out split (default: %(default)s)")
-    ap.add_argument("--n-heldout", type=int, default=20, metavar="N",
-                    help="tasks in the held-out part (default: %(default)s, Kevin's)")
-    ap.add_argument("--split-seed", type=int, default=0, metavar="N", help="the split's seed (default: %(default)s)")
-    ap.add_argument("--task-ids", metavar="IDS", help="only these task ids, comma-separated (default: all)")
-    ap.add_argument("--limit", type=int, default=0, metavar="N",
-                    help="the first N tasks after --split and --task-ids (default: 0, all)")
-    ap.add_argument("--trajectories", type=int, default=16, metavar="N",
-                    help="trajectories per task (default: %(default)s, Kevin's protocol)")
-    ap.add_argument("--turns", type=int, default=8, metavar="T",
-                    help="refinement turns per trajectory (default: %(default)s, Kevin's protocol)")
-    ap.add_argument("--search", choices=("trajectories", "beam"), default="trajectories",
-                    help="independent trajectories, or Kevin's beam search (default: %(default)s)")
-    ap.add_argument("--beam-width", type=int, default=16, metavar="W",
-                    help="beam search: trajectories a round (default: %(default)s)")
-    ap.add_argument("--beam-keep", type=int, default=4, metavar="K",
-                    help="beam search: the best trajectories kept after a round, each replicated W/K times "
-                         "(default: %(default)s)")
-    ap.add_argument("--beam-steps", type=int, default=4, metavar="S",
-                    help="beam search: turns a round (default: %(default)s)")
-    ap.add_argument("--beam-rounds", type=int, default=2, metavar="R",
-                    help="beam search: rounds (default: %(default)s)")
-    ap.add_argument("--grid", metavar="SHAPES", help="several shapes, each its own run: GxT (trajectories x turns) "
-                    "or beam:WxSxR, e.g. 16x8,32x4,128x1,beam:16x4x2 (default: none)")
-    ap.add_argument("--device", help="cpu, cuda or cuda:N, for the harness and the model (default: cuda when torch "
-                    "sees one, else cpu)")
-    ap.add_argument("--language", choices=tasks_module.LANGUAGES,
-                    help="the kernels' language (default: cpp with --device cpu, cuda on a GPU)")
-    ap.add_argument("--max-new-tokens", type=int, default=16384, metavar="N",
-                    help="tokens per response (default: %(default)s)")
-    ap.add_argument("--max-prompt-tokens", type=int, default=8192, metavar="N",
-                    help="prompt budget; the earliest turns' attempts are dropped first (default: %(default)s)")
-    ap.add_argument("--temperature", type=float, default=0.9, metavar="X",
-                    help="sampling temperature (default: %(default)s, Kevin's)")
-    ap.add_argument("--top-p", type=float, default=1.0, metavar="X",
-                    help="nucleus sampling, 1 for none (default: %(default)s)")
-    ap.add_argument("--max-batch-rows", type=int, default=64, metavar="N",
-                    help="rows the Hugging Face engine decodes at once (default: %(default)s)")
-    ap.add_argument("--seed", type=int, default=0, metavar="N", help="the sampling's seed (default: %(default)s)")
-    ap.add_argument("--out", required=True, metavar="DIR",
-                    help="the run's folder: records, summary, tables and plots (required)")
-    ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl (default: off)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
-    ap.add_argument("--sandbox", choices=("auto", "require", "off"), default="auto",
-                    help="the candidates' processes behind namespaces and uid 65534 (kernel_boundary): auto "
-                         "(where they work, else a warning), require (refuse without them), off (default: %(default)s)")
-    args = ap.parse_args(argv)
-    blocked = args.out
-    while blocked and not os.path.isdir(blocked):   # --out, or a folder above it, that is a file
-        if os.path.exists(blocked):
-            ap.error(f"--out {args.out}: {blocked} is a file, not a folder")
-        blocked = os.path.dirname(blocked)
-    for name in ("trajectories", "turns", "beam_width", "beam_keep", "beam_steps", "beam_rounds",
-                 "max_new_tokens", "http_workers", "max_batch_rows"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"eval.py: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+@dataclass
+class Args(rollout.Sampling):
+    """eval.py's flags (flags.py: each field a flag, its comment the --help); the sampling settings are
+    rollout.Sampling's, with Kevin's protocol as their defaults (KEVIN_PROTOCOL)."""
+    policy: str                       # oracle, oracle-corrupt, a Hugging Face model id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates
+    out: str                          # the run's folder: records, summary, tables and plots
+    base_url: str | None = None       # an OpenAI-compatible endpoint, .../v1
+    model: str | None = None          # the model's name at --base-url (none: --policy)
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable that holds --base-url's key
+    http_workers: int = 8             # requests to --base-url at once
+    corrupt_rate: float = 0.0         # --policy oracle: the share of answers corrupted
+    tasks: str = "builtin"            # builtin, a KernelBench checkout, or a .jsonl/.parquet export
+    levels: str | None = None         # comma-separated levels, e.g. 1,2 (none: all)
+    split: str = "all"                # the part of tasks.split_tasks' train/held-out split
+    n_heldout: int = 20               # tasks in the held-out part (Kevin's 20)
+    split_seed: int = 0               # the split's seed
+    task_ids: str | None = None       # only these task ids, comma-separated (none: all)
+    limit: int = 0                    # the first N tasks after --split and --task-ids (0: all)
+    search: str = "trajectories"      # independent trajectories, or Kevin's beam search
+    beam_width: int = 16              # beam search: trajectories a round
+    beam_keep: int = 4                # beam search: the best trajectories kept after a round, each replicated W/K times
+    beam_steps: int = 4               # beam search: turns a round
+    beam_rounds: int = 2              # beam search: rounds
+    grid: str | None = None           # several shapes, each its own run: GxT (trajectories x turns) or beam:WxSxR, e.g. 16x8,32x4,128x1,beam:16x4x2
+    device: str | None = None         # cpu, cuda or cuda:N, for the harness and the model (none: cuda when torch sees one, else cpu)
+    language: str | None = None       # the kernels' language (none: cpp with --device cpu, cuda on a GPU)
+    max_batch_rows: int = 64          # rows the Hugging Face engine decodes at once
+    resume: bool = False              # continue from --out's records.jsonl
+    progress: bool = True             # a progress bar on stderr
+    sandbox: str = "auto"             # the candidates' processes behind namespaces and uid 65534 (kernel_boundary): auto (where they work, else a warning), require (refuse without them), off
+
+
+KEVIN_PROTOCOL = dict(trajectories=16, turns=8, max_new_tokens=16384, temperature=0.9)
+CHOICES = {"split": ("all", "train", "heldout"), "search": ("trajectories", "beam"),
+           "language": tasks_module.LANGUAGES, "sandbox": ("auto", "require", "off")}
+
+
+def parse_args(argv=None) -> Args:
+    parser = flags.parser("eval.py", __doc__.split("\n\n")[0], raw=True)
+    flags.add_fields(parser, Args, CHOICES, defaults=KEVIN_PROTOCOL, note=", Kevin's protocol")
+    args = Args(**{**KEVIN_PROTOCOL, **flags.given(parser.parse_args(argv))})
+    flags.refuse_file_out(parser, args.out)
+    flags.refuse_out_of_range(args, "eval.py", at_least_one=(
+        "trajectories", "turns", "beam_width", "beam_keep", "beam_steps", "beam_rounds", "max_new_tokens",
+        "http_workers", "max_batch_rows"))
     if not 0 < args.top_p <= 1 or args.temperature < 0:
         raise SystemExit(f"eval.py: --top-p {args.top_p} --temperature {args.temperature}: expected 0 < top-p <= 1 "
                          "and temperature >= 0 (0: greedy)")
