@@ -1,46 +1,25 @@
 """Evaluation: KernelBench-style metrics of a policy, Kevin's test-time search, and
 inference-time scaling, with tables and plots.
 
-A policy is run on a task set with the same multi-turn rollout as training (rollout.py,
-kernel_eval.py; no gradient): N trajectories of T refinement turns per task (Kevin: 16 x 8),
-or Kevin's beam search (beam_search.py) at the same kernel budget. Every kernel becomes one
-record; the metrics are computed from the records alone. For a task i with trajectories
-j = 1..N and kernels k (each with correct c_k in {0, 1} and speedup x_k = ref_ms / candidate_ms):
+A policy runs the training rollout (no gradient) on a task set: N trajectories x T turns per
+task (Kevin: 16 x 8), or Kevin's beam search at the same kernel budget. Every kernel is one
+record; the metrics come from the records alone. For task i, kernels k (correct c_k, speedup x_k):
 
-    per-kernel correctness   = mean over all kernels of c_k
-    avg@N correctness        = mean_i  mean_j  1[any kernel of trajectory j of task i is correct]
-    best@N correctness       = mean_i  1[any kernel of task i is correct]
-    best speedup of task i   b_i = max over correct kernels of x_k, over all trajectories and
-                               turns; 0 when task i has no correct kernel
-    speedup_best_mean        = mean_i b_i
-    speedup_best_geomean     = exp(mean log b_i) over the tasks with b_i > 0 (0 if there are none)
-    fast_p                   = mean_i 1[task i has a correct kernel and b_i > p]
-                               (KernelBench; p in {0, 1, 1.5, 2})
+    per-kernel correctness = mean of c_k;  avg@N = mean_i mean_j 1[trajectory j has a correct kernel]
+    best@N = mean_i 1[task i has a correct kernel];  b_i = max x_k over correct kernels (0 if none)
+    speedup_best_mean = mean_i b_i;  speedup_best_geomean = exp(mean log b_i) over b_i > 0
+    fast_p = mean_i 1[correct kernel and b_i > p], p in {0, 1, 1.5, 2} (fast_0 = best@N)
 
-fast_p counts a task only when its best correct kernel is strictly faster than p times the
-reference: a speedup exactly p does not count. A correct kernel whose time the harness could
-not trust (timing_ok false) has speedup 0 in the records and in b_i, so it adds nothing to
-the speedup means and to fast_p for p > 0; it does count for fast_0, because a kernel that
-ran to completion is faster than 0x whatever its time: fast_0 = best@N correctness, as in
-KernelBench.
-All of them are reported overall, per level, and per turn t as "best so far": over the
-kernels of turns 1..t. Turns are counted from 1 (turn 1 is the first attempt) in the records,
-tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N
-is over the W trajectories of the last round, each with the kernels of its ancestors.
-A kernel the harness could not judge (status harness_error) has no verdict: it is counted
-apart (harness_errors), never as an incorrect kernel, and its task stays in the metrics.
+A correct kernel whose timing was not trusted has speedup 0. Each metric is given overall, per
+level and per turn (best so far over turns 1..t). A kernel the harness could not judge
+(harness_error) is counted apart, never as incorrect; a task whose reference failed is left out.
 
-Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
-is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
-distinct kernel once), run.json (the protocol, checked on --resume), summary.json,
-summary.md, speedup_vs_turn.png, fast_p.png; with --grid one sub-folder per shape plus
-grid.json, grid.md and scaling.png (Kevin's Table 2: several trajectories x turns shapes at
-one kernel budget).
+Outputs in --out: records.jsonl (appended per turn; --resume continues from it), code/<hash>.py,
+run.json (the protocol, checked on --resume), summary.json/.md and plots; --grid: a sub-folder per
+shape, grid.json, grid.md, scaling.png (Kevin's Table 2).
 
     python eval.py --policy oracle --tasks builtin --device cpu --limit 2 --trajectories 2 --turns 2 --out runs/eval_oracle
-    python eval.py --policy oracle-corrupt --tasks builtin --device cpu --limit 2 --out runs/eval_corrupt
-    python eval.py --policy /path/to/export --tasks /path/to/KernelBench --levels 1,2 --split heldout \\
-        --trajectories 16 --turns 8 --device cuda --out runs/eval_heldout
+    python eval.py --policy /path/to/export --tasks /path/to/KernelBench --levels 1,2 --split heldout --device cuda --out runs/eval_heldout
     python eval.py --policy MODEL --base-url http://localhost:8000/v1 ...   # key from $OPENAI_API_KEY
     python eval.py --policy oracle --corrupt-rate 0.5 --grid 16x8,32x4,128x1,beam:16x4x2 --device cuda --out runs/grid
     python eval.py --policy candidates/ ...   # DIR/<task_id>/<n>.py, each judged as it is
