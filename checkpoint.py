@@ -167,3 +167,16 @@ def export(model, tokenizer, out: str, rank: int) -> None:
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     dist.barrier()
+
+
+def finished_steps(out: str) -> int:
+    """The steps of out's last whole checkpoint when the model was exported after it (a run that ended), else 0."""
+    found = complete(out)
+    exported = os.path.join(out, "export", "config.json")
+    if not found or not os.path.exists(exported):
+        return 0
+    state = os.path.join(found[-1], "trainer_state.json")
+    if os.path.getmtime(exported) < os.path.getmtime(state):   # trained on after its export, then stopped
+        return 0
+    with open(state) as f:
+        return json.load(f)["step"]

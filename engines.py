@@ -47,7 +47,7 @@ import urllib.error
 import urllib.request
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 
@@ -428,24 +428,6 @@ def vllm_weight_name(name: str) -> str:
     return ".".join(parts)
 
 
-def iter_full_weights(model: torch.nn.Module, dtype: torch.dtype | None = None,
-                      device: torch.device | str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(vLLM name, full tensor) one at a time, on `device` in `dtype` (None: as stored). Under
-    FSDP2 the state dict holds DTensor shards: each shard is moved and cast before
-    `full_tensor()` all-gathers it, because NCCL gathers only GPU tensors (--cpu-offload keeps
-    shards on the CPU) and a bf16 gather moves half the bytes of an fp32 one. Every rank must
-    walk this iterator in step; peak extra memory is one full tensor, not a model copy."""
-    from torch.distributed.tensor import DTensor
-    for name, tensor in model.state_dict().items():
-        if isinstance(tensor, DTensor):
-            local = tensor.to_local().to(device=device, dtype=dtype)
-            tensor = DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False,
-                                        shape=tensor.shape, stride=tensor.stride()).full_tensor()
-        else:
-            tensor = tensor.to(device=device, dtype=dtype)
-        yield vllm_weight_name(name), tensor.detach()
-
-
 def vllm_max_model_len(tokenizer, max_prompt_tokens: int, max_new_tokens: int) -> int:
     """The longest sequence a run asks of vLLM: the chat template's own tokens around a message,
     a message of max_prompt_tokens (summarize.build_prompt counts the message alone) and the
@@ -529,14 +511,15 @@ def sync_weights_into(llm, model: torch.nn.Module, dtype: torch.dtype | None = N
     process under the external launcher, so tensors are handed over, not serialised): it
     loads Hugging Face names through the model's load_weights, which stacks q/k/v and
     gate/up itself, then redoes what it derives from the weights."""
+    import weights   # here: engines.py alone (no vLLM) needs no other file of the project
     sent = []
 
-    def weights():
-        for name, tensor in iter_full_weights(model, dtype, device):
+    def full_weights():
+        for name, tensor in weights.full_tensors(model, device, dtype):   # every rank in step
             sent.append(name)
-            yield name, tensor
+            yield vllm_weight_name(name), tensor
 
-    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights(), "is_checkpoint_format": True})
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": full_weights(), "is_checkpoint_format": True})
     llm.reset_prefix_cache()
     return len(sent)
 

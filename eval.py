@@ -1,53 +1,31 @@
 """Evaluation: KernelBench-style metrics of a policy, Kevin's test-time search, and
 inference-time scaling, with tables and plots.
 
-A policy is run on a task set with the same multi-turn rollout as training (rollout.py,
-kernel_eval.py; no gradient): N trajectories of T refinement turns per task (Kevin: 16 x 8),
-or Kevin's beam search (beam_search.py) at the same kernel budget. Every kernel becomes one
-record; the metrics are computed from the records alone. For a task i with trajectories
-j = 1..N and kernels k (each with correct c_k in {0, 1} and speedup x_k = ref_ms / candidate_ms):
+A policy runs the training rollout (no gradient) on a task set: N trajectories x T turns per
+task (Kevin: 16 x 8), or Kevin's beam search at the same kernel budget. Every kernel is one
+record; the metrics come from the records alone. For task i, kernels k (correct c_k, speedup x_k):
 
-    per-kernel correctness   = mean over all kernels of c_k
-    avg@N correctness        = mean_i  mean_j  1[any kernel of trajectory j of task i is correct]
-    best@N correctness       = mean_i  1[any kernel of task i is correct]
-    best speedup of task i   b_i = max over correct kernels of x_k, over all trajectories and
-                               turns; 0 when task i has no correct kernel
-    speedup_best_mean        = mean_i b_i
-    speedup_best_geomean     = exp(mean log b_i) over the tasks with b_i > 0 (0 if there are none)
-    fast_p                   = mean_i 1[task i has a correct kernel and b_i > p]
-                               (KernelBench; p in {0, 1, 1.5, 2})
+    per-kernel correctness = mean of c_k;  avg@N = mean_i mean_j 1[trajectory j has a correct kernel]
+    best@N = mean_i 1[task i has a correct kernel];  b_i = max x_k over correct kernels (0 if none)
+    speedup_best_mean = mean_i b_i;  speedup_best_geomean = exp(mean log b_i) over b_i > 0
+    fast_p = mean_i 1[correct kernel and b_i > p], p in {0, 1, 1.5, 2} (fast_0 = best@N)
 
-fast_p counts a task only when its best correct kernel is strictly faster than p times the
-reference: a speedup exactly p does not count. A correct kernel whose time the harness could
-not trust (timing_ok false) has speedup 0 in the records and in b_i, so it adds nothing to
-the speedup means and to fast_p for p > 0; it does count for fast_0, because a kernel that
-ran to completion is faster than 0x whatever its time: fast_0 = best@N correctness, as in
-KernelBench.
-All of them are reported overall, per level, and per turn t as "best so far": over the
-kernels of turns 1..t. Turns are counted from 1 (turn 1 is the first attempt) in the records,
-tables and plots, as train.py counts them. Under beam search a trajectory is a lineage: avg@N
-is over the W trajectories of the last round, each with the kernels of its ancestors.
-A kernel the harness could not judge (status harness_error) has no verdict: it is counted
-apart (harness_errors), never as an incorrect kernel, and its task stays in the metrics.
+A correct kernel whose timing was not trusted has speedup 0. Each metric is given overall, per
+level and per turn (best so far over turns 1..t). A kernel the harness could not judge
+(harness_error) is counted apart, never as incorrect; a task whose reference failed is left out.
 
-Outputs in --out: records.jsonl (one line per kernel, appended per turn as soon as the turn
-is judged, so a crash loses nothing judged; --resume continues from it), code/<hash>.py (each
-distinct kernel once), run.json (the protocol, checked on --resume), summary.json,
-summary.md, speedup_vs_turn.png, fast_p.png; with --grid one sub-folder per shape plus
-grid.json, grid.md and scaling.png (Kevin's Table 2: several trajectories x turns shapes at
-one kernel budget).
+Outputs in --out: records.jsonl (appended per turn; --resume continues from it), code/<hash>.py,
+run.json (the protocol, checked on --resume), summary.json/.md and plots; --grid: a sub-folder per
+shape, grid.json, grid.md, scaling.png (Kevin's Table 2).
 
     python eval.py --policy oracle --tasks builtin --device cpu --limit 2 --trajectories 2 --turns 2 --out runs/eval_oracle
-    python eval.py --policy oracle-corrupt --tasks builtin --device cpu --limit 2 --out runs/eval_corrupt
-    python eval.py --policy /path/to/export --tasks /path/to/KernelBench --levels 1,2 --split heldout \\
-        --trajectories 16 --turns 8 --device cuda --out runs/eval_heldout
+    python eval.py --policy /path/to/export --tasks /path/to/KernelBench --levels 1,2 --split heldout --device cuda --out runs/eval_heldout
     python eval.py --policy MODEL --base-url http://localhost:8000/v1 ...   # key from $OPENAI_API_KEY
     python eval.py --policy oracle --corrupt-rate 0.5 --grid 16x8,32x4,128x1,beam:16x4x2 --device cuda --out runs/grid
     python eval.py --policy candidates/ ...   # DIR/<task_id>/<n>.py, each judged as it is
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import glob
@@ -60,11 +38,13 @@ import random
 import shlex
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import beam_search
 import checkpoint
 import engines
+import flags
 import kernel_gate
 import rewards
 import rollout
@@ -650,7 +630,7 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
     levels = {t.task_id: t.level for t in task_list}
     total = len(task_list) * shape["budget"]
     progress = None
-    if not args.no_progress:
+    if args.progress:
         from tqdm import tqdm
         progress = tqdm(total=total, desc=shape["name"], unit="kernel", file=sys.stderr)
     writer = RecordWriter(out_dir, levels, progress)
@@ -683,81 +663,51 @@ def run_one(args, shape: dict, task_list, engine, evaluate_batch, config, out_di
     return write_outputs(out_dir, records, title, extra)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="eval.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.error = lambda message: ap.exit(2, f"eval.py: {message}\n")   # one line, not the usage block
-    ap.add_argument("--policy", required=True, metavar="POLICY", help="oracle, oracle-corrupt, a Hugging Face model "
-                    "id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates "
-                    "(required)")
-    ap.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible endpoint, .../v1 (default: none)")
-    ap.add_argument("--model", metavar="NAME", help="the model's name at --base-url (default: --policy)")
-    ap.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="NAME",
-                    help="the environment variable that holds --base-url's key (default: %(default)s)")
-    ap.add_argument("--http-workers", type=int, default=8, metavar="N",
-                    help="requests to --base-url at once (default: %(default)s)")
-    ap.add_argument("--corrupt-rate", type=float, default=0.0, metavar="X",
-                    help="--policy oracle: the share of answers corrupted (default: %(default)s)")
-    ap.add_argument("--tasks", default="builtin", metavar="SOURCE",
-                    help="builtin, a KernelBench checkout, or a .jsonl/.parquet export (default: %(default)s)")
-    ap.add_argument("--levels", metavar="LEVELS", help="comma-separated levels, e.g. 1,2 (default: all)")
-    ap.add_argument("--split", choices=("all", "train", "heldout"), default="all",
-                    help="the part of tasks.split_tasks' train/held-out split (default: %(default)s)")
-    ap.add_argument("--n-heldout", type=int, default=20, metavar="N",
-                    help="tasks in the held-out part (default: %(default)s, Kevin's)")
-    ap.add_argument("--split-seed", type=int, default=0, metavar="N", help="the split's seed (default: %(default)s)")
-    ap.add_argument("--task-ids", metavar="IDS", help="only these task ids, comma-separated (default: all)")
-    ap.add_argument("--limit", type=int, default=0, metavar="N",
-                    help="the first N tasks after --split and --task-ids (default: 0, all)")
-    ap.add_argument("--trajectories", type=int, default=16, metavar="N",
-                    help="trajectories per task (default: %(default)s, Kevin's protocol)")
-    ap.add_argument("--turns", type=int, default=8, metavar="T",
-                    help="refinement turns per trajectory (default: %(default)s, Kevin's protocol)")
-    ap.add_argument("--search", choices=("trajectories", "beam"), default="trajectories",
-                    help="independent trajectories, or Kevin's beam search (default: %(default)s)")
-    ap.add_argument("--beam-width", type=int, default=16, metavar="W",
-                    help="beam search: trajectories a round (default: %(default)s)")
-    ap.add_argument("--beam-keep", type=int, default=4, metavar="K",
-                    help="beam search: the best trajectories kept after a round, each replicated W/K times "
-                         "(default: %(default)s)")
-    ap.add_argument("--beam-steps", type=int, default=4, metavar="S",
-                    help="beam search: turns a round (default: %(default)s)")
-    ap.add_argument("--beam-rounds", type=int, default=2, metavar="R",
-                    help="beam search: rounds (default: %(default)s)")
-    ap.add_argument("--grid", metavar="SHAPES", help="several shapes, each its own run: GxT (trajectories x turns) "
-                    "or beam:WxSxR, e.g. 16x8,32x4,128x1,beam:16x4x2 (default: none)")
-    ap.add_argument("--device", help="cpu, cuda or cuda:N, for the harness and the model (default: cuda when torch "
-                    "sees one, else cpu)")
-    ap.add_argument("--language", choices=tasks_module.LANGUAGES,
-                    help="the kernels' language (default: cpp with --device cpu, cuda on a GPU)")
-    ap.add_argument("--max-new-tokens", type=int, default=16384, metavar="N",
-                    help="tokens per response (default: %(default)s)")
-    ap.add_argument("--max-prompt-tokens", type=int, default=8192, metavar="N",
-                    help="prompt budget; the earliest turns' attempts are dropped first (default: %(default)s)")
-    ap.add_argument("--temperature", type=float, default=0.9, metavar="X",
-                    help="sampling temperature (default: %(default)s, Kevin's)")
-    ap.add_argument("--top-p", type=float, default=1.0, metavar="X",
-                    help="nucleus sampling, 1 for none (default: %(default)s)")
-    ap.add_argument("--max-batch-rows", type=int, default=64, metavar="N",
-                    help="rows the Hugging Face engine decodes at once (default: %(default)s)")
-    ap.add_argument("--seed", type=int, default=0, metavar="N", help="the sampling's seed (default: %(default)s)")
-    ap.add_argument("--out", required=True, metavar="DIR",
-                    help="the run's folder: records, summary, tables and plots (required)")
-    ap.add_argument("--resume", action="store_true", help="continue from --out's records.jsonl (default: off)")
-    ap.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
-    ap.add_argument("--sandbox", choices=("auto", "require", "off"), default="auto",
-                    help="the candidates' processes behind namespaces and uid 65534 (kernel_boundary): auto "
-                         "(where they work, else a warning), require (refuse without them), off (default: %(default)s)")
-    args = ap.parse_args(argv)
-    blocked = args.out
-    while blocked and not os.path.isdir(blocked):   # --out, or a folder above it, that is a file
-        if os.path.exists(blocked):
-            ap.error(f"--out {args.out}: {blocked} is a file, not a folder")
-        blocked = os.path.dirname(blocked)
-    for name in ("trajectories", "turns", "beam_width", "beam_keep", "beam_steps", "beam_rounds",
-                 "max_new_tokens", "http_workers", "max_batch_rows"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"eval.py: --{name.replace('_', '-')} {getattr(args, name)}: must be at least 1")
+@dataclass
+class Args(rollout.Sampling):
+    """eval.py's flags (flags.py: each field a flag, its comment the --help); the sampling settings are
+    rollout.Sampling's, with Kevin's protocol as their defaults (KEVIN_PROTOCOL)."""
+    policy: str                       # oracle, oracle-corrupt, a Hugging Face model id or folder, a model name at --base-url, or a folder DIR/<task_id>/<n>.py of candidates
+    out: str                          # the run's folder: records, summary, tables and plots
+    base_url: str | None = None       # an OpenAI-compatible endpoint, .../v1
+    model: str | None = None          # the model's name at --base-url (none: --policy)
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable that holds --base-url's key
+    http_workers: int = 8             # requests to --base-url at once
+    corrupt_rate: float = 0.0         # --policy oracle: the share of answers corrupted
+    tasks: str = "builtin"            # builtin, a KernelBench checkout, or a .jsonl/.parquet export
+    levels: str | None = None         # comma-separated levels, e.g. 1,2 (none: all)
+    split: str = "all"                # the part of tasks.split_tasks' train/held-out split
+    n_heldout: int = 20               # tasks in the held-out part (Kevin's 20)
+    split_seed: int = 0               # the split's seed
+    task_ids: str | None = None       # only these task ids, comma-separated (none: all)
+    limit: int = 0                    # the first N tasks after --split and --task-ids (0: all)
+    search: str = "trajectories"      # independent trajectories, or Kevin's beam search
+    beam_width: int = 16              # beam search: trajectories a round
+    beam_keep: int = 4                # beam search: the best trajectories kept after a round, each replicated W/K times
+    beam_steps: int = 4               # beam search: turns a round
+    beam_rounds: int = 2              # beam search: rounds
+    grid: str | None = None           # several shapes, each its own run: GxT (trajectories x turns) or beam:WxSxR, e.g. 16x8,32x4,128x1,beam:16x4x2
+    device: str | None = None         # cpu, cuda or cuda:N, for the harness and the model (none: cuda when torch sees one, else cpu)
+    language: str | None = None       # the kernels' language (none: cpp with --device cpu, cuda on a GPU)
+    max_batch_rows: int = 64          # rows the Hugging Face engine decodes at once
+    resume: bool = False              # continue from --out's records.jsonl
+    progress: bool = True             # a progress bar on stderr
+    sandbox: str = "auto"             # the candidates' processes behind namespaces and uid 65534 (kernel_boundary): auto (where they work, else a warning), require (refuse without them), off
+
+
+KEVIN_PROTOCOL = dict(trajectories=16, turns=8, max_new_tokens=16384, temperature=0.9)
+CHOICES = {"split": ("all", "train", "heldout"), "search": ("trajectories", "beam"),
+           "language": tasks_module.LANGUAGES, "sandbox": ("auto", "require", "off")}
+
+
+def parse_args(argv=None) -> Args:
+    parser = flags.parser("eval.py", __doc__.split("\n\n")[0], raw=True)
+    flags.add_fields(parser, Args, CHOICES, defaults=KEVIN_PROTOCOL, note=", Kevin's protocol")
+    args = Args(**{**KEVIN_PROTOCOL, **flags.given(parser.parse_args(argv))})
+    flags.refuse_file_out(parser, args.out)
+    flags.refuse_out_of_range(args, "eval.py", at_least_one=(
+        "trajectories", "turns", "beam_width", "beam_keep", "beam_steps", "beam_rounds", "max_new_tokens",
+        "http_workers", "max_batch_rows"))
     if not 0 < args.top_p <= 1 or args.temperature < 0:
         raise SystemExit(f"eval.py: --top-p {args.top_p} --temperature {args.temperature}: expected 0 < top-p <= 1 "
                          "and temperature >= 0 (0: greedy)")

@@ -1,46 +1,26 @@
 """The fast decoder: sampling many completions from a Hugging Face causal LM on static buffers.
 
-A call decodes rows (each prompt's n samples) in batches of at most `max_batch_rows`, rows
-ordered by prompt length so that a short prompt does not carry a long one's padding. A batch
-of W-wide (left-padded) prompts runs in three parts:
+A call decodes rows (each prompt's n samples) in batches of at most `max_batch_rows`, ordered by
+prompt length. A batch of W-wide (left-padded) prompts runs in three parts:
 
-- Shared prefill: each distinct prompt goes through the model once, with the additive mask
+- Shared prefill: each distinct prompt goes through the model once (mask: k <= q and k one of the
+  prompt's tokens, positions over its own tokens); its keys and values are copied to the cache
+  rows of its n samples.
+- Static KV cache: per layer, (rows, kv_heads, W + capacity, head_dim), written in place; the
+  capacity starts at `initial_cache_tokens` and doubles when full.
+- Decoding step: one forward of the batch on the tokens just sampled, then sampling, EOS
+  detection and each row's finish step on device buffers; on CUDA captured once in a CUDA graph
+  and replayed. Every `check_every` steps the host checks stop strings and whether all finished.
 
-      bias[q, k] = 0 if k <= q and k is one of the prompt's tokens, else MASKED_SCORE
+Sampling: `distribution(logits, temperature, top_p)` gives the scores whose softmax p is sampled
+(engines.sampling_scores); token = argmax_i p_i / E_i with E_i ~ Exp(1) draws from p exactly,
+with no host sync, and its log p is recorded. Temperature 0 is greedy.
 
-  and positions counted over its own tokens; its keys and values are then copied to the
-  cache rows of its n samples.
-- Static KV cache: per layer, keys and values of shape (rows, kv_heads, W + capacity,
-  head_dim), preallocated and written in place at the step's position. The capacity starts
-  at `initial_cache_tokens` new positions and doubles when full, so a max_new_tokens far
-  above what rows sample costs neither memory nor reads of never-written positions.
-- Decoding step: one forward of the whole batch on the tokens just sampled (cache position
-  W + t written and its mask column opened), then sampling, EOS detection and each row's
-  finish step, all on device buffers updated in place. On CUDA the step is captured once in
-  a CUDA graph and replayed, so a step costs the host one replay call. Every `check_every`
-  steps the host decodes stop strings and asks whether every row has finished.
-
-Sampling. The caller names the distribution: `distribution(logits, temperature, top_p)`
-returns the scores s whose softmax is the distribution p sampled from (engines.py passes
-`sampling_scores`: temperature, then top-p). A token is drawn as
-
-    token = argmax_i p_i / E_i,   E_i ~ Exp(1)
-
-which draws from p exactly (the exponential race, Gumbel-max's twin), with no host sync;
-its log p is recorded. Temperature 0 is greedy: argmax of the raw logits.
-
-Attention keeps grouped-query heads grouped: query head h attends with KV head h // group,
-and K and V are read once per KV head, never copied per query head. A decoding step's
-attention (one query per row) is decode_attention's Triton kernel, which reads only the cache
-positions each row attends; a prefill's is SDPA with `enable_gqa`.
-
-With `compile_decode` the step goes through torch.compile (dynamic shapes: one compile per
-process serves every batch size and cache length), which fuses each layer's small elementwise
-kernels (RMSNorm, rotary, SiLU x up, residual adds, casts); so do the sampling's passes over
-the logits (`pick_token`) and the prefill's norms, MLPs and rotary embedding
-(`compiled_token_forwards`, `compiled_rotary_embedding`, swapped in only while it runs). The
-first calls pay a handful of compiles per process, whatever the shapes. On the CPU the same
-code runs without the graph. What each of these buys is measured in docs/PERFORMANCE.md.
+Grouped-query heads stay grouped (K and V read once per KV head): a decoding step's attention is
+decode_attention's Triton kernel, a prefill's SDPA with `enable_gqa`. `compile_decode` runs the
+step, the sampling (`pick_token`) and the prefill's token-wise parts through torch.compile with
+dynamic shapes (a handful of compiles per process). On the CPU the same code runs without the
+graph. What each part buys: docs/PERFORMANCE.md, "Generation tokens per second".
 """
 from __future__ import annotations
 

@@ -348,3 +348,41 @@ def reset_host_peak() -> int:
 def host_peak() -> int:
     """This process's peak resident bytes since its start or the last reset_host_peak."""
     return _status_bytes("VmHWM")
+
+
+# ----------------------------------------------------------------------------- train.py's plan
+
+def settings_for(config, world: int, gpu_bytes: int) -> Settings:
+    """The memory plan's view of a run: a rank's generation rows are its tasks' trajectories (at most
+    --generation-batch-rows), a micro-batch holds at least one whole row."""
+    rows_per_rank = -(-min(config.tasks_per_step, 10**9) // world) * config.trajectories
+    new_tokens = max(config.max_new_tokens, config.late_max_new_tokens)
+    return Settings(
+        nproc=world, device=config.device, gpu_bytes=gpu_bytes,
+        rows=min(config.generation_batch_rows or rows_per_rank, rows_per_rank), prompt_tokens=config.max_prompt_tokens,
+        new_tokens=new_tokens, micro_batch_tokens=config.micro_batch_tokens,
+        activation_checkpointing=config.activation_checkpointing, fused_lm_head=config.fused_lm_head,
+        offload_optimizer=config.offload_optimizer,
+        offload_for_generation=config.offload_for_generation, cpu_offload=config.cpu_offload, engine=config.engine,
+        vllm_gpu_memory=config.vllm_gpu_memory)
+
+
+def plan_for(config, world: int, model_config) -> tuple[Plan, str]:
+    """train.py's plan: (the plan, the flags that would make it fit or ''), for this GPU or --gpu-memory-gb.
+    `config` is train.Config, `model_config` the model's transformers config (weights.model_config)."""
+    import torch
+    if config.gpu_memory_gb:
+        gpu_bytes = int(config.gpu_memory_gb * 1e9)
+    elif config.device == "cuda" and torch.cuda.is_available():
+        gpu_bytes = torch.cuda.mem_get_info()[1]
+    elif config.device == "cuda":
+        raise SystemExit("train.py: no GPU here to measure: pass --gpu-memory-gb for the plan")
+    else:
+        gpu_bytes = 0
+    shape = model_shape(model_config)
+    settings = settings_for(config, world, gpu_bytes)
+    if config.generation_batch_rows == 0 and config.device == "cuda":
+        settings.rows = rows_that_fit(shape, settings, settings.rows) or 1
+    plan = make_plan(shape, settings)
+    return plan, ("" if plan.fits else remedies(shape, settings))
+

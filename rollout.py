@@ -1,57 +1,22 @@
 """Multi-turn rollout: tasks in, training samples out, the way Kevin-32B does it.
 
-For every task, G trajectories refine a kernel over T turns. At turn t a trajectory's prompt
-is the task plus its earlier attempts (code, summary, feedback of turns < t; never the
-thinking, which would blow up the context), built by `summarize.build_prompt`. A turn:
+For every task, G trajectories refine a kernel over T turns. A turn: each trajectory's prompt
+(the task plus its earlier attempts' code, summary and feedback, never the thinking:
+summarize.build_prompt), one batched engine.generate, the response parsed and gated
+(kernel_gate.check_format), the harness's verdicts (the injected evaluate_batch), the score
+(rewards.kernel_score). After the last turn every (trajectory, turn) is a `Sample` with its
+discounted return R_t = sum_{k >= t} gamma^(k - t) s_k; the task id is the GRPO group key.
 
-    prompts   = build_prompt(task, history) for every trajectory, tokenised once
-    responses = engine.generate(prompts)                  # one batched call
-    code      = summarize.parse_response(text).code       # thinking | code | summary
-    gate      = kernel_gate.check_format(code)            # format + anti-hack rules
-    verdicts  = evaluate_batch([(reference, code), ...])  # batched harness calls (the schedule below)
-    s_t       = rewards.kernel_score(verdict)             # 0.3*correct + speedup*correct
+The schedule: a trajectory whose verdict needs no harness (a format error, a verdict
+`reusing_verdicts` holds) writes its next turn at once, and each harness call judges every
+candidate written so far, whatever its turn (RolloutConfig.overlap_turns; off: turn by turn).
+A task whose reference fails (reference_error) returns no samples; a candidate the harness could
+not judge (harness_error) has no score and is left out of its group.
 
-and after the last turn every trajectory gets discounted returns (Kevin: gamma 0.4, sum)
-
-    R_t = sum_{k >= t} gamma^(k - t) * s_k
-
-Every (trajectory, turn) is its own `Sample`; the task id is the GRPO group key, so grpo.py
-normalises advantages over all G*T samples of a task (Kevin-32B blog, "multi-turn training").
-
-The schedule: the harness is most of a step, and a harness call lasts as long as its slowest new
-kernel, so no trajectory waits for a verdict that is not its own. A verdict known without the
-harness (a format error; a repeated kernel, where the evaluator offers `known(pair)`, as
-reusing_verdicts does) lets its trajectory write the next turn at once, and each harness call
-judges every candidate written so far, whatever its turn: a step whose new kernels come in
-different turns of different trajectories waits for one round of builds, not one per turn. Each
-trajectory still sees only its own history, so the samples are what turn-by-turn batches would
-draw (RolloutConfig.overlap_turns=False runs those).
-
-A task whose reference fails in the harness (status "reference_error": it does not load, run or
-give outputs) says nothing about the policy: its candidates are not judged again in later turns,
-and none of its samples is returned (a group of zeros would teach the policy that every answer to
-that task is bad). Each turn's stats list such tasks under "reference_error_tasks"; `on_turn`
-still sees their samples, with that status, so eval.py can report the task.
-
-A candidate the harness could not judge (status "harness_error": the task's copies did not fit
-in memory even alone) has no verdict, which is not a verdict of 0: its sample is left out of the
-returned samples (so of its group's advantage statistics), its unknown score adds nothing to the
-returns of the turns before it, and the trajectory goes on. Turn stats count such samples under
-status_counts["harness_error"].
-
-Token ids are kept end to end: the prompt is rendered with the tokenizer's chat template and
-tokenised once; the completion is the ids exactly as sampled, decoded only to read the text,
-never re-tokenised. `loss_mask` is 1 on sampled tokens only (the EOS that ended a completion
-is sampled, so it counts), 0 on the prompt; padding is added by `collate_samples` with mask 0.
-
-The engine (engines.py: the HF policy itself, vLLM, an HTTP server, the oracle) is anything
-with `generate`, `encode_prompt` and `count_tokens` (`engines.Engine`).
-
-The evaluator is injected (`evaluate_batch(pairs) -> results`, kernel_eval's signature with
-its settings bound), so this file imports only summarize, kernel_gate, rewards and the engines' records.
-For evaluation, a rollout can continue trajectories from given histories at a turn offset
-(beam search's replicas, eval.py's --resume) and reports each turn's samples, with the
-harness's verdict fields, through a callback as soon as the turn is judged.
+Token ids are kept end to end: the prompt is tokenised once, the completion is the ids as sampled;
+`loss_mask` is 1 on sampled tokens only. The engine is anything with generate, encode_prompt and
+count_tokens (engines.Engine). eval.py continues trajectories from given histories at a turn
+offset (beam search, --resume) and reads each turn's samples through `on_turn`.
 """
 from __future__ import annotations
 
@@ -100,6 +65,19 @@ class Sample:
     @property
     def input_ids(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
+
+
+@dataclass(kw_only=True)
+class Sampling:
+    """The sampling settings train.py and eval.py share, each a flag of both (flags.py); the defaults are
+    train.py's smoke run's, eval.py replaces them with Kevin's protocol."""
+    trajectories: int = 4             # G: trajectories per task
+    turns: int = 2                    # T: refinement turns per trajectory
+    max_prompt_tokens: int = 8192     # prompt budget; the earliest turns' attempts are dropped first
+    max_new_tokens: int = 2560        # tokens per response (the smoke run's: room for an oracle answer in bytes)
+    temperature: float = 1.0          # sampling temperature (train.py: also the one of the loss's log-probs)
+    top_p: float = 1.0                # nucleus sampling; below 1, samples from a distribution the loss does not model
+    seed: int = 0                     # seeds the sampling (train.py: also a tiny model's weights and the task draws)
 
 
 @dataclass

@@ -1,42 +1,34 @@
-"""train.py: multi-turn GRPO that teaches a policy to write fast kernels (Kevin-32B), one step.
+"""train.py: multi-turn GRPO that teaches a policy to write fast kernels (Kevin-32B): config, setup, the loop.
 
     python train.py                                          # smoke preset: tiny model, CPU, C++ kernels
     torchrun --nproc_per_node=2 train.py --steps 2 --out runs/smoke2                 # 2 CPU ranks, gloo
     torchrun --nproc_per_node=8 train.py --preset kevin --model /path/to/QwQ-32B \\
         --tasks /path/to/KernelBench --out runs/kevin                                 # one node, 8 GPUs
-    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
-        train.py --preset kevin ...                                                   # two nodes
     python train.py --out runs/smoke --resume                # continue from the last checkpoint
 
-One step, each a line of `train`'s loop you can point at:
- 1. draw tasks (tasks.draw_tasks: uniform, or Kimi k1.5's prioritised sampling); rank r takes
-    tasks[r::world], so a task's whole group (G trajectories x T turns) lives on one rank;
+One step, each a numbered line of `train`'s loop:
+ 1. draw tasks (tasks.draw_tasks); rank r takes tasks[r::world], so a task's group lives on one rank;
  2. rollout: G x T attempts per task, judged by kernel_eval -> Samples with discounted returns;
  3. advantages: grpo.group_advantages over each task's G*T samples (or each turn's G);
- 4. old log-probs (grpo.completion_logprobs), once, under no_grad, before the first optimizer step;
- 5. for each of `optimizer_steps` mini-batches: the global normaliser Z (all-reduced), the clipped
-    loss on micro-batches (the same count on every rank), grad-norm clip, AdamW step;
+ 4. old log-probs (grpo.completion_logprobs), once, before the first optimizer step;
+ 5. per mini-batch (`optimizer_steps`): the global normaliser Z (all-reduced), the clipped loss on
+    micro-batches (the same count on every rank), grad-norm clip, AdamW step;
  6. metrics gathered from every rank, written by rank 0; a checkpoint every `save_every` steps.
 
-The log-prob contract: the engine samples from softmax(logits / temperature) (--top-p 1, the
-default), and the old and new log-probs of the ratio are computed here from the same logits /
-temperature: both read the one RolloutConfig built from Config (`rollout_config`). Completion.logprobs
-are not used: oracle answers have none, and vLLM's may come from another kernel; a ratio of two
-different distributions would not start at 1.
+The log-prob contract: the engine samples from softmax(logits / temperature) (--top-p 1), and the old
+and new log-probs of the ratio are computed here from the same logits / temperature, both read from
+the one RolloutConfig built from Config (`rollout_config`). Completion.logprobs are not used (oracle
+answers have none, vLLM's may come from another kernel). Where the rest lives: flags (flags.py), the
+policy's load and FSDP2 layout (weights.py), the memory plan (memory_plan.plan_for), ranks, CPU
+shares and the time budget (launch.py), checkpoints and resume (checkpoint.py), engines (engines.py).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import functools
-import inspect
 import json
 import os
-import pathlib
 import random
-import re
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -46,7 +38,9 @@ import torch.distributed as dist
 
 import checkpoint
 import engines
+import flags
 import grpo
+import launch
 import memory_plan
 import offload
 import rewards
@@ -55,15 +49,11 @@ import tasks as tasks_module
 import train_log
 import weights
 
-TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 byte tokenizer
-    "tiny-llama": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768),
-}
-
 
 @dataclass
-class Config:
-    """Every field is a flag (--max-new-tokens for max_new_tokens); its comment is the flag's --help."""
+class Config(rollout.Sampling):
+    """Every field is a flag (flags.py; --max-new-tokens for max_new_tokens), its comment the flag's --help.
+    The sampling settings (trajectories, turns, token budgets, temperature, top_p, seed): rollout.Sampling."""
     # the policy and the tasks
     model: str = "tiny-llama"         # Hugging Face id, local model folder, or a built-in tiny model (tiny-llama)
     engine: str = "hf"                # hf: the policy generates itself; vllm: a colocated vLLM, asleep while training
@@ -77,7 +67,6 @@ class Config:
     out: str = "runs/smoke"           # folder of the run: metrics.jsonl, plots/, checkpoints/, export/
     resume: bool = False              # continue from the last whole checkpoint in --out
     steps: int = 2                    # training steps (batches of tasks)
-    seed: int = 0                     # seeds the weights of a tiny model, the task draws and the sampling
     device: str = "auto"              # cpu (gloo, C++ kernels), cuda (nccl, CUDA kernels); auto: cuda if torch sees it
     max_minutes: float = 0.0          # start no step that would end past this many minutes (0: no limit); still exports
     save_every: int = 1               # a checkpoint every N steps (and after the last)
@@ -85,14 +74,8 @@ class Config:
     dist_timeout_minutes: int = 120   # collective timeout: judging kernels between collectives can take long
     # a step's rollout (rollout.RolloutConfig, built once by rollout_config)
     tasks_per_step: int = 2           # tasks per batch, over all ranks
-    trajectories: int = 4             # G: trajectories per task
-    turns: int = 2                    # T: refinement turns per trajectory
-    max_prompt_tokens: int = 8192     # prompt budget; the earliest turns' attempts are dropped first
-    max_new_tokens: int = 2560        # tokens per response (the smoke run's: room for an oracle answer in bytes)
     late_max_new_tokens: int = 0      # tokens per response from --late-from-step on (0: never raised)
     late_from_step: int = 30          # the step from which --late-max-new-tokens applies
-    temperature: float = 1.0          # sampling temperature, also the one of the loss's log-probs
-    top_p: float = 1.0                # nucleus sampling; below 1, samples from a distribution the loss does not model
     stop: tuple[str, ...] = ()        # a string that ends a response (repeat the flag for several)
     expected_thinking_opening: str = "Okay"  # the not-okay ratio counts thinking that does not open with this
     mask_truncated: bool = False      # train on nothing from responses cut at the token limit (DAPO's overlong filter)
@@ -145,39 +128,16 @@ CHOICES = {"engine": ("hf", "vllm"), "sampler": tasks_module.SAMPLERS, "return_m
            "aggregation": grpo.AGGREGATIONS, "advantage_groups": ("task", "task_turn"), "sandbox": ("auto", "require", "off")}
 
 
-FLAG_KINDS = {"bool": dict(action=argparse.BooleanOptionalAction), "int": dict(type=int, metavar="N"),
-              "float": dict(type=float, metavar="X"), "float | None": dict(type=float, metavar="X"),
-              "str": dict(metavar="TEXT"), "tuple[str, ...]": dict(action="append", metavar="TEXT")}
-
-
-def field_help(cls) -> dict[str, str]:
-    """Each field's trailing comment in the class's source: what a reader of Config sees, --help shows."""
-    matches = (re.match(r"\s+(\w+): .*?\s# (.*)", line) for line in inspect.getsource(cls).splitlines())
-    return {m[1]: m[2] for m in matches if m}
-
-
-def shown(value) -> str:
-    return "none" if value is None or value == () else repr(value) if value == "" else str(value)
-
-
 def parse_config(argv=None) -> Config:
     """Config from the command line: the preset's values, then the flags given."""
-    parser = argparse.ArgumentParser(prog="train.py", description=__doc__.split("\n")[0], allow_abbrev=False)
-    parser.error = lambda message: parser.exit(2, f"train.py: {message}\n")   # one line, not 60 flags of usage
+    parser = flags.parser("train.py", __doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke", help="a named set of defaults: "
                         "smoke (tiny model, CPU) or kevin (Kevin-32B's run) (default: smoke)")
-    comments = field_help(Config)
-    for f in dataclasses.fields(Config):
-        kevin = f"; --preset kevin: {shown(PRESETS['kevin'][f.name])}" if f.name in PRESETS["kevin"] else ""
-        parser.add_argument("--" + f.name.replace("_", "-"), default=None,
-                            help=f"{comments[f.name]} (default: {shown(f.default)}{kevin})".replace("%", "%%"),
-                            **(dict(choices=CHOICES[f.name]) if f.name in CHOICES else FLAG_KINDS[f.type]))
+    flags.add_fields(parser, Config, CHOICES,
+                     also={k: f"; --preset kevin: {flags.shown(v)}" for k, v in PRESETS["kevin"].items()})
     args = parser.parse_args(argv)
-    values = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k != "preset"}}
-    out = pathlib.Path(values.get("out", Config.out))
-    blocked = next((path for path in (out, *out.parents) if path.is_file()), None)   # makedirs would fail there
-    if blocked:
-        parser.error(f"--out {out}: {blocked} is a file, not a folder")
+    values = {**PRESETS[args.preset], **flags.given(args, skip=("preset",))}
+    flags.refuse_file_out(parser, values.get("out", Config.out))
     return Config(**values)
 
 
@@ -195,84 +155,10 @@ def rollout_config(config: Config, language: str) -> rollout.RolloutConfig:
 
 # ----------------------------------------------------------------------------- setup
 
-def load_policy(config: Config):
-    """(model, tokenizer); every failure is one line that names the problem."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
-    if config.model in TINY_MODELS:
-        tokenizer = ByT5Tokenizer()
-        model = LlamaForCausalLM(LlamaConfig(**TINY_MODELS[config.model], eos_token_id=tokenizer.eos_token_id,
-                                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None))
-    else:
-        if config.model.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(config.model)):
-            raise SystemExit(f"train.py: --model {config.model}: no such directory")
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(config.model)
-            model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
-        except OSError as error:
-            raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
-    if tokenizer.eos_token_id is None:
-        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
-    model.config.use_cache = False  # the training forward keeps no KV cache
-    return model, tokenizer
-
-
 def load_tasks(config: Config) -> list:
     """The training part of tasks.split_tasks (heldout tasks never train), then --task-ids."""
     return tasks_module.select_tasks(config.tasks, config.levels, "train.py", split="train",
                                      n_heldout=config.heldout, task_ids=config.task_ids)
-
-
-def setup_policy(config: Config, device: torch.device, world: int):
-    """(FSDP2 model, tokenizer, the host memory the weights' load took). A built-in tiny model is built whole
-    and sharded; a checkpoint is built on the meta device, sharded, and each rank reads only its own rows
-    (weights.load_sharded): no rank's host memory holds the model."""
-    from transformers import AutoConfig, AutoTokenizer
-    before = memory_plan.reset_host_peak()
-    if config.model in TINY_MODELS:
-        model, tokenizer = load_policy(config)
-        return shard(model.to(device), config, device, world), tokenizer, memory_plan.host_peak() - before
-    try:
-        if dist.get_rank() == 0:   # a hub id's files: downloaded once, then the others find them cached
-            weights.local_folder(config.model)
-        dist.barrier()
-        folder = weights.local_folder(config.model)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        hf_config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
-    if tokenizer.eos_token_id is None:
-        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
-    before = memory_plan.reset_host_peak()   # the weights' load alone: what the plan's load phase counts
-    try:
-        model = weights.load_sharded(folder, hf_config, functools.partial(shard, config=config, device=device,
-                                                                          world=world),
-                                     torch.device("cpu") if config.cpu_offload else device)
-    except (KeyError, ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"train.py: --model {config.model}: {str(error).strip(chr(39))}")
-    return model, tokenizer, memory_plan.host_peak() - before
-
-
-def shard(model, config: Config, device: torch.device, world: int):
-    """FSDP2: each decoder layer its own group, then the root (torchtitan's layout)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-    mesh = init_device_mesh(device.type, (world,))
-    kwargs = dict(mesh=mesh)
-    if device.type == "cuda":  # bf16 compute, fp32 master weights and gradient reduction
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if config.cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    if config.activation_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x renamed it
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for layer in model.model.layers:
-        if config.compile:   # fuses norms, rotary, SwiGLU; forward only, so FSDP2's hooks stay eager
-            layer.forward = torch.compile(layer.forward, dynamic=True)
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
 
 
 def lr_at(optimizer_step: int, total: int, config: Config) -> float:
@@ -337,80 +223,6 @@ def update(model, optimizers: list, samples: list, advantages: torch.Tensor, con
     return out
 
 
-def bind_rank_cpus(local_rank: int, local_world: int) -> None:
-    """This rank's own share of the node's CPUs (contiguous, equal): kernel_eval keeps the last
-    CPUs a process may use for its timing windows (EvalConfig.timing_cpus), so without a share of
-    its own every rank on a node would time its kernels on the same few cores at once."""
-    cpus = sorted(os.sched_getaffinity(0))
-    share = len(cpus) // local_world
-    if local_world > 1 and share >= 1:
-        os.sched_setaffinity(0, cpus[local_rank * share:(local_rank + 1) * share])
-
-
-def builds_at_once(eval_device: str, local_world: int) -> int:
-    """The harness's own count of builds at once, every build CPU busy: a harness call's batch ends sooner
-    than with fewer (docs/PERFORMANCE.md, "A training step's evaluation"). A cuda rank's CPUs are its own
-    share already (bind_rank_cpus); ranks on cpu share the node's."""
-    import kernel_eval
-    builds = kernel_eval.default_parallel_compiles(eval_device, kernel_eval.EvalConfig())
-    return builds if eval_device != "cpu" else max(1, builds // local_world)
-
-
-def out_of_time(projected_seconds: float, max_minutes: float, device) -> bool:
-    """Whether the next step would end past --max-minutes, agreed by all ranks (their clocks differ)."""
-    late = torch.tensor(float(projected_seconds > 60 * max_minutes), device=device)
-    dist.all_reduce(late, op=dist.ReduceOp.MAX)
-    return bool(late)
-
-
-def plan_settings(config: Config, world: int, gpu_bytes: int) -> memory_plan.Settings:
-    """The memory plan's view of a run: a rank's generation rows are its tasks' trajectories (at most
-    --generation-batch-rows), a micro-batch holds at least one whole row."""
-    rows_per_rank = -(-min(config.tasks_per_step, 10**9) // world) * config.trajectories
-    new_tokens = max(config.max_new_tokens, config.late_max_new_tokens)
-    return memory_plan.Settings(
-        nproc=world, device=config.device, gpu_bytes=gpu_bytes,
-        rows=min(config.generation_batch_rows or rows_per_rank, rows_per_rank), prompt_tokens=config.max_prompt_tokens,
-        new_tokens=new_tokens, micro_batch_tokens=config.micro_batch_tokens,
-        activation_checkpointing=config.activation_checkpointing, fused_lm_head=config.fused_lm_head,
-        offload_optimizer=config.offload_optimizer,
-        offload_for_generation=config.offload_for_generation, cpu_offload=config.cpu_offload, engine=config.engine,
-        vllm_gpu_memory=config.vllm_gpu_memory)
-
-
-def model_config(config: Config):
-    """The model's transformers config, without its weights."""
-    if config.model in TINY_MODELS:
-        from transformers import LlamaConfig
-        return LlamaConfig(**TINY_MODELS[config.model])
-    try:
-        return memory_plan.read_config(config.model)
-    except (OSError, ValueError) as error:
-        raise SystemExit(f"train.py: --model {config.model}: {str(error).splitlines()[0]}")
-
-
-def make_plan(config: Config, world: int) -> tuple[memory_plan.Plan, str]:
-    """(the plan, the flags that would make it fit or ''), for this GPU or --gpu-memory-gb."""
-    if config.gpu_memory_gb:
-        gpu_bytes = int(config.gpu_memory_gb * 1e9)
-    elif config.device == "cuda" and torch.cuda.is_available():
-        gpu_bytes = torch.cuda.mem_get_info()[1]
-    elif config.device == "cuda":
-        raise SystemExit("train.py: no GPU here to measure: pass --gpu-memory-gb for the plan")
-    else:
-        gpu_bytes = 0
-    shape = memory_plan.model_shape(model_config(config))
-    settings = plan_settings(config, world, gpu_bytes)
-    if config.generation_batch_rows == 0 and config.device == "cuda":
-        settings.rows = memory_plan.rows_that_fit(shape, settings, settings.rows) or 1
-    plan = memory_plan.make_plan(shape, settings)
-    return plan, ("" if plan.fits else memory_plan.remedies(shape, settings))
-
-
-def refusal(plan: memory_plan.Plan, remedy: str) -> str:
-    return f"train.py: {memory_plan.refusal(plan, remedy)}"
-
-
 # ----------------------------------------------------------------------------- main
 
 def main(argv=None) -> None:
@@ -418,27 +230,22 @@ def main(argv=None) -> None:
     config = parse_config(argv)
     if not sys.stderr.isatty():   # a log file gets a progress bar's line every 30 s, not ten a second
         os.environ.setdefault("TQDM_MININTERVAL", "30")
-    for name in ("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens", "optimizer_steps",
-                 "micro_batch_tokens", "save_every", "keep_checkpoints"):
-        if getattr(config, name) < 1:
-            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be at least 1")
-    for name in ("lr", "grad_clip"):
-        if not getattr(config, name) > 0:
-            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be > 0")
-    for name in ("generation_batch_rows", "nproc", "gpu_memory_gb", "weight_decay", "warmup_frac", "max_minutes"):
-        if getattr(config, name) < 0:
-            raise SystemExit(f"train.py: --{name.replace('_', '-')} {getattr(config, name)}: must be >= 0")
+    flags.refuse_out_of_range(
+        config, "train.py", at_least_one=("steps", "tasks_per_step", "trajectories", "turns", "max_new_tokens",
+                                          "optimizer_steps", "micro_batch_tokens", "save_every", "keep_checkpoints"),
+        positive=("lr", "grad_clip"),
+        non_negative=("generation_batch_rows", "nproc", "gpu_memory_gb", "weight_decay", "warmup_frac", "max_minutes"))
     tasks_module.parse_levels(config.levels, "train.py")
     if config.plan:   # before any device check: a plan is made on any machine
         if config.device == "auto":
             config.device = "cuda" if torch.cuda.is_available() or config.gpu_memory_gb else "cpu"
-        plan, remedy = make_plan(config, config.nproc or int(os.environ.get("WORLD_SIZE", 1)))
+        plan, remedy = memory_plan.plan_for(config, config.nproc or launch.ranks()[1], weights.model_config(config))
         print(memory_plan.table(plan))
         print(memory_plan.summary(plan))
         if not plan.fits:
-            raise SystemExit(refusal(plan, remedy))
+            raise SystemExit(f"train.py: {memory_plan.refusal(plan, remedy)}")
         return
-    if config.engine == "vllm" and config.model in TINY_MODELS:
+    if config.engine == "vllm" and config.model in weights.TINY_MODELS:
         raise SystemExit(f"train.py: --engine vllm loads --model from disk; {config.model} is built in memory")
     if config.engine == "vllm" and not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= os.environ.keys():
         raise SystemExit("train.py: --engine vllm runs under torchrun (vLLM's launcher reads RANK and LOCAL_RANK): "
@@ -448,9 +255,8 @@ def main(argv=None) -> None:
             import vllm  # noqa: F401
         except ImportError as error:
             raise SystemExit(f"train.py: --engine vllm needs vLLM (pip install vllm): {error}")
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if config.resume and finished_steps(config.out) >= config.steps:
-        if rank == 0:
+    if config.resume and checkpoint.finished_steps(config.out) >= config.steps:
+        if launch.ranks()[0] == 0:
             print(f"train.py: {config.out} has finished its {config.steps} steps and exported its model; "
                   "nothing to do (a larger --steps trains on)")
         return
@@ -468,28 +274,19 @@ def main(argv=None) -> None:
         raise SystemExit("train.py: --temperature must be > 0 (the loss's log-probs are of logits / temperature)")
     if not 0 < sampling.top_p <= 1:
         raise SystemExit(f"train.py: --top-p {sampling.top_p}: must be in (0, 1]")
-    if sampling.top_p < 1 and rank == 0:
+    if sampling.top_p < 1 and launch.ranks()[0] == 0:
         print(f"train.py: --top-p {sampling.top_p}: samples come from the nucleus, the loss's log-probs from the "
               "whole softmax(logits / temperature): the log-prob contract holds at 1 only", file=sys.stderr)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")   # `python train.py` is a world of one
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    device = torch.device("cuda", local_rank) if config.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        torch.zeros(1, device=device)   # the CUDA context now, so that the load's measured memory is the load's
-        bind_rank_cpus(local_rank, local_world)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=config.dist_timeout_minutes))
+    me = launch.start(config.device, config.dist_timeout_minutes)
     try:
         with kernel_sandbox.Zygotes() as zygotes:   # the harness's forking processes live for the run
-            train(config, sampling, rank, world, local_world, device, resume_command(argv), zygotes)
+            train(config, sampling, me, launch.resume_command(os.path.relpath(__file__), argv, config.out), zygotes)
     finally:
         dist.destroy_process_group()
 
 
-def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int, local_world: int,
-          device: torch.device, resume_hint: str, zygotes=None) -> None:
+def train(config: Config, sampling: rollout.RolloutConfig, me: launch.Rank, resume_hint: str, zygotes=None) -> None:
+    rank, world, device = me.rank, me.world, me.device
     started = time.perf_counter()   # --max-minutes counts the setup too
     import kernel_eval
     from tqdm import tqdm
@@ -497,15 +294,15 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     if min(config.tasks_per_step, len(train_tasks)) < world:  # every rank generates: a collective under FSDP2
         raise SystemExit(f"train.py: {min(config.tasks_per_step, len(train_tasks))} tasks per step for {world} ranks; "
                          "each rank needs at least one task")
-    plan, remedy = make_plan(config, world)   # before anything is loaded: refuse what cannot fit
+    plan, remedy = memory_plan.plan_for(config, world, weights.model_config(config))   # refused before any load
     if rank == 0:
         print(f"train.py: {memory_plan.summary(plan)}" + (f" (generation rows: {plan.settings.rows})"
               if config.generation_batch_rows == 0 else ""), flush=True)
     if not plan.fits:
-        raise SystemExit(refusal(plan, remedy))
+        raise SystemExit(f"train.py: {memory_plan.refusal(plan, remedy)}")
     torch.manual_seed(config.seed)   # same initial weights on every rank
     with train_log.measured("load", load_phase := {}, device):
-        model, tokenizer, host_growth = setup_policy(config, device, world)
+        model, tokenizer, host_growth = weights.setup_policy(config, device, world)
     if rank == 0:
         gpu = f", GPU peak {memory_plan.gb(load_phase['gpu_peak_load'])} GB" if "gpu_peak_load" in load_phase else ""
         print(f"train.py: loaded in {load_phase['seconds_load']:.1f} s: host peak +{memory_plan.gb(host_growth)} GB"
@@ -546,7 +343,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     evaluate = train_log.timed(functools.partial(
         kernel_eval.evaluate_batch, device=eval_device, time_candidate=config.time_kernels, sandbox=config.sandbox,
         progress=rank == 0,
-        max_parallel_compiles=builds_at_once(eval_device, local_world), zygotes=zygotes), clock, "evaluation")
+        max_parallel_compiles=launch.builds_at_once(eval_device, me.local_world), zygotes=zygotes), clock, "evaluation")
     if config.reuse_verdicts:   # a policy that repeats itself would rebuild the same kernels every step
         evaluate = rollout.reusing_verdicts(evaluate)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -567,7 +364,7 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
     for step in progress:
         step_start = time.perf_counter()
         next_step = max(step_seconds[1:] or step_seconds or [0.0])   # the longest, the first left out once possible
-        if config.max_minutes and out_of_time(step_start - started + next_step, config.max_minutes, device):
+        if config.max_minutes and launch.out_of_time(step_start - started + next_step, config.max_minutes, device):
             if rank == 0:
                 tqdm.write(f"train.py: stopping before step {step + 1}: --max-minutes {config.max_minutes} would pass")
             break
@@ -629,36 +426,11 @@ def train(config: Config, sampling: rollout.RolloutConfig, rank: int, world: int
               + ("" if completed >= config.steps else f"; continue with: {resume_hint}"), flush=True)
 
 
-def finished_steps(out: str) -> int:
-    """The steps of out's last whole checkpoint when the model was exported after it (a run that ended), else 0."""
-    found = checkpoint.complete(out)
-    exported = os.path.join(out, "export", "config.json")
-    if not found or not os.path.exists(exported):
-        return 0
-    state = os.path.join(found[-1], "trainer_state.json")
-    if os.path.getmtime(exported) < os.path.getmtime(state):   # trained on after its export, then stopped
-        return 0
-    with open(state) as f:
-        return json.load(f)["step"]
-
-
-def resume_command(argv: list[str]) -> str:
-    """The command that continues this run: the same launch and flags, --out spelled out, and --resume."""
-    args = [a for a in argv if a not in ("--resume", "--no-resume")]
-    if not any(a == "--out" or a.startswith("--out=") for a in args):
-        args += ["--out", parse_config(argv).out]
-    script = os.path.relpath(__file__)
-    world, local_world = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    launch = (f"python {script}" if "TORCHELASTIC_RUN_ID" not in os.environ else
-              f"torchrun --nproc_per_node={local_world} {script}" if world == local_world else
-              f"torchrun <the same launch options> {script}")
-    return f"{launch} {shlex.join(args + ['--resume'])}"
-
-
 if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:   # kernel_eval has stopped its workers; checkpoints are whole or absent
         if os.environ.get("RANK", "0") == "0":
-            print(f"train.py: interrupted; continue with: {resume_command(sys.argv[1:])}", file=sys.stderr)
+            hint = launch.resume_command(os.path.relpath(__file__), sys.argv[1:], parse_config(sys.argv[1:]).out)
+            print(f"train.py: interrupted; continue with: {hint}", file=sys.stderr)
         os._exit(130)

@@ -29,10 +29,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import functools
 import math
 import os
+from typing import Iterator
 
 import torch
+import torch.distributed as dist
+
+import memory_plan
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -162,12 +167,29 @@ def export_names(model) -> list[tuple[str, torch.Tensor]]:
     return list(state.items())
 
 
+def full_tensors(model, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 exported_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of each state-dict entry (`exported_only`: of export_names), one at a time, on
+    `device` in `dtype` (None: as stored). A DTensor's shard is moved and cast before `full_tensor()`
+    all-gathers it: NCCL gathers only GPU tensors (shards may wait in host memory) and a bf16 gather moves
+    half the bytes of an fp32 one. Every rank walks it in step (the all-gathers are collectives); the
+    extra memory is one full tensor."""
+    from torch.distributed.tensor import DTensor
+    for name, tensor in export_names(model) if exported_only else model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            local = tensor.to_local().to(device=device, dtype=dtype)
+            tensor = DTensor.from_local(local, tensor.device_mesh, tensor.placements, run_check=False,
+                                        shape=tensor.shape, stride=tensor.stride()).full_tensor()
+        else:
+            tensor = tensor.to(device=device, dtype=dtype)
+        yield name, tensor.detach()
+
+
 def save_streaming(model, tokenizer, folder: str, rank: int, dtype: torch.dtype | None = None,
                    max_shard_bytes: int = 4 << 30) -> None:
     """Write `model` (FSDP2-sharded or not) as a Hugging Face folder, one full tensor at a time.
     Every rank calls it (the all-gathers are collectives); only rank 0 writes."""
     from safetensors.torch import save_file
-    from torch.distributed.tensor import DTensor
     dtype = dtype or getattr(model, "checkpoint_dtype", None) or checkpoint_dtype(model.config)
     items = export_names(model)
     # shards decided up front from the global shapes, so each file's name knows the count
@@ -184,10 +206,9 @@ def save_streaming(model, tokenizer, folder: str, rank: int, dtype: torch.dtype 
         names = [SINGLE_FILE]
     shard_of = {name: k for k, shard in enumerate(shards) for name in shard}
     pending, weight_map, total = {}, {}, 0
-    for i, (name, tensor) in enumerate(items):
-        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    for i, (name, full) in enumerate(full_tensors(model, dtype=dtype, exported_only=True)):
         if rank == 0:
-            pending[name] = full.detach().to(dtype).cpu().contiguous()
+            pending[name] = full.cpu().contiguous()
             weight_map[name] = names[shard_of[name]]
             total += pending[name].numel() * pending[name].element_size()
         del full
@@ -213,18 +234,109 @@ def generation_copy(model, device: torch.device, dtype: torch.dtype = torch.bflo
     time (every rank walks the same order: the all-gathers are collectives). The shards may wait in
     host memory: each comes to `device` alone for its all-gather (NCCL gathers device memory). It
     exists for the body of the `with`."""
-    from torch.distributed.tensor import DTensor
     copy = empty_model(model.config, dtype=dtype)
     materialize(copy, device)
     targets = copy.state_dict()
     with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            tensor = tensor.to(device)
-            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        for name, full in full_tensors(model, device, dtype):
             targets[name].copy_(full)
-            del full, tensor
+            del full
     copy.eval()
     try:
         yield copy
     finally:
         del copy, targets
+
+
+# ----------------------------------------------------------------------------- train.py's policy
+# `config` is train.Config (its model, cpu_offload, activation_checkpointing and compile fields).
+
+TINY_MODELS = {  # named configs, randomly initialised, with the offline ByT5 byte tokenizer
+    "tiny-llama": dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768),
+}
+
+
+def load_policy(config):
+    """(model, tokenizer) of config.model on the host, whole (a built-in tiny model, or from_pretrained);
+    every failure is one line that names the problem."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    if config.model in TINY_MODELS:
+        tokenizer = ByT5Tokenizer()
+        model = LlamaForCausalLM(LlamaConfig(**TINY_MODELS[config.model], eos_token_id=tokenizer.eos_token_id,
+                                             pad_token_id=tokenizer.pad_token_id, bos_token_id=None))
+    else:
+        if config.model.startswith((".", "/", "~")) and not os.path.isdir(os.path.expanduser(config.model)):
+            raise SystemExit(f"train.py: --model {config.model}: no such directory")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(config.model)
+            model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+        except OSError as error:
+            raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
+    model.config.use_cache = False  # the training forward keeps no KV cache
+    return model, tokenizer
+
+
+def setup_policy(config, device: torch.device, world: int):
+    """(FSDP2 model, tokenizer, the host memory the weights' load took). A built-in tiny model is built whole
+    and sharded; a checkpoint is built on the meta device, sharded, and each rank reads only its own rows
+    (load_sharded): no rank's host memory holds the model."""
+    from transformers import AutoConfig, AutoTokenizer
+    before = memory_plan.reset_host_peak()
+    if config.model in TINY_MODELS:
+        model, tokenizer = load_policy(config)
+        return shard(model.to(device), config, device, world), tokenizer, memory_plan.host_peak() - before
+    try:
+        if dist.get_rank() == 0:   # a hub id's files: downloaded once, then the others find them cached
+            local_folder(config.model)
+        dist.barrier()
+        folder = local_folder(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        hf_config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: cannot load it: {str(error).splitlines()[0]}")
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"train.py: the tokenizer of {config.model} has no eos_token_id: completions could never end")
+    before = memory_plan.reset_host_peak()   # the weights' load alone: what the plan's load phase counts
+    try:
+        model = load_sharded(folder, hf_config, functools.partial(shard, config=config, device=device, world=world),
+                             torch.device("cpu") if config.cpu_offload else device)
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: {str(error).strip(chr(39))}")
+    return model, tokenizer, memory_plan.host_peak() - before
+
+
+def shard(model, config, device: torch.device, world: int):
+    """FSDP2: each decoder layer its own group, then the root (torchtitan's layout)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    mesh = init_device_mesh(device.type, (world,))
+    kwargs = dict(mesh=mesh)
+    if device.type == "cuda":  # bf16 compute, fp32 master weights and gradient reduction
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if config.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if config.activation_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x renamed it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for layer in model.model.layers:
+        if config.compile:   # fuses norms, rotary, SwiGLU; forward only, so FSDP2's hooks stay eager
+            layer.forward = torch.compile(layer.forward, dynamic=True)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def model_config(config):
+    """The model's transformers config, without its weights."""
+    if config.model in TINY_MODELS:
+        from transformers import LlamaConfig
+        return LlamaConfig(**TINY_MODELS[config.model])
+    try:
+        return memory_plan.read_config(config.model)
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"train.py: --model {config.model}: {str(error).splitlines()[0]}")

@@ -4,7 +4,7 @@ Rows (new tokens per second over the whole batch; a random model never samples E
 runs to --new tokens):
   hf_fast                engines.HFEngine's fast decoder (static cache, shared prefill, CUDA-graph
                          decode step) on the model as loaded (bf16 on cuda)
-  hf_fast_fsdp2          the same on train.shard's FSDP2 model (one rank; bf16 compute, fp32 master
+  hf_fast_fsdp2          the same on weights.shard's FSDP2 model (one rank; bf16 compute, fp32 master
                          weights), as train.py generates: unsharded once per generation
   hf_fast_compiled       hf_fast with compile_decode (the step through torch.compile; the warm-up
                          call pays the compile)
@@ -35,6 +35,7 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import engines  # noqa: E402
 import train  # noqa: E402
+import weights  # noqa: E402
 
 SHAPES = {
     "qwen2-8m": dict(hidden_size=384, intermediate_size=1152, num_hidden_layers=4, num_attention_heads=6,
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
     plain = build(args.shape, device, dtype)
     rows = args.rows.split(",")
     # train.py's FSDP2 model only when a row asks for it (building it costs a full fp32 copy).
-    fsdp = (train.shard(build(args.shape, device, torch.float32), train.Config(device=device.type), device, 1)
+    fsdp = (weights.shard(build(args.shape, device, torch.float32), train.Config(device=device.type), device, 1)
             if any(row.endswith("fsdp2") for row in rows) else None)
     tokenizer = _Tokenizer()
     print(f"{args.shape} ({sum(p.numel() for p in plain.parameters()) / 1e6:.1f}M parameters), {device}, "

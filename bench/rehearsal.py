@@ -8,7 +8,7 @@ vocabulary size, all offline), then through train.py exactly as a user runs it:
     run 1: --preset kevin (small counts), 1 step, a checkpoint, the export
     run 2: the same with --resume --steps 2: loads the checkpoint, 1 more step, checkpoint, export
 
-and prints, per phase, the plan's GPU peak (train.make_plan for the same flags), the measured peak
+and prints, per phase, the plan's GPU peak (memory_plan.plan_for for the same flags), the measured peak
 allocated (metrics.jsonl's gpu_peak_*), their ratio, the seconds, and generation tokens/s; the
 host peak at load the same way. One device call:
 
@@ -121,6 +121,7 @@ def main() -> None:
     import torch
     import memory_plan
     import train
+    import weights
     folder = os.path.join(args.work, "qwq-32b-cut")
     run_out = args.run_out or os.path.join(args.work, "run")
     shutil.rmtree(run_out, ignore_errors=True)
@@ -133,7 +134,7 @@ def main() -> None:
              "--turns", str(args.turns), "--max-new-tokens", str(args.max_new_tokens), "--late-max-new-tokens", "0",
              "--out", run_out, "--save-every", "1", "--keep-checkpoints", "1", "--sandbox", "off"]
     config = train.parse_config(flags)
-    plan, _ = train.make_plan(config, 1)
+    plan, _ = memory_plan.plan_for(config, 1, weights.model_config(config))
     print(memory_plan.table(plan), flush=True)
     report = {"layers": args.layers, "device": torch.cuda.get_device_name(), "plan": json.loads(memory_plan.plan_json(plan)),
               "runs": []}

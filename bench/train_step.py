@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import grpo  # noqa: E402
 import rollout  # noqa: E402
 import train  # noqa: E402
+import weights  # noqa: E402
 import train_log  # noqa: E402
 
 QWEN2_1P5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -136,9 +137,9 @@ def main(argv=None) -> None:
         config = train.Config(model=args.model, device=device.type, micro_batch_tokens=budget,
                               activation_checkpointing=checkpointing == "on", compile=compiled == "on", lr=1e-7)
         torch.manual_seed(0)
-        model, _ = train.load_policy(config)
+        model, _ = weights.load_policy(config)
         layer_params = sum(p.numel() for p in model.model.layers.parameters())
-        model = train.shard(model.to(device), config, device, 1)
+        model = weights.shard(model.to(device), config, device, 1)
         samples = synthetic_samples(args.rows, args.prompt, args.completion, model.config.vocab_size)
         try:
             seconds, flops, peak = measure(model, layer_params, samples, config, device, args.repeats)

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 
 import engines
 import summarize
+import weights
 
 transformers = pytest.importorskip("transformers")
 from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -248,8 +249,8 @@ def _fsdp_worker(rank: int, world: int, port: int, device_type: str, decoder: st
         got = engine.generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
         want = engines.HFEngine(reference, tokenizer, fast=False).generate([prompt], n=1, max_new_tokens=max_new, temperature=0.0)
         resharded = all(isinstance(p, DTensor) for p in model.parameters())
-        full = dict(engines.iter_full_weights(model))
-        half = dict(engines.iter_full_weights(model, torch.bfloat16, device))
+        full = dict(weights.full_tensors(model))
+        half = dict(weights.full_tensors(model, device, torch.bfloat16))
         weights_equal = all(torch.equal(full[k], v) and torch.equal(half[k], v.to(torch.bfloat16))
                             for k, v in reference.state_dict().items())
         ids = torch.tensor([[5, 6, 7, 8]], device=device)
@@ -476,7 +477,7 @@ def _offloaded_weights_worker(rank: int, world: int, port: int, results):
         for module in [*model.model.layers, model]:
             fully_shard(module, mesh=mesh, offload_policy=CPUOffloadPolicy())
         on_cpu = all(p.to_local().device.type == "cpu" for p in model.parameters())
-        sent = list(engines.iter_full_weights(model, torch.bfloat16, device))
+        sent = list(weights.full_tensors(model, device, torch.bfloat16))
         results[rank] = (on_cpu, [name for name, _ in sent] == list(reference),
                          all(t.device == device and t.dtype == torch.bfloat16
                              and torch.equal(t, reference[name].to(device, torch.bfloat16)) for name, t in sent))

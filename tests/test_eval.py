@@ -147,8 +147,9 @@ def test_every_flag_has_a_one_line_help_with_its_default_and_its_choices(capsys)
     assert info.value.code == 0
     text = capsys.readouterr().out
     entries = re.split(r"\n  (?=-)", text.split("\noptions:\n", 1)[1])   # one per flag, its wrapped help joined
-    helps = {entry.split()[0]: " ".join(entry.split()) for entry in entries if entry.split()[0] != "-h,"}
-    assert {"--policy", "--grid", "--top-p", "--out", "--no-progress"} <= set(helps)
+    helps = {entry.split()[0].rstrip(","): " ".join(entry.split()) for entry in entries if entry.split()[0] != "-h,"}
+    assert {"--policy", "--grid", "--top-p", "--out", "--progress"} <= set(helps)
+    assert "--no-progress" in helps["--progress"]
     for flag, help_text in helps.items():
         assert help_text.endswith(")") and ("(default: " in help_text or help_text.endswith("(required)")), help_text
     assert helps["--trajectories"].endswith("(default: 16, Kevin's protocol)")

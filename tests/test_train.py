@@ -11,9 +11,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+import checkpoint
 import grpo
+import launch
 import rollout
 import train
+import weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,7 +101,7 @@ def test_the_update_takes_its_temperature_from_the_rollout_settings(tmp_path):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
-        model, _ = train.load_policy(train.Config())
+        model, _ = weights.load_policy(train.Config())
         samples, advantages = _problem()
 
         def grad_norms(config_temperature, sampling_temperature):
@@ -127,10 +130,10 @@ def test_resume_of_a_finished_run_has_nothing_to_do_and_keeps_its_export(tmp_pat
         f"train.py: {tmp_path} has finished its 2 steps and exported its model; nothing to do (a larger --steps "
         "trains on)"]
     assert os.stat(tmp_path / "export" / "config.json").st_mtime_ns == before and not (tmp_path / "export.tmp").exists()
-    assert train.finished_steps(str(tmp_path)) == 2
+    assert checkpoint.finished_steps(str(tmp_path)) == 2
     # trained on after that export (step 3 checkpointed, then stopped): not finished, the export is old
     os.utime(tmp_path / "export" / "config.json", ns=(before - 10**9, before - 10**9))
-    assert train.finished_steps(str(tmp_path)) == 0
+    assert checkpoint.finished_steps(str(tmp_path)) == 0
 
 
 def test_ranks_of_a_node_get_disjoint_cpu_shares():
@@ -141,7 +144,7 @@ def test_ranks_of_a_node_get_disjoint_cpu_shares():
     allowed = sorted(os.sched_getaffinity(0))
     shares = []
     for rank in range(2):
-        code = f"import os, train; train.bind_rank_cpus({rank}, 2); print(sorted(os.sched_getaffinity(0)))"
+        code = f"import os, launch; launch.bind_rank_cpus({rank}, 2); print(sorted(os.sched_getaffinity(0)))"
         out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
         shares.append(json.loads(out.stdout))
     half = len(allowed) // 2
@@ -154,15 +157,15 @@ def test_builds_at_once_keep_every_build_cpu_busy_and_split_cpu_ranks(monkeypatc
     import kernel_eval
     config = kernel_eval.EvalConfig()
     kept = config.timing_cpus
-    assert train.builds_at_once("cuda:0", 1) == (16 - kept) // config.build_jobs  # 7 on a 16-core H200 node
-    assert train.builds_at_once("cuda:0", 4) == train.builds_at_once("cuda:0", 1)
-    assert [train.builds_at_once("cpu", n) for n in (1, 2, 32)] == [16, 8, 1]
+    assert launch.builds_at_once("cuda:0", 1) == (16 - kept) // config.build_jobs  # 7 on a 16-core H200 node
+    assert launch.builds_at_once("cuda:0", 4) == launch.builds_at_once("cuda:0", 1)
+    assert [launch.builds_at_once("cpu", n) for n in (1, 2, 32)] == [16, 8, 1]
 
 
 def test_tokenizer_without_eos_is_refused(tmp_path):
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
     config = train.Config(model=str(tmp_path / "m"))
-    LlamaForCausalLM(LlamaConfig(**train.TINY_MODELS["tiny-llama"])).save_pretrained(config.model)
+    LlamaForCausalLM(LlamaConfig(**weights.TINY_MODELS["tiny-llama"])).save_pretrained(config.model)
     tokenizer = ByT5Tokenizer()
     tokenizer.save_pretrained(config.model)
     path = os.path.join(config.model, "tokenizer_config.json")
@@ -172,7 +175,7 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
     with open(path, "w") as f:
         json.dump(saved, f)
     with pytest.raises(SystemExit, match="has no eos_token_id"):
-        train.load_policy(config)
+        weights.load_policy(config)
 
 
 def _sample(prompt, completion, ret):
@@ -197,7 +200,7 @@ def _gradient(model, samples, advantages, total, world, device=torch.device("cpu
 
 
 def _rank(rank, port, out, world=2, device_type="cpu"):
-    """One rank of `world` (gloo on CPU, NCCL on CUDA): train.shard's FSDP2 model, this rank's rows
+    """One rank of `world` (gloo on CPU, NCCL on CUDA): weights.shard's FSDP2 model, this rank's rows
     of _problem with Z over all four, the full gradient saved by rank 0."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
@@ -208,8 +211,8 @@ def _rank(rank, port, out, world=2, device_type="cpu"):
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        model, _ = train.load_policy(train.Config())
-        model = train.shard(model.to(device), train.Config(), device, world)
+        model, _ = weights.load_policy(train.Config())
+        model = weights.shard(model.to(device), train.Config(), device, world)
         samples, advantages = _problem()
         mine = list(range(rank, 4, world))   # each rank its own rows, Z over all four
         _gradient(model, [samples[i] for i in mine], advantages[mine], torch.tensor(4.0 * 8), world, device)
@@ -230,7 +233,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_fsdp2_gradient_on_two_gloo_ranks_equals_one_process(tmp_path):
     torch.manual_seed(0)
-    model, _ = train.load_policy(train.Config())
+    model, _ = weights.load_policy(train.Config())
     samples, advantages = _problem()
     _gradient(model, samples, advantages, torch.tensor(4.0 * 8), 1)
     mp.spawn(_rank, args=(_free_port(), str(tmp_path / "g.pt")), nprocs=2)
@@ -400,7 +403,7 @@ def test_vllm_engine_is_woken_synced_and_put_to_sleep_around_each_rollout(tmp_pa
     log = []
     tokenizer = ByT5Tokenizer()
     model_dir = str(tmp_path / "model")
-    LlamaForCausalLM(LlamaConfig(**train.TINY_MODELS["tiny-llama"], eos_token_id=tokenizer.eos_token_id,
+    LlamaForCausalLM(LlamaConfig(**weights.TINY_MODELS["tiny-llama"], eos_token_id=tokenizer.eos_token_id,
                                  pad_token_id=tokenizer.pad_token_id)).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
 
