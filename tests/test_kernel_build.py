@@ -356,7 +356,6 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     source += " // declared"
     worker = new_worker(await_name_probe=await_name_probe)
     assert units_compiled(worker, source) == 2 and len(requests) == 2  # the slim tier, the probe, then as written
-    assert log.read_text().split("\n").count("cxx main.cpp") == 2  # a declared name: both units at once, as torch does
     os.remove(answer_path)
     source += " // twice"  # a worker asks once: kernel_eval answers one request a worker
     assert units_compiled(worker, source) == 2 and len(requests) == 2
