@@ -22,9 +22,10 @@ Speed (BuildConfig; a build's result is the same either way)
   harness's own answers (name probes, below); the build as written would fail on the same names.
   Names no probe has answered yet are probed first (with the source's other identifiers, so that a
   later source failing on those is answered at once), and the source built as written only if the
-  probe says the headers declare one of its names. A build as written after a tier failed in its
-  .cu unit alone (on no name declared) compiles its host unit only once the .cu unit has built: a
-  .cu unit that fails again ends the build without the host unit's parse of torch/extension.h.
+  probe says the headers declare one of its names.
+- a build ends at its first failed unit (run_ninja_until_failure): ninja would let the host unit
+  (all of torch/extension.h as written) finish after the .cu unit failed; builds that succeed keep
+  both units side by side.
 - the slim tier's host units read their headers from a precompiled header built once per cache
   (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
 - compiler diagnostics point at the candidate's .py lines (point_at_source).
@@ -38,9 +39,11 @@ import hashlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -63,9 +66,13 @@ class BuildConfig:
     # from the first such build with the default flags; units with other flags parse the headers
     host_pch: bool = True
     # after a tier failed in its .cu unit alone (on no name a probe found declared), the build as
-    # written starts its host unit (all of torch/extension.h) once its .cu unit has built, so that a
-    # .cu unit failing again ends the build at once; False: both units side by side, as torch runs them
-    device_unit_first: bool = True
+    # written starts its host unit (all of torch/extension.h) once its .cu unit has built (what
+    # stop_at_first_failure gives without slowing a build that succeeds); False: side by side
+    device_unit_first: bool = False
+    # end a build at its first failed unit (run_ninja_until_failure): ninja lets the other units run to
+    # their end, and a load_inline build's host unit (all of torch/extension.h) outlasts a failing .cu unit
+    stop_at_first_failure: bool = True
+    ninja_stop_wait_s: float = 10.0  # after that, ninja is killed (SIGKILL) instead of stopping its units
 
     def __post_init__(self):
         tiers = self.cuda_header_tiers
@@ -242,10 +249,13 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 
     run_ninja = getattr(ce, "_run_ninja_build", None)  # torch's: writes nothing, runs ninja in the build dir
 
-    def run_ninja_build(build_directory, *a, **kw):
+    def run_ninja_build(build_directory, verbose, error_prefix):
         if state["device_unit_first"]:
             host_unit_after_device_unit(os.path.join(build_directory, "build.ninja"))
-        return run_ninja(build_directory, *a, **kw)
+        if not config.stop_at_first_failure:
+            return run_ninja(build_directory, verbose, error_prefix)
+        return run_ninja_until_failure(build_directory, verbose, error_prefix, ce._get_num_workers(verbose),
+                                       config.ninja_stop_wait_s)
 
     ce.load_inline, ce.load = patched_inline, patched_load
     if run_ninja is not None:
@@ -255,6 +265,51 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
     return state
 
 
+
+
+_NINJA_STATUS = re.compile(r"\[\d+/\d+\] (.*)")
+_NINJA_FAILED = re.compile(r"FAILED: (?:\[code=\d+\] )?(.*?)\s*")
+
+
+def run_ninja_until_failure(build_directory: str, verbose: bool, error_prefix: str, num_workers: int | None,
+                            stop_wait_s: float) -> None:
+    """torch's _run_ninja_build (`ninja -v` in the build directory, RuntimeError(error_prefix + its output) on
+    failure; with `verbose` the output goes to stdout and the error says no more), except that the first
+    unit that fails ends the build: ninja is told to stop (SIGTERM: it stops its running units and exits)
+    once it has printed that unit's diagnostics, instead of letting the others run to their end. A failure
+    is ninja's own report: "FAILED: <outputs>" right after a unit's status line, then that unit's command,
+    which writes those outputs (-o), none of them on disk; a compiler's diagnostics never start so (their
+    first line names a file), so no source can end a build that would have built."""
+    command = ["ninja", "-v"] + (["-j", str(num_workers)] if num_workers is not None else [])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=build_directory)
+    out, status_command, failed, stopped = [], None, None, False
+    for raw in proc.stdout:
+        out.append(raw)
+        if verbose:
+            os.write(1, raw)
+        line = raw.decode(errors="replace").rstrip("\r\n")
+        if failed is not None and not stopped:
+            if line == failed[0] and all(f" -o {o} " in f" {line} " and not os.path.exists(
+                    os.path.join(build_directory, o)) for o in failed[1]):
+                proc.send_signal(signal.SIGTERM)
+                stopped = threading.Timer(stop_wait_s, proc.kill)  # a ninja that does not stop
+                stopped.start()
+            failed = None
+        elif status_command is not None and (match := _NINJA_FAILED.fullmatch(line)) and match.group(1):
+            failed = (status_command, match.group(1).split())
+        status = _NINJA_STATUS.fullmatch(line)
+        status_command = status.group(1) if status else None  # the line after a status line only
+    code = proc.wait()
+    if stopped:
+        stopped.cancel()
+    if code == 0 and not stopped:
+        return
+    output = b"".join(out).decode(errors="replace")
+    if stopped:  # what torch's build says when a unit failed
+        output = output.replace("ninja: build stopped: interrupted by user.", "ninja: build stopped: subcommand failed.")
+    raise RuntimeError(error_prefix if verbose else f"{error_prefix}: {output}")
 
 
 def host_unit_after_device_unit(ninja_path: str) -> bool:
