@@ -186,12 +186,18 @@ class _TaskWorker:
             self.timing = TimingLoop(self.model, sets, self.flush, self.cuda, self.sync, msg["buffers"],
                                      msg["buffer_bytes"], self.output_problem, self.refuse_outputs,
                                      last_on_host=bool(msg.get("host_outputs")))
-            self.timing.run(msg["warmup"], keep=False)
+            self.timing.keep = False
+            self.timing.run(msg["warmup"])
             return {}
 
         def warm(msg, fds, payload):  # more warm-up, for as long as the parent's clock says
-            self.timing.run(msg["calls"], keep=False)
+            self.timing.keep = False
+            self.timing.run(msg["calls"])
             return {}
+
+        def timed(msg, fds, payload):  # run(n) as candidates see it: `keep` beside it, not an argument
+            self.timing.keep = msg.get("keep", True)
+            return {"times": self.timing.run(msg["trials"])}
 
         def release(msg, fds, payload):  # the window is over: its sets, buffers and outputs go
             self.timing = None
@@ -200,7 +206,7 @@ class _TaskWorker:
             return {}
 
         return {"time_prepare": prepare, "warm": warm, "time_release": release,
-                "time": lambda msg, fds, payload: {"times": self.timing.run(msg["trials"], keep=msg.get("keep", True))}}
+                "time": timed}
 
 
 def _reference_worker(w: _TaskWorker) -> None:
@@ -401,10 +407,11 @@ class TimingLoop:
         self.last = [None] * len(sets)
         self.calls = 0
         self.last_on_host = last_on_host
+        self.keep = True  # the next run's last outputs are kept (last_on_host: set per request by the worker)
 
-    def run(self, n: int, keep: bool = True) -> list:
+    def run(self, n: int) -> list:
         import torch
-        times, out = [], None
+        times, out, keep = [], None, self.keep
         with torch.no_grad():
             for k in range(n):
                 i = self.calls % len(self.sets)
