@@ -115,6 +115,10 @@ class EvalConfig:
     rotation_max_bytes: int = 256 << 20  # input sets this large: one set, one buffer (far larger than L2)
     # paired timing: blocks per side and their length (_paired_timing), the cross-check's terms (paired_verdict)
     timing_blocks: int = 4
+    # the timed calls of a side, in ms of the reference's wall per call (calls, refills, flushes): a task whose
+    # call takes longer gets fewer than *_trials calls (at least one a block), not minutes (block_calls)
+    gpu_time_budget_ms: float = 1000.0
+    cpu_time_budget_ms: float = 10000.0
     gpu_block_ms: float = 20.0
     cpu_block_ms: float = 50.0
     cross_check_rel: float = 0.5
@@ -204,8 +208,8 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
     sessions: dict = {}
-    # room for a CUDA context per live worker: every run job's candidate, a session per task (as many again)
-    budget = MemoryBudget(config, live_workers=n_runs + min(n_runs, len({pairs[i][0] for i in todo})))
+    # room for a CUDA context per run job's candidate (booted before admission; a session's is in its plan)
+    budget = MemoryBudget(config, live_workers=n_runs)
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
@@ -383,8 +387,9 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
             ref_blocks, cand_blocks = _paired_timing(
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
                 lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, device, cfg,
-                deadline, plan["buffers"])
+                deadline, plan["buffers"], plan["host_outputs"])
             cand_ask({"cmd": "time_outputs"}, (out_fd,))
+            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
         _seal_output(out_fd, time_limit)
         with _device_lock(cfg, device, exclusive=False):
             reason = session.judge(out_fd, "time", time_limit)
@@ -422,7 +427,8 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
     out_fd = memfd("kernel_eval-candidate-outputs")
     try:
         reply, _ = _ask(cand, "candidate", "check", limit_s,
-                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0]},
+                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
+                         "host_inputs": session.host_outputs},
                         fds=(check_fd, out_fd), limit_note=limit_note)
         _seal_output(out_fd, check_limit)
         ops, changed = reply.get("ops", []), reply.get("changed")
@@ -451,16 +457,18 @@ def _request_key(msg: dict) -> tuple | str:
 
 
 def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
-                   deadline: float, buffers: int) -> tuple:
+                   deadline: float, buffers: int, host_outputs: bool = False) -> tuple:
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
     window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
     flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
-    whose process tree's CPU time is the parent's clock on CPU."""
+    whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
+    reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
+    call x calls x blocks), then as many as fit it (at least one)."""
     warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
                                  else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
-             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes,
+             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes, "host_outputs": host_outputs,
              "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
     # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
     # clock (a worker's own clock is the candidate's to patch)
@@ -471,19 +479,22 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
     # calls per block, doubled until one reference request lasts block_ms (its jitter is then small per
     # call); sized on the reference alone: a candidate must not choose its own resolution
     block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
+    budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
     while True:
         t = time.monotonic()
         ref_ask({"cmd": "warm", "calls": calls})
-        if (time.monotonic() - t) * 1e3 >= block_ms or time.monotonic() > deadline:
+        per_call_ms = (time.monotonic() - t) * 1e3 / calls
+        if per_call_ms * calls >= block_ms or time.monotonic() > deadline:
             break
         calls *= 2
-    calls = max(calls, math.ceil(trials / cfg.timing_blocks))
+    calls = max(calls, block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
     blocks = {"ref": [], "cand": []}
     trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
     for b in range(2 * cfg.timing_blocks):
         side = "ref" if b % 4 in (0, 3) else "cand"
         t, cpu0 = time.monotonic(), sandbox.cpu_ms(trees.get(side, []))
-        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls}).get("times")
+        last = b >= 2 * cfg.timing_blocks - 2  # each side's last block: its outputs are kept (checked again)
+        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls, "keep": last}).get("times")
         wall = (time.monotonic() - t) * 1e3
         if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
             cpu1 = sandbox.cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
@@ -496,6 +507,15 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: Ev
             raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
                            waited_s=cfg.time_timeout_s)
     return blocks["ref"], blocks["cand"]
+
+
+def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
+    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
+    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
+    wanted = math.ceil(trials / blocks)
+    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
+        return wanted
+    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
 
 
 class _Failure(Exception):
@@ -518,7 +538,7 @@ class ReferenceSession:
                  zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
         import torch
         self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
-        self.budget = budget or MemoryBudget(cfg, live_workers=2)
+        self.budget = budget or MemoryBudget(cfg, live_workers=1)
         self.users, self.lock = users, threading.Lock()
         self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
                       "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
@@ -526,6 +546,7 @@ class ReferenceSession:
         self.worker = self.scratch = self.failure = None
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
+        self.host_outputs = False  # plan_copies': the outputs wait in host memory (set by _ready)
         # per request, for run_limit: (seconds of compute, seconds moving data). "check": the check sets'
         # forwards, and the rest of their generation scaled to the bytes a candidate's check moves (the
         # worker's clock); each timing request by _request_key: its seconds on the parent's clock, all compute
@@ -602,10 +623,12 @@ class ReferenceSession:
         inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
+        self.host_outputs = plan["host_outputs"]
         # a first forward off the clock, so that gen is timed warm (run_limit); the probe, the first time
         # a task is seen, may have warmed this worker already: one forward more, once per task
         self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
-        reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds},
+        reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds,
+                                                                  "host_outputs": self.host_outputs},
                               fds=(inputs["check"], inputs["time"]))
         # the reference drew and wrote the inputs; a candidate's check reads them and writes its outputs
         cost = reply["check_cost"]

@@ -59,8 +59,11 @@ class Footprint:
         atomic_write(path, json.dumps(dataclasses.asdict(self)))
 
 
+COMPARE_WORKSPACE_BYTES = 1 << 30  # kernel_verdict's comparison: a few temporaries of COMPARE_CHUNK values
+
+
 def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
-    """How many copies judging this task keeps, and the bytes its workers then hold.
+    """How many copies judging this task keeps, where, and the bytes its workers then hold.
 
     Copies exist for reasons that fade with size: several correctness trials catch a forward that
     replays an old output (two do that; more only sample more values, and a large output is many
@@ -69,14 +72,22 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
     n_correct_trials trials while they take at most a quarter of the memory there is (never fewer
     than min_correct_trials), and rotates timing sets and buffers only below rotation_max_bytes.
 
-    Bytes, per pool ("device": the GPU on cuda; "host": input and output memory files, and
-    everything on cpu):
-        timing state = (n_time + buffers) x set + peak + n_time x out + L2 flush    (either side)
-        session      = (n_check + n_time) x out + timing state    on the device (reference outputs)
-                       (n_check + n_time) x set                   on the host (input files)
-        candidate    = max(2 x set + 2 x out + peak, timing state) on the device (a check call:
-                       pristine and cloned inputs, poisoned output blocks, the forward)
-                       max(n_check, n_time) x out                 on the host (its output file)"""
+    A worker's device bytes are the most it holds at once (its allocator keeps its largest phase; the
+    reference's worker empties its cache after generating and after a timing window). Per pool
+    ("device": the GPU on cuda; "host": memory files and the reference's outputs when they wait
+    there, and everything on cpu), with held = (n_check + n_time) x out:
+        timing window = (n_time + buffers) x set + peak + n_time x out + L2 flush   (either side: the sets,
+                        the refilled buffers, the call, each set's last output; host_outputs: on the host)
+        check         = 2 x set + max(2 x out, peak)    (pristine and cloned inputs, poisoned output
+                        blocks the forward then takes); host_inputs: set + max(2 x out, peak)
+        session       = held + max(set + peak, timing window, compare workspace)   on the device,
+                        + context_bytes on cuda (a resident session's worker; MemoryBudget keeps
+                        room for the candidates' workers, which boot before they are admitted)
+                        (n_check + n_time) x set (input files)                     on the host
+        candidate     = max(check, timing window) on the device, max(n_check, n_time) x out on the host
+    host_outputs: where the reference's outputs on the device would not let the task fit the device alone,
+    they wait in its worker's host memory (held moves to the host) and are compared chunk by chunk on the
+    device, and the candidate checks its inputs unchanged against the file, not a device copy."""
     s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
     rotate = s < cfg.rotation_max_bytes
     n_time = cfg.timing_input_sets if rotate else 1
@@ -85,13 +96,29 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
         buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers))
     keep = min(capacity.values()) // 4
     n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
-    timing = (n_time + buffers) * s + p + n_time * o + (cfg.l2_flush_bytes if cuda else 0)
-    session = {"device": (n_check + n_time) * o + timing, "host": (n_check + n_time) * s}
-    candidate = {"device": max(2 * s + 2 * o + p, timing), "host": max(n_check, n_time) * o}
-    if not cuda:  # one pool: the workers' tensors live beside the memory files
-        session = {"host": session["device"] + session["host"]}
-        candidate = {"host": candidate["device"] + candidate["host"]}
-    return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "session": session, "candidate": candidate}
+    timing = (n_time + buffers) * s + p + (cfg.l2_flush_bytes if cuda else 0)
+    held = (n_check + n_time) * o
+    work = max(s + p, timing, COMPARE_WORKSPACE_BYTES if cuda else 0)
+    if not cuda:  # one pool: the workers' tensors live beside the memory files; pristine inputs are the file's
+        check, timing = s + p, timing + n_time * o
+        work = max(work, timing)
+        session, candidate = {"host": held + work + (n_check + n_time) * s}, {"host": max(check, timing)
+                                                                              + max(n_check, n_time) * o}
+        return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": False,
+                "session": session, "candidate": candidate}
+    check = 2 * s + max(2 * o, p)
+    host_outputs = held + max(work, timing + n_time * o) + max(check, timing + n_time * o) > capacity.get("device", 0)
+    if host_outputs:
+        check = s + max(2 * o, p)
+    else:
+        timing += n_time * o
+        work = max(work, timing)
+    last = n_time * o if host_outputs else 0  # the window's last outputs, on the host
+    session = {"device": work + (0 if host_outputs else held) + cfg.context_bytes,
+               "host": (n_check + n_time) * s + (held + last if host_outputs else 0)}
+    candidate = {"device": max(check, timing), "host": max(n_check, n_time) * o + last}
+    return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": host_outputs,
+            "session": session, "candidate": candidate}
 
 
 class MemoryBudget:
@@ -105,6 +132,7 @@ class MemoryBudget:
     Capacity is set once per batch from the first measurement (set_capacity)."""
 
     def __init__(self, cfg, live_workers: int):
+        """live_workers: the candidate workers that may hold a CUDA context at once (a session's is in its plan)."""
         self.cfg, self.live_workers = cfg, live_workers
         self.capacity: dict | None = None
         self.cond = threading.Condition()
@@ -192,13 +220,23 @@ class MemoryBudget:
                 self.cond.notify_all()
 
     def too_large(self, fp: Footprint | None, cuda: bool) -> str:
-        """Why a task of footprint `fp` cannot be judged even alone, or "" when it can (or is unmeasured)."""
+        """Why a task of footprint `fp` cannot be judged even alone, or "" when it can (or is unmeasured):
+        one line, device and host memory apart (what judging needs, what the batch has), and what to change."""
         plan = plan_copies(fp, self.cfg, self.capacity, cuda) if fp is not None and self.capacity else None
-        if not plan or not any(plan["session"][k] + plan["candidate"][k] > self.capacity[k] for k in plan["session"]):
+        if not plan:
             return ""
-        return (f"judging this task needs more memory than there is ({gib_per_pool(plan['session'])} GiB for the "
-                f"reference's session and {gib_per_pool(plan['candidate'])} GiB for the candidate, capacity "
-                f"{gib_per_pool(self.capacity)} GiB)")
+        need = {k: plan["session"].get(k, 0) + plan["candidate"].get(k, 0) for k in self.capacity}
+        if all(need[k] <= self.capacity[k] for k in need):
+            return ""
+        names = {"device": "device memory", "host": "host memory"}
+        parts = [f"{need[k] / (1 << 30):.1f} GiB {names[k]} (have {self.capacity[k] / (1 << 30):.1f})"
+                 for k in ("device", "host") if k in need]
+        return (f"judging this task needs {' and '.join(parts)}: its reference's session "
+                f"{gib_per_pool(plan['session'])} and the candidate {gib_per_pool(plan['candidate'])} GiB, "
+                f"{plan['n_check']} check trial(s) of {fp.set_bytes / (1 << 30):.2g} GiB in and "
+                f"{fp.out_bytes / (1 << 30):.2g} GiB out; to fit: a larger memory_fraction (now "
+                f"{self.cfg.memory_fraction:g}), fewer parallel runs (each keeps {self.cfg.context_bytes / (1 << 30):g} "
+                "GiB of device memory for its context), or a smaller task")
 
     def forget(self, session) -> None:
         """The session's worker stopped: its bytes are free."""
@@ -209,7 +247,8 @@ class MemoryBudget:
 
 
 def gib_per_pool(pools: dict) -> str:
-    return "/".join(f"{v / (1 << 30):.1f}" for v in pools.values())
+    """"device 24.0 + host 48.0" (the pools a plan names, device first)."""
+    return " + ".join(f"{k} {pools[k] / (1 << 30):.1f}" for k in ("device", "host") if k in pools)
 
 
 def _mem_available() -> int:

@@ -66,8 +66,10 @@ class EvalResult:
 
 # ----------------------------------------------------------------------------- correct
 
-def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
-    """None if `cand` (CPU tensors) matches `ref` (tensors on any device; compared there), else a short reason."""
+def compare_outputs(ref: list, cand, tolerances: dict, device=None) -> str | None:
+    """None if `cand` (CPU tensors) matches `ref` (tensors on any device), else a short reason. Compared on
+    `device` (None: each reference output's), COMPARE_CHUNK values at a time: neither output is ever copied
+    whole (a large task's outputs are most of the device)."""
     import torch
     if not isinstance(cand, (list, tuple)) or len(cand) != len(ref):
         got = len(cand) if isinstance(cand, (list, tuple)) else type(cand).__name__
@@ -82,12 +84,15 @@ def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
             return f"{name} shape {tuple(c.shape)}, expected {tuple(r.shape)}"
         if c.dtype != r.dtype:
             return f"{name} dtype {str(c.dtype).replace('torch.', '')}, expected {str(r.dtype).replace('torch.', '')}"
-        c = c.to(r.device)
+        on = torch.device(device) if device is not None else r.device
         if not r.is_floating_point() and not r.is_complex():
-            if not torch.equal(c, r):
-                return f"{name}: {(c != r).sum().item()} of {r.numel()} values differ"
+            rf, cf = r.reshape(-1), c.reshape(-1)
+            differ = sum(int((cf[i: i + COMPARE_CHUNK].to(on) != rf[i: i + COMPARE_CHUNK].to(on)).sum())
+                         for i in range(0, rf.numel(), COMPARE_CHUNK))
+            if differ:
+                return f"{name}: {differ} of {r.numel()} values differ"
             continue
-        reason = _compare_floats(r, c, name, tolerance_for(str(r.dtype).replace("torch.", ""), tolerances))
+        reason = _compare_floats(r, c, name, tolerance_for(str(r.dtype).replace("torch.", ""), tolerances), on)
         if reason:
             return reason
     return None
@@ -96,20 +101,20 @@ def compare_outputs(ref: list, cand, tolerances: dict) -> str | None:
 COMPARE_CHUNK = 1 << 24  # elements per step: bounded temporaries, whatever the output's size
 
 
-def _compare_floats(r, c, name: str, tol: tuple) -> str | None:
+def _compare_floats(r, c, name: str, tol: tuple, on) -> str | None:
     """|c - r| <= atol + rtol |r| wherever r is finite, and c non-finite exactly where r is (same
-    values); in float32 (float64 for float64), chunk by chunk."""
+    values); in float32 (float64 for float64), chunk by chunk on device `on`."""
     import torch
     atol, rtol = tol
     if r.is_complex():
         r, c = torch.view_as_real(r), torch.view_as_real(c)
     work = torch.float64 if r.dtype == torch.float64 else torch.float32
     rf, cf = r.reshape(-1), c.reshape(-1)
-    zero = torch.zeros((), dtype=torch.int64, device=r.device)
+    zero = torch.zeros((), dtype=torch.int64, device=on)
     extra, extra_nan, outside, nonfinite_differ = zero.clone(), zero.clone(), zero.clone(), zero.clone()
-    max_diff = torch.zeros((), dtype=work, device=r.device)
+    max_diff = torch.zeros((), dtype=work, device=on)
     for i in range(0, rf.numel(), COMPARE_CHUNK):
-        rr, cc = rf[i: i + COMPARE_CHUNK].to(work), cf[i: i + COMPARE_CHUNK].to(work)
+        rr, cc = rf[i: i + COMPARE_CHUNK].to(on, work), cf[i: i + COMPARE_CHUNK].to(on, work)
         diff = (cc - rr).abs_()
         within = diff <= rr.abs().mul_(rtol).add_(atol)
         if bool(within.all()):

@@ -179,20 +179,34 @@ class _TaskWorker:
         def prepare(msg, fds, payload):  # inputs onto the device and warm-up, off the parent's clock
             if msg.get("cpus"):
                 os.sched_setaffinity(0, msg["cpus"])
+            self.timing = None  # an earlier window's, freed before this one's sets arrive
             sets = [self.to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
             if self.cuda and self.flush is None:
                 self.flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=self.dev)
             self.timing = TimingLoop(self.model, sets, self.flush, self.cuda, self.sync, msg["buffers"],
-                                     msg["buffer_bytes"], self.output_problem, self.refuse_outputs)
+                                     msg["buffer_bytes"], self.output_problem, self.refuse_outputs,
+                                     last_on_host=bool(msg.get("host_outputs")))
+            self.timing.keep = False
             self.timing.run(msg["warmup"])
             return {}
 
         def warm(msg, fds, payload):  # more warm-up, for as long as the parent's clock says
+            self.timing.keep = False
             self.timing.run(msg["calls"])
             return {}
 
-        return {"time_prepare": prepare, "warm": warm,
-                "time": lambda msg, fds, payload: {"times": self.timing.run(msg["trials"])}}
+        def timed(msg, fds, payload):  # run(n) as candidates see it: `keep` beside it, not an argument
+            self.timing.keep = msg.get("keep", True)
+            return {"times": self.timing.run(msg["trials"])}
+
+        def release(msg, fds, payload):  # the window is over: its sets, buffers and outputs go
+            self.timing = None
+            if self.cuda:
+                torch.cuda.empty_cache()
+            return {}
+
+        return {"time_prepare": prepare, "warm": warm, "time_release": release,
+                "time": timed}
 
 
 def _reference_worker(w: _TaskWorker) -> None:
@@ -252,6 +266,12 @@ def _reference_worker(w: _TaskWorker) -> None:
         task's sets are never all on the device at once); the outputs stay here. Also what the check
         sets cost (run_limit): the forwards' seconds, and the rest (drawing, moving, writing the inputs)."""
         check_cost = {}
+
+        def kept(o):  # a copy (an output may be a buffer the next forward reuses), on the host if told to
+            if not msg.get("host_outputs"):
+                return o.detach().clone()
+            return torch.empty(o.shape, dtype=o.dtype).copy_(o.detach())
+
         for fd, part in zip(fds, ("check", "time")):
             writer, outputs[part] = TensorFileWriter(fd), []
             t_part, forward_s, in_bytes = time.perf_counter(), 0.0, 0
@@ -264,7 +284,7 @@ def _reference_worker(w: _TaskWorker) -> None:
                     outs = _as_list(w.model(*on_dev))
                 w.sync()
                 forward_s += time.perf_counter() - t
-                outputs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs])
+                outputs[part].append([kept(o) if isinstance(o, torch.Tensor) else o for o in outs])
                 writer.add(xs)
                 in_bytes += _tensor_bytes(xs)
                 del xs, on_dev, outs
@@ -272,6 +292,8 @@ def _reference_worker(w: _TaskWorker) -> None:
             if part == "check":
                 check_cost = {"forward_s": forward_s, "rest_s": time.perf_counter() - t_part - forward_s,
                               "in_bytes": in_bytes}
+        if w.cuda:  # the inputs' and forwards' blocks: for the candidate's worker (plan_copies counts only the outputs)
+            torch.cuda.empty_cache()
         return {"out_bytes": {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
                               for part, sets in outputs.items()},
                 "check_cost": check_cost}
@@ -286,7 +308,7 @@ def _reference_worker(w: _TaskWorker) -> None:
         if len(cand) != len(expected):
             return {"reason": f"expected {len(expected)} output sets, got {len(cand)}"}
         for t, (r, c) in enumerate(zip(expected, cand)):
-            reason = compare_outputs(r, c, msg["tolerances"])
+            reason = compare_outputs(r, c, msg["tolerances"], device=w.dev)
             if reason:
                 return {"reason": (f"trial {t + 1}/{len(expected)}: " if msg["part"] == "check" else "") + reason}
         return {"reason": None}
@@ -331,8 +353,9 @@ def _candidate_worker(w: _TaskWorker) -> None:
         outputs written before the next call (a buffer reused across calls is still checked per call)."""
         outputs, changed, ops = TensorFileWriter(fds[1]), [], set()
         for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES):
-            pristine = w.to_dev(xs)
-            call = [x.clone() if isinstance(x, torch.Tensor) else x for x in pristine]
+            # host_inputs (a task too large for a device copy of them): compared with the sealed file's
+            pristine = xs if msg.get("host_inputs") else w.to_dev(xs)
+            call = [x.to(w.dev, copy=True) if isinstance(x, torch.Tensor) else x for x in pristine]
             if w.cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
                 blocks = [torch.full(((n + 3) // 4,), float("nan"), device=w.dev)
                           for n in msg.get("poison_bytes", []) for _ in range(2)]
@@ -345,8 +368,9 @@ def _candidate_worker(w: _TaskWorker) -> None:
                 raise sandbox.Refusal(problem)
             ops |= getattr(recorder, "ops", set())
             changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
-                            if isinstance(p, torch.Tensor) and not torch.equal(p, c)])
+                            if isinstance(p, torch.Tensor) and not _same(p, c)])
             outputs.add(out)
+            del pristine, call, out  # before the next trial's copies: one trial's tensors at a time
         outputs.close()
         return {"changed": changed, "ops": sorted(ops)}
 
@@ -368,10 +392,12 @@ class TimingLoop:
 
     Every call's outputs, warm-up included, go through `output_problem` (OutputCheck) right after its
     timed interval, before anything touches them; with `refuse` (the candidate's side) a problem ends
-    the run with a sandbox.Refusal. Both sides pay the check, so the loop costs the same on both."""
+    the run with a sandbox.Refusal. Both sides pay the check, so the loop costs the same on both.
+    `last_on_host` (a task whose outputs are most of the device): the last outputs are copied to host
+    memory, and only in a run told to `keep` them (each side's last block of the window)."""
 
     def __init__(self, model, sets: list, flush, cuda: bool, sync, buffers: int = 1, buffer_bytes: int = 0,
-                 output_problem=None, refuse: bool = False):
+                 output_problem=None, refuse: bool = False, last_on_host: bool = False):
         import torch
         self.model, self.sets, self.flush, self.cuda, self.sync = model, sets, flush, cuda, sync
         self.output_problem, self.refuse = output_problem or OutputCheck(torch), refuse
@@ -380,13 +406,17 @@ class TimingLoop:
         self.bufs = [[x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]] for _ in range(copies)]
         self.last = [None] * len(sets)
         self.calls = 0
+        self.last_on_host = last_on_host
+        self.keep = True  # the next run's last outputs are kept (last_on_host: set per request by the worker)
 
     def run(self, n: int) -> list:
         import torch
-        times = []
+        times, out, keep = [], None, self.keep
         with torch.no_grad():
             for k in range(n):
                 i = self.calls % len(self.sets)
+                recorded = n - k <= len(self.sets) and (keep or not self.last_on_host)
+                out = None  # the previous call's outputs are gone before this call (as in a plain loop)
                 bufs = self.bufs[self.calls // len(self.sets) % len(self.bufs)]
                 self.calls += 1
                 for b, s in zip(bufs, self.sets[i]):
@@ -410,8 +440,9 @@ class TimingLoop:
                 problem = self.output_problem(out)
                 if problem and self.refuse:
                     raise sandbox.Refusal(f"a timed call: {problem}")
-                if n - k <= len(self.sets):  # a run's last call of each set: a clone per call is overhead
-                    self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in out]
+                if recorded:  # a run's last call of each set, copied at once (a clone per call is overhead)
+                    self.last[i] = [(torch.empty(o.shape, dtype=o.dtype).copy_(o) if self.last_on_host else o.clone())
+                                    if isinstance(o, torch.Tensor) else o for o in out]
             self.sync()
         return times
 
@@ -493,6 +524,20 @@ def _as_list(out) -> list:
     if isinstance(out, (list, tuple)):
         return list(out)
     return [out]
+
+
+def _same(pristine, call) -> bool:
+    """torch.equal of an input as given (on the host, or the device) and the call's copy after it ran (on the
+    device), a slice at a time: no second device copy of a large input."""
+    import torch
+    if pristine.device == call.device or pristine.shape != call.shape or pristine.dtype != call.dtype:
+        return pristine.device == call.device and torch.equal(pristine, call)
+    p, c = pristine.reshape(-1), call.reshape(-1)
+    step = max(1, SAME_SLICE_BYTES // max(1, p.element_size()))
+    return all(torch.equal(p[i: i + step].to(c.device), c[i: i + step]) for i in range(0, p.numel(), step))
+
+
+SAME_SLICE_BYTES = 256 << 20
 
 
 def _tensor_bytes(values: list) -> int:

@@ -31,16 +31,42 @@ def test_plan_copies_keeps_every_copy_of_a_small_task_and_scales_a_large_one_dow
     relu = kernel_memory.Footprint(set_bytes=6_442_450_944, out_bytes=6_442_450_944, peak_bytes=6_442_450_944)
     big = kernel_memory.plan_copies(relu, cfg, capacity, cuda=True)
     assert (big["n_check"], big["n_time"], big["buffers"]) == (cfg.min_correct_trials, 1, 1)
-    # the bytes, from the docstring's formulas: timing state (1 + 1) x set + peak + out + flush
-    timing = 2 * relu.set_bytes + 2 * relu.out_bytes + cfg.l2_flush_bytes
-    assert big["session"] == {"device": 3 * relu.out_bytes + timing, "host": 3 * relu.set_bytes}
-    assert big["candidate"] == {"device": max(5 * relu.set_bytes, timing), "host": 2 * relu.out_bytes}
+    # the bytes, from the docstring's formulas: 100 GiB holds the outputs on the device
+    s, o, ctx = relu.set_bytes, relu.out_bytes, cfg.context_bytes
+    timing = 2 * s + o + cfg.l2_flush_bytes + o  # sets + buffers, the call, its last output
+    assert not big["host_outputs"]
+    assert big["session"] == {"device": 3 * o + timing + ctx, "host": 3 * s}
+    assert big["candidate"] == {"device": max(2 * s + 2 * o, timing), "host": 2 * o}
     # more memory keeps more trials (a quarter of the capacity for the kept sets), never more than asked
     roomy = kernel_memory.plan_copies(relu, cfg, {"device": 1 << 40, "host": 1 << 40}, cuda=True)
     assert roomy["n_check"] == cfg.n_correct_trials
     on_cpu = kernel_memory.plan_copies(relu, cfg, {"host": 100 << 30}, cuda=False)
-    assert set(on_cpu["session"]) == {"host"} and on_cpu["session"]["host"] == 3 * relu.out_bytes + (
-        2 * relu.set_bytes + 2 * relu.out_bytes) + 3 * relu.set_bytes
+    assert set(on_cpu["session"]) == {"host"} and on_cpu["session"]["host"] == 3 * o + (2 * s + 2 * o) + 3 * s
+
+
+def test_plan_copies_fits_kernelbench_l2norm_on_an_80_gb_card():
+    # level1/39_L2Norm_: 8 GiB in, 8 GiB out, its forward's peak its output; an H100 batch's capacity:
+    # 78 GiB free x memory_fraction, less a context for each of 14 candidate workers; host 128 GiB x 0.85
+    cfg = kernel_eval.EvalConfig()
+    gib = 1 << 30
+    l2norm = kernel_memory.Footprint(set_bytes=8 * gib, out_bytes=8 * gib, peak_bytes=8 * gib)
+    capacity = {"host": int(128 * gib * cfg.memory_fraction), "device": int(78 * gib * cfg.memory_fraction) - 14 * gib}
+    plan = kernel_memory.plan_copies(l2norm, cfg, capacity, cuda=True)
+    assert plan["host_outputs"] and (plan["n_check"], plan["n_time"], plan["buffers"]) == (2, 1, 1)
+    # device: the reference's timing window (set, buffer, call) and its context; the candidate's the same
+    # or its check (the input, two poisoned output blocks)
+    assert plan["session"]["device"] == 24 * gib + cfg.l2_flush_bytes + cfg.context_bytes
+    assert plan["candidate"]["device"] == 24 * gib + cfg.l2_flush_bytes
+    # host: three input sets in files, three reference outputs, the last timed one; the candidate's outputs
+    assert plan["session"]["host"] == (24 + 24 + 8) * gib and plan["candidate"]["host"] == (16 + 8) * gib
+    budget = kernel_memory.MemoryBudget(cfg, live_workers=14)
+    budget.capacity = capacity
+    assert budget.too_large(l2norm, cuda=True) == ""
+    # the same task where it does not fit: one line, device and host apart, what there is, what to change
+    budget.capacity = {"host": 64 * gib, "device": 40 * gib}
+    why = budget.too_large(l2norm, cuda=True)
+    assert why.startswith("judging this task needs 49.5 GiB device memory (have 40.0) and 80.0 GiB host memory "
+                          "(have 64.0): ") and "memory_fraction" in why and "\n" not in why
 
 
 class _FakeSession:
