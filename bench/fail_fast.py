@@ -41,7 +41,7 @@ import tasks  # noqa: E402
 from compile_error import toolkit_for_cpu_torch  # noqa: E402
 from warm_start import drop_declaration  # noqa: E402
 
-SIDES = {"before": dict(stop_at_first_failure=False, device_unit_first=True), "after": {}}
+SIDES = {"before": dict(stop_at_first_failure=False), "after": {}}
 
 
 def kinds(solution: str, no_cublas: bool) -> dict:
