@@ -24,8 +24,9 @@ Speed (BuildConfig; a build's result is the same either way)
   later source failing on those is answered at once), and the source built as written only if the
   probe says the headers declare one of its names.
 - a build ends at its first failed unit (run_ninja_until_failure): ninja would let the host unit
-  (all of torch/extension.h as written) finish after the .cu unit failed; builds that succeed keep
-  both units side by side.
+  (all of torch/extension.h as written) finish after the .cu unit failed. A build as written after a
+  tier failed in its .cu unit alone (on no name declared) also compiles its host unit only once the
+  .cu unit has built, which then fails without sharing the cores with that parse.
 - the slim tier's host units read their headers from a precompiled header built once per cache
   (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
 - compiler diagnostics point at the candidate's .py lines (point_at_source).
@@ -66,9 +67,9 @@ class BuildConfig:
     # from the first such build with the default flags; units with other flags parse the headers
     host_pch: bool = True
     # after a tier failed in its .cu unit alone (on no name a probe found declared), the build as
-    # written starts its host unit (all of torch/extension.h) once its .cu unit has built (what
-    # stop_at_first_failure gives without slowing a build that succeeds); False: side by side
-    device_unit_first: bool = False
+    # written starts its host unit (all of torch/extension.h) once its .cu unit has built, so that the
+    # .cu unit that most likely fails again has the cores to itself; False: both units side by side
+    device_unit_first: bool = True
     # end a build at its first failed unit (run_ninja_until_failure): ninja lets the other units run to
     # their end, and a load_inline build's host unit (all of torch/extension.h) outlasts a failing .cu unit
     stop_at_first_failure: bool = True
