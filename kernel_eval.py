@@ -953,7 +953,10 @@ def _scratch(cfg: EvalConfig, prefix: str) -> str:
 
 def resolve_device(device: str | None, prog: str) -> str:
     """--device as given, checked, or (None) cuda when torch sees one, else cpu, said on stderr.
-    A user's mistake is one line that names it and what to do (SystemExit), never a traceback."""
+    A user's mistake is one line that names it and what to do (SystemExit), never a traceback. An explicit
+    cpu imports no torch here: the harness's process needs none, its workers import their own."""
+    if device == "cpu":
+        return device
     import torch
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1015,6 +1018,11 @@ def main(argv=None) -> int:
     if a.trials is not None and a.trials < 1:
         _usage_error(f"--trials {a.trials}: must be at least 1")
     device = resolve_device(a.device, "kernel_eval.py")
+    import tasks
+    try:  # a built-in reference's `# cpu:` sizes on the CPU, as the trainer judges it
+        srcs[0] = tasks.sized_for(srcs[0], device.split(":")[0], a.reference)
+    except tasks.TaskError as e:
+        _usage_error(str(e))
     cfg = {"time_candidate": not a.no_time, "sandbox": a.sandbox}
     if a.cache_root:
         cfg["cache_root"] = a.cache_root

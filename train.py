@@ -216,9 +216,10 @@ def load_policy(config: Config):
 
 
 def load_tasks(config: Config) -> list:
-    """The training part of tasks.split_tasks (heldout tasks never train), then --task-ids."""
+    """The training part of tasks.split_tasks (heldout tasks never train), then --task-ids; the built-in
+    references at config.device's sizes (tasks.sized_for)."""
     return tasks_module.select_tasks(config.tasks, config.levels, "train.py", split="train",
-                                     n_heldout=config.heldout, task_ids=config.task_ids)
+                                     n_heldout=config.heldout, task_ids=config.task_ids, device=config.device)
 
 
 def setup_policy(config: Config, device: torch.device, world: int):
