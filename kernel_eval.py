@@ -516,7 +516,6 @@ class ReferenceSession:
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
                  zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
-        import torch
         self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
         self.budget = budget or MemoryBudget(cfg, live_workers=2)
         self.users, self.lock = users, threading.Lock()
@@ -532,7 +531,7 @@ class ReferenceSession:
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
-            "footprint", ref_src, device == "cpu", arch, torch.__version__)[:32] + ".json")
+            "footprint", ref_src, device == "cpu", arch, _torch_version())[:32] + ".json")
         self.footprint = Footprint.read(self.footprint_path)
 
     def _call(self, phase: str, timeout_s: float, msg: dict, fds: tuple = (), deadline: float | None = None) -> tuple:
@@ -847,9 +846,15 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
 
 def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
     """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
-    import torch
-    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg),
+    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, _torch_version(), _build_options(cfg),
                                _confined(cfg, device))
+
+
+def _torch_version() -> str:
+    """torch's version from its installed metadata: the harness's own process (workers import torch) need
+    not import it, ~1.5 s of a one-verdict CLI on the CPU box."""
+    import importlib.metadata
+    return importlib.metadata.version("torch")
 
 
 def _confined(cfg: EvalConfig, device: str) -> bool:
@@ -880,8 +885,8 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         os.makedirs(probes_dir, exist_ok=True)
         binds.append((probes_dir, probes_dir, False))
     if _reads_host_pch(cfg):  # patch_load_inline writes it if missing
-        import torch  # the header, written here: its directory is read-only there (warm_host_pch aside)
-        host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+        # the header, written here: its directory is read-only there (warm_host_pch aside)
+        host_header = kernel_build.write_host_header(cfg.cache_root, _torch_version())
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
     hide = [cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()]
     return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
