@@ -851,8 +851,8 @@ def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) ->
 
 
 def _torch_version() -> str:
-    """torch's version from its installed metadata: the harness's own process (workers import torch) need
-    not import it, ~1.5 s of a one-verdict CLI on the CPU box."""
+    """torch's version from its installed metadata: the harness's own process need not import torch (its
+    workers do) for it, which was one `import torch` of a one-verdict CLI on the CPU (docs/PERFORMANCE.md)."""
     import importlib.metadata
     return importlib.metadata.version("torch")
 
