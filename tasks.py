@@ -8,7 +8,8 @@ thing with its own kernel; the reward is correctness and speedup over `Model`.
 
 Three sources give the same `Task` record:
   - the built-in set `tasks/level{L}/{NN}_{name}/{reference,solution_cuda,solution_cpp}.py`,
-    written for this project, each with a known-good CUDA and C++ solution;
+    written for this project, each with a known-good CUDA and C++ solution and, on its size
+    lines, `# cpu:` sizes that the CPU judges it at (sized_for);
   - a KernelBench checkout (`KernelBench/level1/19_ReLU.py`);
   - a JSONL (or parquet) export with the fields `code`, `name`, `problem_id`, `level`.
 Files are validated with `ast` (syntax, `Model`, `get_inputs`, `get_init_inputs`), never
