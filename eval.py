@@ -600,7 +600,8 @@ def plot_grid(rows: list[dict], path: str, title: str) -> None:
 
 def load_tasks(args) -> list:
     return tasks_module.select_tasks(args.tasks, args.levels, "eval.py", split=args.split, n_heldout=args.n_heldout,
-                                     split_seed=args.split_seed, task_ids=args.task_ids, limit=args.limit)
+                                     split_seed=args.split_seed, task_ids=args.task_ids, limit=args.limit,
+                                     device=args.device)
 
 
 def protocol(args, language: str, task_list) -> dict:

@@ -536,7 +536,6 @@ class ReferenceSession:
 
     def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
                  zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
-        import torch
         self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
         self.budget = budget or MemoryBudget(cfg, live_workers=1)
         self.users, self.lock = users, threading.Lock()
@@ -553,7 +552,7 @@ class ReferenceSession:
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
-            "footprint", ref_src, device == "cpu", arch, torch.__version__)[:32] + ".json")
+            "footprint", ref_src, device == "cpu", arch, _torch_version())[:32] + ".json")
         self.footprint = Footprint.read(self.footprint_path)
 
     def _call(self, phase: str, timeout_s: float, msg: dict, fds: tuple = (), deadline: float | None = None) -> tuple:
@@ -870,9 +869,15 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
 
 def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
     """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
-    import torch
-    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, torch.__version__, _build_options(cfg),
+    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, _torch_version(), _build_options(cfg),
                                _confined(cfg, device))
+
+
+def _torch_version() -> str:
+    """torch's version from its installed metadata: the harness's own process need not import torch (its
+    workers do) for it, which was one `import torch` of a one-verdict CLI on the CPU (docs/PERFORMANCE.md)."""
+    import importlib.metadata
+    return importlib.metadata.version("torch")
 
 
 def _confined(cfg: EvalConfig, device: str) -> bool:
@@ -903,8 +908,8 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         os.makedirs(probes_dir, exist_ok=True)
         binds.append((probes_dir, probes_dir, False))
     if _reads_host_pch(cfg):  # patch_load_inline writes it if missing
-        import torch  # the header, written here: its directory is read-only there (warm_host_pch aside)
-        host_header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+        # the header, written here: its directory is read-only there (warm_host_pch aside)
+        host_header = kernel_build.write_host_header(cfg.cache_root, _torch_version())
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
     hide = [cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()]
     return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
@@ -976,7 +981,10 @@ def _scratch(cfg: EvalConfig, prefix: str) -> str:
 
 def resolve_device(device: str | None, prog: str) -> str:
     """--device as given, checked, or (None) cuda when torch sees one, else cpu, said on stderr.
-    A user's mistake is one line that names it and what to do (SystemExit), never a traceback."""
+    A user's mistake is one line that names it and what to do (SystemExit), never a traceback. An explicit
+    cpu imports no torch here: the harness's process needs none, its workers import their own."""
+    if device == "cpu":
+        return device
     import torch
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1038,6 +1046,17 @@ def main(argv=None) -> int:
     if a.trials is not None and a.trials < 1:
         _usage_error(f"--trials {a.trials}: must be at least 1")
     device = resolve_device(a.device, "kernel_eval.py")
+    try:  # a built-in reference's `# cpu:` sizes on the CPU, as the trainer judges it
+        import tasks
+    except ModuleNotFoundError as e:  # the harness's files alone: the reference as it is
+        if e.name != "tasks":
+            raise
+        tasks = None
+    if tasks is not None:
+        try:
+            srcs[0] = tasks.sized_for(srcs[0], device.split(":")[0], a.reference)
+        except tasks.TaskError as e:
+            _usage_error(str(e))
     cfg = {"time_candidate": not a.no_time, "sandbox": a.sandbox}
     if a.cache_root:
         cfg["cache_root"] = a.cache_root

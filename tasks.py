@@ -8,7 +8,8 @@ thing with its own kernel; the reward is correctness and speedup over `Model`.
 
 Three sources give the same `Task` record:
   - the built-in set `tasks/level{L}/{NN}_{name}/{reference,solution_cuda,solution_cpp}.py`,
-    written for this project, each with a known-good CUDA and C++ solution;
+    written for this project, each with a known-good CUDA and C++ solution and, on its size
+    lines, `# cpu:` sizes that the CPU judges it at (sized_for);
   - a KernelBench checkout (`KernelBench/level1/19_ReLU.py`);
   - a JSONL (or parquet) export with the fields `code`, `name`, `problem_id`, `level`.
 Files are validated with `ast` (syntax, `Model`, `get_inputs`, `get_init_inputs`), never
@@ -48,6 +49,11 @@ LANGUAGE_FOR_DEVICE = {"cuda": "cuda", "cpu": "cpp"}
 BUILTIN_DIR = re.compile(r"^(\d+)_([a-z0-9_]+)$")
 KERNELBENCH_FILE = re.compile(r"^(\d+)_(.+)\.py$")
 LEVEL_DIR = re.compile(r"^level(\d+)$")
+# A built-in reference's size line may carry its CPU size: `ROWS, COLS = 8192, 8192  # cpu: 512, 1024`
+# (GPU sizes would make a CPU verdict one of torch's loops over 64M elements, not of the kernel).
+CPU_NOTE = re.compile(r"#\s*cpu:")
+CPU_SIZE_LINE = re.compile(r"^(?P<names>[A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=\s*(?P<gpu>[^#]+?)\s*"
+                           r"#\s*cpu:\s*(?P<cpu>[^#]+?)\s*$")
 
 
 class TaskError(ValueError):
@@ -102,6 +108,36 @@ def validate_solution(src: str, where: str) -> None:
         raise TaskError(f"{where}: solution is missing class ModelNew")
 
 
+def _values(text: str) -> int | None:
+    """How many values `text` is (a tuple's length, else 1), or None when it is not an expression."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    return len(node.elts) if isinstance(node, ast.Tuple) else 1
+
+
+def sized_for(src: str, device: str | None, where: str) -> str:
+    """`src` as judged on `device`: on "cpu", each top-level line `NAMES = GPU  # cpu: CPU` becomes
+    `NAMES = CPU  # the CPU size; on a GPU: GPU`; on any other device (or None) `src` unchanged. Every
+    annotation is checked on every device (as many values as names, on both sides), so a malformed
+    one is a TaskError naming the file and line wherever the task is loaded."""
+    lines = src.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if not CPU_NOTE.search(line):
+            continue
+        m = CPU_SIZE_LINE.match(line.rstrip("\r\n"))
+        names = len(m.group("names").split(",")) if m else 0
+        if not m or _values(m.group("gpu")) != names or _values(m.group("cpu")) != names:
+            raise TaskError(f"{where}:{i + 1}: malformed cpu size annotation {line.strip()!r}: expected "
+                            "`NAME[, NAME...] = VALUES  # cpu: VALUES`, as many values as names on each side, "
+                            "at the start of a line")
+        if device == "cpu":
+            ending = line[len(line.rstrip("\r\n")):]
+            lines[i] = f"{m.group('names')} = {m.group('cpu')}  # the CPU size; on a GPU: {m.group('gpu')}{ending}"
+    return "".join(lines)
+
+
 def _read(path: str) -> str:
     with open(path, encoding="utf-8") as f:
         return f.read()
@@ -134,8 +170,9 @@ def _level_dirs(root: str, levels=None) -> list[tuple[int, str]]:
     return found
 
 
-def load_builtin(root: str = "tasks", levels=None) -> list[Task]:
-    """The built-in set: `root/level{L}/{NN}_{snake_name}/` with reference and two solutions."""
+def load_builtin(root: str = "tasks", levels=None, device: str | None = None) -> list[Task]:
+    """The built-in set: `root/level{L}/{NN}_{snake_name}/` with reference and two solutions; each
+    reference as judged on `device` (sized_for: the CPU sizes on "cpu")."""
     root = _resolve_root(root)
     tasks = []
     for level, level_dir in _level_dirs(root, levels):
@@ -151,7 +188,7 @@ def load_builtin(root: str = "tasks", levels=None) -> list[Task]:
                 if not os.path.isfile(os.path.join(path, fname)):
                     raise TaskError(f"{path}: missing {fname}")
             ref_path = os.path.join(path, files["reference"])
-            reference_src = _read(ref_path)
+            reference_src = sized_for(_read(ref_path), device, ref_path)
             validate_reference(reference_src, ref_path)
             solutions = {}
             for lang in LANGUAGES:
@@ -263,11 +300,12 @@ def export_parquet(tasks: list[Task], path: str) -> None:
     checkpoint.atomic_write(path, table.getvalue())
 
 
-def load_source(source: str, levels=None) -> list[Task]:
-    """Tasks from a `--tasks` argument: "builtin", a .jsonl or .parquet export, or a KernelBench
-    checkout (levels 1 and 2 unless `levels` says otherwise); `levels` filters every source."""
+def load_source(source: str, levels=None, device: str | None = None) -> list[Task]:
+    """Tasks from a `--tasks` argument: "builtin" (its references as judged on `device`), a .jsonl or
+    .parquet export, or a KernelBench checkout (levels 1 and 2 unless `levels` says otherwise), the
+    last two as they are on every device; `levels` filters every source."""
     if source == "builtin":
-        return load_builtin(levels=levels)
+        return load_builtin(levels=levels, device=device)
     if source.endswith((".jsonl", ".parquet")):
         found = load_jsonl(source) if source.endswith(".jsonl") else load_parquet(source)
         return [t for t in found if levels is None or t.level in levels]
@@ -337,14 +375,14 @@ def draw_tasks(pool: list[Task], count: int, *, seed: int, step: int, sampler: s
 
 
 def select_tasks(source: str, levels: str | None, prog: str, *, split: str = "all", n_heldout: int = 0,
-                 split_seed: int = 0, task_ids: str = "", limit: int = 0) -> list[Task]:
+                 split_seed: int = 0, task_ids: str = "", limit: int = 0, device: str | None = None) -> list[Task]:
     """The tasks a command line asked for, or one line that says why there are none: `source`
-    (load_source) at `levels` ("1,2"; None: all), the `split` part ("train", "heldout" or "all")
+    (load_source, as judged on `device`) at `levels` ("1,2"; None: all), the `split` part ("train", "heldout" or "all")
     of split_tasks(n_heldout), then only the comma-separated `task_ids` (an id outside that part
     is refused), then the first `limit` (0: all)."""
     level_list = tuple(parse_levels(levels, prog)) if levels else None
     try:
-        found = load_source(source, level_list)
+        found = load_source(source, level_list, device)
         if split != "all":
             train, heldout = split_tasks(found, n_heldout=min(n_heldout, len(found)), seed=split_seed)
             found = heldout if split == "heldout" else train
@@ -624,16 +662,19 @@ def _check(args) -> int:
     if args.trials is not None and args.trials < 1:
         raise SystemExit(f"tasks.py check: --trials {args.trials}: must be at least 1")
     levels = parse_levels(args.levels, "tasks.py check") if args.levels else None
-    if args.kernelbench:
-        tasks = load_kernelbench(args.kernelbench, levels or (1, 2))
-    else:
-        tasks = load_builtin(args.root, levels)
-    tasks = [t for t in tasks if args.only is None or args.only in t.task_id]
+
+    def load(device):
+        found = (load_kernelbench(args.kernelbench, levels or (1, 2)) if args.kernelbench
+                 else load_builtin(args.root, levels, device))
+        return [t for t in found if args.only is None or args.only in t.task_id]
+    tasks = load(args.device)  # a bad task folder is refused before torch loads
     if not tasks:
         print(f"tasks.py check: no task id contains {args.only!r}", file=sys.stderr)
         return 2
     import kernel_eval
     device = kernel_eval.resolve_device(args.device, "tasks.py check")
+    if device != args.device:  # --device not given: the built-in references at the sizes of the one chosen
+        tasks = load(device)
     settings = {"time_candidate": not args.no_time}
     if args.trials:
         settings["cpu_trials" if device == "cpu" else "gpu_trials"] = args.trials

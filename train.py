@@ -156,9 +156,10 @@ def rollout_config(config: Config, language: str) -> rollout.RolloutConfig:
 # ----------------------------------------------------------------------------- setup
 
 def load_tasks(config: Config) -> list:
-    """The training part of tasks.split_tasks (heldout tasks never train), then --task-ids."""
+    """The training part of tasks.split_tasks (heldout tasks never train), then --task-ids; the built-in
+    references at config.device's sizes (tasks.sized_for)."""
     return tasks_module.select_tasks(config.tasks, config.levels, "train.py", split="train",
-                                     n_heldout=config.heldout, task_ids=config.task_ids)
+                                     n_heldout=config.heldout, task_ids=config.task_ids, device=config.device)
 
 
 def lr_at(optimizer_step: int, total: int, config: Config) -> float:

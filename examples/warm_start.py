@@ -576,7 +576,7 @@ def main(argv=None) -> int:
         log_file.flush()
 
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks")
-    all_tasks = tasks_module.load_builtin(root)
+    all_tasks = tasks_module.load_builtin(root, device=args.harness_device)  # the references the harness judges
     train_tasks = select_tasks(all_tasks, args.tasks)
     heldout = select_tasks(all_tasks, args.heldout) if args.heldout else []
     for task in train_tasks:  # fail now, not after training, if a variant cannot be made

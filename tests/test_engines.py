@@ -759,7 +759,7 @@ def test_corrupted_accumulating_solution_fails_the_harness():
     (corrupt_solution raised on it before); corrupted, the harness finds it wrong."""
     import kernel_eval
     import tasks as tasks_module
-    matmul = next(t for t in tasks_module.load_builtin() if t.task_id == "builtin/level1/09_matmul")
+    matmul = next(t for t in tasks_module.load_builtin(device="cpu") if t.task_id == "builtin/level1/09_matmul")
     corrupted = engines.corrupt_solution(matmul.solutions["cpp"])
     assert "c[j] += (aik * b[j]) + 1;" in corrupted
     (result,) = kernel_eval.evaluate_batch([(matmul.reference_src, corrupted)], device="cpu")

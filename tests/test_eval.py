@@ -322,7 +322,7 @@ def test_kernels_the_harness_could_not_judge_are_counted_apart_in_a_run_and_a_fo
     """The harness says harness_error (no verdict) for every candidate of one task: the records say so,
     with no score; the summary counts them apart and keeps the task, named."""
     import kernel_eval
-    builtin = {t.task_id: t for t in tasks_module.load_builtin()}
+    builtin = {t.task_id: t for t in tasks_module.load_builtin(device="cpu")}   # the references eval.py judges on cpu
 
     def out_of_memory_on_one_task(pairs, device="cpu", **_):   # EvalResults, as the harness gives them
         return [kernel_eval.EvalResult(status="harness_error", message="the task's copies do not fit in memory")

@@ -822,13 +822,11 @@ def test_cli_prints_one_json_verdict(cpp_results, cache_root):
 @pytest.mark.slow
 def test_builtin_solutions_are_accepted_on_cpu(cache_root):
     tasks = pytest.importorskip("tasks")
-    builtin = [t for t in tasks.load_builtin(os.path.join(ROOT, "tasks")) if "cpp" in t.solutions]
+    builtin = [t for t in tasks.load_builtin(os.path.join(ROOT, "tasks"), device="cpu") if "cpp" in t.solutions]
     if not builtin:
         pytest.skip("no built-in tasks with a C++ solution yet")
     pairs = [(t.reference_src, t.solutions["cpp"]) for t in builtin]
-    # real tasks: cheap trial counts (two input sets checked: most of a CPU candidate's time is its
-    # reference's and its own outputs over tensors of up to 64M elements, per set), but the
-    # default phase limits (references move large tensors)
+    # real tasks at their CPU sizes: cheap trial counts (two input sets checked), the default phase limits
     results = ke.evaluate_batch(pairs, device="cpu", cache_root=cache_root, cpu_trials=3, n_correct_trials=2,
                                 max_parallel_runs=2)
     bad = {t.task_id: (r.status, r.message) for t, r in zip(builtin, results) if r.status != "correct"}

@@ -388,7 +388,7 @@ def test_oracle_rollout_on_real_kernels(language, device):
     import kernel_eval
     import tasks as tasks_module
     wanted = ("builtin/level1/01_relu", "builtin/level2/06_bias_tanh_multiply")
-    builtin = [t for t in tasks_module.load_builtin() if t.task_id in wanted]
+    builtin = [t for t in tasks_module.load_builtin(device=device) if t.task_id in wanted]
     assert [t.task_id for t in builtin] == list(wanted)
     # seed 1 with rate 0.5 gives both kinds in these 8 answers.
     engine = engines.OracleEngine(builtin, language=language, corrupt_rate=0.5, seed=1)

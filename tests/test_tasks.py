@@ -124,6 +124,75 @@ def test_builtin_loader_rejects_bad_layouts(tmp_path):
         tasks.load_builtin(str(tmp_path))
 
 
+SIZED_REFERENCE = GOOD_REFERENCE.replace("torch.randn(64, 64)", "torch.randn(ROWS, COLS)") + \
+    "\nROWS, COLS = 8192, 4096  # cpu: 64, 32\nSCALE = 2.0\n"
+
+
+def _run(src: str):
+    namespace = {}
+    exec(src, namespace)
+    return namespace
+
+
+def test_cpu_sizes_replace_the_annotated_values_on_the_cpu_only(tmp_path):
+    _write_problem(tmp_path / "level1", "01_relu", SIZED_REFERENCE)
+    cpu = tasks.load_builtin(str(tmp_path), device="cpu")[0].reference_src
+    assert "ROWS, COLS = 64, 32  # the CPU size; on a GPU: 8192, 4096\n" in cpu
+    assert (_run(cpu)["ROWS"], _run(cpu)["COLS"], _run(cpu)["SCALE"]) == (64, 32, 2.0)
+    for device in (None, "cuda", "cuda:1"):  # the file as it is, on every other device
+        assert tasks.load_builtin(str(tmp_path), device=device)[0].reference_src == SIZED_REFERENCE
+    assert tasks.sized_for(cpu, "cpu", "again") == cpu  # applied once: nothing left to apply
+    assert [t.reference_src for t in tasks.load_source("builtin", device="cpu")] == \
+        [t.reference_src for t in tasks.load_builtin(device="cpu")]
+
+
+@pytest.mark.parametrize("line", [
+    "ROWS, COLS = 8192, 4096  # cpu: 64",            # fewer values than names
+    "ROWS = 8192  # cpu: 64, 32",                    # more
+    "ROWS = 8192  # cpu: 64 +",                      # not an expression
+    "ROWS, COLS = 8192  # cpu: 64, 32",              # the GPU side does not match either
+    "    ROWS = 8192  # cpu: 64",                    # not at the start of a line
+    "x = torch.randn(8)  # cpu: torch.randn(2) # x",  # a second comment
+    "# cpu: 64",                                     # no assignment
+])
+def test_malformed_cpu_size_is_a_task_error_naming_the_file_and_line(tmp_path, line):
+    d = _write_problem(tmp_path / "level1", "01_relu", GOOD_REFERENCE + line + "\n")
+    where = f"{d / 'reference.py'}:{GOOD_REFERENCE.count(chr(10)) + 1}"
+    for device in ("cpu", "cuda"):  # refused wherever the task is loaded
+        with pytest.raises(TaskError, match=re.escape(f"{where}: malformed cpu size annotation")):
+            tasks.load_builtin(str(tmp_path), device=device)
+
+
+def test_every_builtin_task_has_cpu_sizes():
+    """Each built-in reference declares its CPU sizes, and on the CPU its inputs are smaller: the
+    inputs' elements at most MAX_CPU_ELEMENTS (a C++ verdict's seconds are then the kernel's, not
+    torch's loops over a GPU-size tensor)."""
+    import torch
+    max_cpu_elements = 1 << 23
+    for gpu, cpu in zip(tasks.load_builtin(), tasks.load_builtin(device="cpu")):
+        assert "# cpu:" in gpu.reference_src and "# cpu:" not in cpu.reference_src, gpu.task_id
+        sizes = {}
+        for name, t in (("gpu", gpu), ("cpu", cpu)):
+            with torch.device("meta"):  # shapes only, no memory
+                inputs = _run(t.reference_src)["get_inputs"]()
+            sizes[name] = sum(x.numel() for x in inputs)
+        assert sizes["cpu"] < sizes["gpu"] and sizes["cpu"] <= max_cpu_elements, (gpu.task_id, sizes)
+
+
+def test_kernel_eval_cli_refuses_a_malformed_cpu_size_in_one_line(tmp_path):
+    ref = tmp_path / "reference.py"
+    ref.write_text(GOOD_REFERENCE + "ROWS = 8192  # cpu: 64, 32\n")
+    cand = tmp_path / "candidate.py"
+    cand.write_text(GOOD_SOLUTION)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "kernel_eval.py"), str(ref), str(cand), "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"kernel_eval.py: {ref}:{GOOD_REFERENCE.count(chr(10)) + 1}: malformed cpu size annotation "
+        "'ROWS = 8192  # cpu: 64, 32': expected `NAME[, NAME...] = VALUES  # cpu: VALUES`, as many values "
+        "as names on each side, at the start of a line"]
+
+
 # ---------------------------------------------------------------- KernelBench checkout
 
 def test_kernelbench_fixture_from_root_and_subfolder():
@@ -431,8 +500,9 @@ def test_solution_parameters_are_compared_with_the_references_without_a_build():
 
 @pytest.mark.slow
 def test_every_builtin_reference_is_a_fair_test():
-    """Runs each built-in reference on the CPU (no build): what `tasks.py check` finds, minus the harness."""
-    unfair = {t.task_id: f for t in tasks.load_builtin()
+    """Runs each built-in reference at its CPU size (no build): what `tasks.py check --device cpu` finds, minus
+    the harness. The GPU sizes are checked on a GPU (`tasks.py check --device cuda`)."""
+    unfair = {t.task_id: f for t in tasks.load_builtin(device="cpu")
               if (f := tasks.reference_findings(t, "cpu", TOLERANCES, solution_src=t.solutions["cpp"]))}
     assert unfair == {}
 

@@ -14,7 +14,7 @@ class Model(nn.Module):
 
 
 # 48M fp32 elements in and out (384 MB of traffic).
-ROWS, COLS = 6144, 8192
+ROWS, COLS = 6144, 8192  # cpu: 384, 1024
 
 
 def get_inputs():

@@ -14,7 +14,7 @@ class Model(nn.Module):
 
 
 # 48M fp32 elements in and out (384 MB of traffic).
-BATCH, FEATURES = 3072, 16384
+BATCH, FEATURES = 3072, 16384  # cpu: 256, 2048
 
 
 def get_inputs():

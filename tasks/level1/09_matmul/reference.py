@@ -13,7 +13,7 @@ class Model(nn.Module):
 
 
 # 2 M K N = 4.3 GFLOP; sizes not multiples of 32 so tile edges are exercised.
-M, K, N = 2000, 1040, 1030
+M, K, N = 2000, 1040, 1030  # cpu: 320, 200, 198
 
 
 def get_inputs():

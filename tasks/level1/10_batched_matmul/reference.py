@@ -13,7 +13,7 @@ class Model(nn.Module):
 
 
 # 2 batch M K N = 4.3 GFLOP.
-BATCH, M, K, N = 32, 256, 512, 520
+BATCH, M, K, N = 32, 256, 512, 520  # cpu: 8, 64, 128, 130
 
 
 def get_inputs():

@@ -2,9 +2,9 @@
 import torch
 import torch.nn as nn
 
-BATCH = 1024
-IN_FEATURES = 1536
-OUT_FEATURES = 2048
+BATCH = 1024  # cpu: 128
+IN_FEATURES = 1536  # cpu: 192
+OUT_FEATURES = 2048  # cpu: 256
 SCALE = 2.0
 
 

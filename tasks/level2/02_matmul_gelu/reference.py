@@ -4,9 +4,9 @@ import math
 import torch
 import torch.nn as nn
 
-M = 2048
-K = 1024
-N = 1536
+M = 2048  # cpu: 256
+K = 1024  # cpu: 128
+N = 1536  # cpu: 192
 
 
 class Model(nn.Module):

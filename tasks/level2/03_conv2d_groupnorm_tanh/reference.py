@@ -6,11 +6,11 @@ skips them fails the check.
 import torch
 import torch.nn as nn
 
-BATCH = 16
-IN_CHANNELS = 32
-OUT_CHANNELS = 64
-HEIGHT = 64
-WIDTH = 64
+BATCH = 16  # cpu: 2
+IN_CHANNELS = 32  # cpu: 16
+OUT_CHANNELS = 64  # cpu: 32
+HEIGHT = 64  # cpu: 32
+WIDTH = 64  # cpu: 32
 KERNEL_SIZE = 3
 GROUPS = 8
 

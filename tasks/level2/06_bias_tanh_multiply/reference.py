@@ -2,8 +2,8 @@
 import torch
 import torch.nn as nn
 
-ROWS = 4096
-HIDDEN = 4096
+ROWS = 4096  # cpu: 256
+HIDDEN = 4096  # cpu: 1024
 
 
 class Model(nn.Module):

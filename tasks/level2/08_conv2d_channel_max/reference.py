@@ -2,11 +2,11 @@
 import torch
 import torch.nn as nn
 
-BATCH = 16
+BATCH = 16  # cpu: 2
 IN_CHANNELS = 16
-OUT_CHANNELS = 64
-HEIGHT = 128
-WIDTH = 128
+OUT_CHANNELS = 64  # cpu: 32
+HEIGHT = 128  # cpu: 32
+WIDTH = 128  # cpu: 32
 KERNEL_SIZE = 3
 
 

@@ -6,10 +6,10 @@ import math
 import torch
 import torch.nn as nn
 
-BATCH = 8
-SEQ_LEN = 256
-EMBED_DIM = 512
-NUM_HEADS = 8
+BATCH = 8  # cpu: 2
+SEQ_LEN = 256  # cpu: 64
+EMBED_DIM = 512  # cpu: 128
+NUM_HEADS = 8  # cpu: 4
 
 
 class Model(nn.Module):

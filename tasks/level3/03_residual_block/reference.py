@@ -2,10 +2,10 @@
 import torch
 import torch.nn as nn
 
-BATCH = 8
-CHANNELS = 64
-HEIGHT = 56
-WIDTH = 56
+BATCH = 8  # cpu: 2
+CHANNELS = 64  # cpu: 16
+HEIGHT = 56  # cpu: 28
+WIDTH = 56  # cpu: 28
 
 
 class Model(nn.Module):
