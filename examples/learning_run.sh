@@ -27,14 +27,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${MODE:-gpu}
 if [ "$MODE" = cpu ]; then
-    # The CPU size: one task, C++ kernels, a warm start of a few dozen steps (it writes junk: too short
-    # to learn the format), G=2 x T=2, 3 steps. ORACLE_SHARE=0.5 replaces half the policy's answers
-    # with the task's built-in solution (train.py's OracleMixedEngine), so the harness, the rewards and
-    # nonzero advantages are exercised too; the H200 run has no oracle.
-    : "${LANGUAGE:=cpp}" "${DEVICE:=cpu}" "${TASKS:=level1/01_relu}" "${HELDOUT:=}" "${HIDDEN:=64}"
-    : "${LAYERS:=2}" "${HEADS:=2}" "${WS_BATCH:=4}" "${WS_STEPS:=20}" "${WS_SECONDS:=300}" "${WS_LR:=2e-3}"
-    : "${WS_CHECK:=0}" "${G:=2}" "${T:=2}" "${MAX_NEW:=320}" "${ORACLE_SHARE:=0.5}" "${STEPS:=3}"
-    : "${BUDGET:=2400}" "${WORK:=/tmp/learning_work_cpu}"
+    # The CPU size (2 cores, C++ kernels, the built-in tasks at their CPU sizes): one task, a tiny model
+    # (0.8M parameters, ~3 s a warm-start step of 8 examples), G=4 x T=2, Kevin's reward, no oracle.
+    : "${LANGUAGE:=cpp}" "${DEVICE:=cpu}" "${TASKS:=level1/01_relu}" "${HELDOUT:=}" "${HIDDEN:=128}"
+    : "${LAYERS:=2}" "${HEADS:=4}" "${WS_BATCH:=8}" "${WS_STEPS:=150}" "${WS_SECONDS:=450}" "${WS_LR:=2e-3}"
+    : "${LATER:=0.3}" "${G:=4}" "${T:=2}" "${MAX_NEW:=400}" "${GEN_ROWS:=16}" "${RL_LR:=1e-4}" "${STEPS:=12}"
+    : "${SEEDS:=0}" "${BUDGET:=1200}" "${WORK:=/tmp/learning_work_cpu}"
 fi
 OUT=${OUT:-runs/learning}
 WORK=${WORK:-/tmp/learning_work}
