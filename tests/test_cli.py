@@ -1,6 +1,6 @@
 """The command lines as a newcomer meets them (issues 18 and 37): every bad input is one line on stderr
 that names the problem, a non-zero exit and no traceback; a verdict, whatever it is, exits 0; Ctrl-C
-stops kernel_eval.py and tasks.py check within seconds, exit 130, with no process of theirs left,
+stops kernel_eval.py and task_check.py within seconds, exit 130, with no process of theirs left,
 and train.py and eval.py then print the command that continues the run. The rows of issue 37's table
 that need a process of their own are here; the others are in test_train.py, test_eval.py and
 test_train_log.py.
@@ -90,10 +90,10 @@ def test_tasks_export_bad_levels_is_one_line(tmp_path):
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
-def test_tasks_check_cuda_without_cuda_is_one_line(tmp_path):
-    proc = run([os.path.join(ROOT, "tasks.py"), "check", "--device", "cuda"], tmp_path)
+def test_task_check_cuda_without_cuda_is_one_line(tmp_path):
+    proc = run([os.path.join(ROOT, "task_check.py"), "--device", "cuda"], tmp_path)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and "CUDA_HOME" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("tasks.py check: --device cuda: torch sees no CUDA device")
+    assert proc.stderr.strip().splitlines()[-1].startswith("task_check.py: --device cuda: torch sees no CUDA device")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -210,11 +210,11 @@ def test_ctrl_c_stops_kernel_eval_mid_build(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == "kernel_eval.py: interrupted; every worker and build of the evaluation was stopped"
 
 
-def test_ctrl_c_stops_tasks_check_mid_build_and_keeps_partial_results(tmp_path):
+def test_ctrl_c_stops_task_check_mid_build_and_keeps_partial_results(tmp_path):
     out = tmp_path / "partial.json"
-    done = interrupt_mid_build([os.path.join(ROOT, "tasks.py"), "check", "--device", "cpu", "--root",
+    done = interrupt_mid_build([os.path.join(ROOT, "task_check.py"), "--device", "cpu", "--root",
                                 os.path.join(ROOT, "tasks"), "--json", str(out)], tmp_path)
-    assert done.stderr.strip().splitlines()[-1].startswith("tasks.py check: interrupted after 0/"), done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("task_check.py: interrupted after 0/"), done.stderr
     assert json.loads(out.read_text()) == []  # readable: nothing was checked yet
 
 
