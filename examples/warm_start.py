@@ -1,50 +1,34 @@
-"""Warm start for the learning demo: a small causal LM that can already write some kernels.
+"""Warm start for the learning demo: a small causal LM that already writes kernels, fast and slow.
 
-Kevin-32B starts RL from a model that writes correct kernels some of the time. No pretrained
-model can be downloaded here, so this script makes one, as small as these machines can train
-in a minute or two, so that `train.py --model OUT` shows whether rollout + harness + rewards +
-GRPO raise the share of correct kernels. What it trains, exactly:
+Kevin-32B starts RL from a model that writes correct kernels some of the time. No pretrained model
+can be downloaded here, so this script makes one, small enough to train in a minute or two, so that
+`train.py --model OUT` shows whether the loop teaches what Kevin's reward pays for. It trains:
 
-- tokenizer: byte-level BPE (`tokenizers`, no download) with Qwen2's normaliser and split
-  regex (AutoTokenizer loads a qwen2 checkpoint's tokenizer as a Qwen2Tokenizer, which imposes
-  them), trained on the turn-0 prompts and the built-in solutions of all built-in tasks in
-  both languages; at most `--vocab-size` tokens (the corpus is small: ~2,850 in practice);
-  ids 0 = <pad>, 1 = </s> (EOS). It has no chat template, so rollout renders prompts with
-  `engines.PLAIN_CHAT_TEMPLATE`. A turn-0 prompt is ~800 tokens, a CUDA solution ~650.
-- model: `transformers.Qwen2ForCausalLM` from a `Qwen2Config` (`--hidden`, `--layers`,
-  `--heads`), randomly initialised, tied embeddings; a few million parameters.
-- data, drawn afresh at every step: a task from `--tasks`, then a response in the policy's
-  format (`<think>\\n...\\n</think>\\n```python\\n<code>\\n```\\n<summary>`, then EOS) whose code
-  is the task's built-in solution with probability `--correct-share`, else one of two broken
-  variants in equal shares: `wrong_values` (`engines.corrupt_solution`: +1 on every output
-  store, compiles, wrong numbers) or `no_compile` (`drop_declaration`: the kernel source's
-  first variable declaration removed, a compile error). The thinking and the summary are
-  drawn from a few templates, independent of the variant, so nothing in the text before
-  the code says which variant follows: the choice is made inside the code.
-- prompts: exactly what the rollout shows the policy, `engines.render_prompt(tokenizer,
-  summarize.build_prompt(task.reference_src, history, language, ...))`. With probability
-  `--later-turn-share` the history holds one or two earlier attempts (codes drawn from the
-  same mixture, their summaries, and feedback written by `summarize.feedback` from a verdict
-  the script makes up for the variant: the harness's real messages differ in detail), so the
-  model has seen the longer prompts of turns > 0. The response there is drawn from the same
-  mixture: the warm start has no reason to fix anything after feedback; RL may teach it.
-- loss: plain next-token cross-entropy on the response tokens and the EOS (mask from the
-  data, never from the pad id); AdamW, linear warm-up, cosine decay to 10%.
+- tokenizer: byte-level BPE (`tokenizers`, offline) with Qwen2's normaliser and split regex (what
+  AutoTokenizer imposes on a qwen2 checkpoint), trained on every built-in task's turn-0 prompt and
+  solutions; ids 0 = <pad>, 1 = </s>; no chat template (rollout uses engines.PLAIN_CHAT_TEMPLATE).
+- model: `transformers.Qwen2ForCausalLM` from a config (`--hidden`, `--layers`, `--heads`), random init.
+- data, drawn afresh each step: a response in the policy's format whose code is a variant of the
+  task's built-in solution, drawn from `--shares`: `fast` (the solution), `slow` (its work repeated
+  SLOW_PASSES times: correct, that much slower), `wrong_values` (engines.corrupt_solution) or
+  `no_compile` (a used declaration dropped). The thinking and summary come from templates that do not
+  depend on the variant: the choice is made inside the code.
+- prompts: exactly the rollout's (summarize.build_prompt, engines.render_prompt). With
+  `--later-turn-share` the prompt shows one or two earlier attempts drawn from the mixture with their
+  feedback: the harness's real line for that variant once `variants.json` (`--variants-only`, run
+  beside the training) exists, else a made-up one of the same shape. The response there is drawn from
+  the mixture too, or (`--repeat-share`) repeats the last attempt's code whatever its verdict: nothing
+  here teaches what to do after which feedback; RL must.
+- loss: next-token cross-entropy on the response and its EOS (mask from the data, not the pad id);
+  AdamW, linear warm-up, cosine decay to 10%.
 
-The mixture is the room the RL run needs: a fully trained warm start reproduces it (the
-correct rate its samples reach is measured, not assumed: `--eval-samples` samples per task
-from `engines.HFEngine` at `--eval-temperature`, judged by `kernel_eval.evaluate_batch` with
-no timing), and GRPO can raise the correct rate only by moving probability from the broken
-variants to the solution. A model this small memorises its training tasks: it is not
-expected to write a kernel for a task it has not seen (`--heldout` measures that too).
+So GRPO can raise the reward only by moving probability to the fast, correct kernel, and a later
+turn can beat the first only by learning to use the feedback. A model this small memorises its
+tasks; `--heldout` measures that it does not write kernels for others.
 
-Usage
-    # CPU, C++ kernels (minutes on 2 cores):
-    python examples/warm_start.py --language cpp --out runs/warm_cpp \\
-        --tasks level1/01_relu,level1/07_row_sum --hidden 128 --layers 2 --steps 300
-    # H200, CUDA kernels (examples/learning_run.sh):
+    python examples/warm_start.py --language cpp --out runs/warm_cpp --tasks level1/01_relu \
+        --hidden 128 --layers 2 --steps 300                  # CPU, C++ kernels
     python examples/warm_start.py --language cuda --device cuda --out runs/warm_cuda
-    # then: python train.py --model runs/warm_cuda ...   (docs/learning/README.md)
 """
 from __future__ import annotations
 
