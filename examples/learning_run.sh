@@ -27,7 +27,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${MODE:-gpu}
 if [ "$MODE" = cpu ]; then
-    # The CPU size (2 cores, C++ kernels, the built-in tasks at their CPU sizes): one task, a tiny model
+    # The CPU size (2 cores, C++ kernels, the built-in tasks at their CPU sizes; on 2 cores it does not
+    # learn yet: docs/learning/README.md): one task, a tiny model
     # (0.8M parameters, ~3 s a warm-start step of 8 examples), G=4 x T=2, Kevin's reward, no oracle.
     : "${LANGUAGE:=cpp}" "${DEVICE:=cpu}" "${TASKS:=level1/01_relu}" "${HELDOUT:=}" "${HIDDEN:=128}"
     : "${LAYERS:=2}" "${HEADS:=4}" "${WS_BATCH:=8}" "${WS_STEPS:=150}" "${WS_SECONDS:=450}" "${WS_LR:=2e-3}"

@@ -95,4 +95,4 @@ def test_learning_run_cpu_smallest(tmp_path):
     assert "**rl_seed0**: done-when not met" in report and "steps: 1 (>= 10): **no**" in report
     with open(tmp_path / "work" / "rl_seed0" / "config.json") as f:
         config = json.load(f)
-    assert config["lr"] == 3e-5 and config["grad_clip"] == 1.0 and config["time_kernels"] is True
+    assert config["lr"] == 1e-4 and config["grad_clip"] == 1.0 and config["time_kernels"] is True   # the CPU size's
