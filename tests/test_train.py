@@ -324,6 +324,23 @@ def test_candidates_the_harness_could_not_judge_are_counted_apart_in_the_metrics
     assert "harness_error 2 (no verdict)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("groups", ["task", "task_turn"])
+def test_advantages_are_grouped_per_task_or_per_task_and_turn(tmp_path, monkeypatch, groups):
+    """--advantage-groups task (Kevin's) normalises over a task's G*T samples; task_turn over each turn's G."""
+    import grpo
+    import kernel_eval
+    seen = []
+    real = grpo.group_advantages
+    monkeypatch.setattr(grpo, "group_advantages", lambda returns, ids, **kw: seen.append(list(ids)) or real(returns, ids, **kw))
+    monkeypatch.setattr(kernel_eval, "evaluate_batch", lambda pairs, **_: [
+        kernel_eval.EvalResult(status="correct", compiled=True, correct=True, speedup=1.0) for _ in pairs])
+    train.main(["--oracle-share", "1", "--steps", "1", "--turns", "2", "--trajectories", "2", "--task-ids",
+                "builtin/level1/01_relu", "--tasks-per-step", "1", "--max-new-tokens", "1100", "--out", str(tmp_path),
+                "--advantage-groups", groups])
+    task = "builtin/level1/01_relu"
+    assert sorted(seen[0], key=str) == ([task] * 4 if groups == "task" else [(task, 0), (task, 0), (task, 1), (task, 1)])
+
+
 def test_seconds_lost_to_timeouts_are_summed_in_the_metrics(tmp_path, monkeypatch):
     """metrics.jsonl's timeout_seconds is the sum of the verdicts' timeout_seconds (the stand-in
     harness: every other candidate a timeout that waited 6.5 s, the rest correct)."""
