@@ -2,7 +2,7 @@
 # The learning demo (docs/learning/README.md) in one command: a warm start, then train.py's GRPO with
 # the real harness and Kevin's reward (0.3 x correct + speedup), a report. The whole script ends within
 # BUDGET seconds. On an H100 or H200, one seed per device call (at most 10 minutes):
-#     OUT=$OUT BUDGET=585 SEEDS=0 bash examples/learning_run.sh      # then SEEDS=1 in a second call
+#     OUT=$OUT BUDGET=575 SEEDS=0 bash examples/learning_run.sh      # then SEEDS=1 in a second call
 # On a CPU with C++ kernels (2 cores; see MODE=cpu below):
 #     OUT=runs/learning_cpu MODE=cpu bash examples/learning_run.sh
 # Every setting below is an environment variable; the defaults are the GPU run's.
