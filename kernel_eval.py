@@ -169,7 +169,6 @@ class EvalConfig:
     run_zygote: bool = True  # and run workers (the candidates' and the references')
     sandbox: str = "auto"  # what candidates' workers run behind (kernel_boundary.boundary_for, SANDBOX_MODES)
 
-
 # ----------------------------------------------------------------------------- the verdict path
 
 def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
@@ -333,196 +332,115 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
     return result
 
 
-def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: EvalConfig, result: EvalResult,
-         plan: dict) -> None:
-    t0 = time.monotonic()
-    boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
-    if isinstance(boot.get("boot_cpu_s"), (int, float)):
-        result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
-    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
-    result.seconds["load"] = time.monotonic() - t0
-    t_wait = time.monotonic()
-    with _device_lock(cfg, device, exclusive=False):  # correctness: checks share the device
-        result.seconds["device_wait"] = time.monotonic() - t_wait
-        t1 = time.monotonic()
-        inputs = session.ready()
-        result.seconds["reference"] = time.monotonic() - t1
-        t2 = time.monotonic()
-        try:
-            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
-                 fds=(inputs["init"],))
-            changed, reason = _check(session, cand, cfg, inputs["check"], result)
-        finally:
-            for fd in inputs.values():
-                os.close(fd)
-        result.seconds["check"] = time.monotonic() - t2
-        if reason:
-            raise _Failure("incorrect", reason)
-        for t, c in enumerate(changed):
-            if c:
-                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
-        result.correct = True
-    if not cfg.time_candidate:
-        return
-    t_wait = time.monotonic()
-    time_limit = session.output_limit("time")
-    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
-    try:
-        with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
-            result.seconds["device_wait"] += time.monotonic() - t_wait
-            t3 = time.monotonic()
-            deadline = time.monotonic() + cfg.time_timeout_s
-            time_fd = session.ready(("time",))["time"]
-
-            def cand_ask(msg, fds=()):
-                """Within run_limit of the reference's seconds for the same request (it asks first),
-                and within the window's deadline."""
-                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
-                left = deadline - time.monotonic()
-                if left < limit_s:
-                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
-                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
-                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
-
-            ref_blocks, cand_blocks = _paired_timing(
-                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, device, cfg,
-                deadline, plan["buffers"], plan["host_outputs"])
-            cand_ask({"cmd": "time_outputs"}, (out_fd,))
-            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
-        _seal_output(out_fd, time_limit)
-        with _device_lock(cfg, device, exclusive=False):
-            reason = session.judge(out_fd, "time", time_limit)
-    finally:
-        for fd in (out_fd, time_fd):
-            if fd is not None:
-                os.close(fd)
-    result.seconds["time"] = time.monotonic() - t3
-    if reason:
-        result.correct = False
-        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
-    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
-    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
-    result.wall_ms = sum(wall for _, wall in cand_blocks)
-    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
-                            for times, ms in side_blocks]
-                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
-    if verdict["problem"]:
-        result.timing_ok, result.speedup = False, 0.0
-        result.candidate_ms = verdict["parent_ms"]
-        result.message = verdict["problem"] + "; speedup not rewarded"
-    else:
-        result.candidate_ms = verdict["claimed_ms"]
-        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
-                          + (f" ({verdict['note']})" if verdict["note"] else ""))
-
-
-def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
-           result: EvalResult) -> tuple:
-    """The candidate's check run on the sealed inputs, judged by the reference session: (per trial, the
-    inputs it changed; the first output difference, or None)."""
-    check_limit = session.output_limit("check")
-    limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
-    out_fd = memfd("kernel_eval-candidate-outputs")
-    try:
-        reply, _ = _ask(cand, "candidate", "check", limit_s,
-                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
-                         "host_inputs": session.host_outputs},
-                        fds=(check_fd, out_fd), limit_note=limit_note)
-        _seal_output(out_fd, check_limit)
-        ops, changed = reply.get("ops", []), reply.get("changed")
-        if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
-                or not all(isinstance(c, list) for c in changed)):
-            raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
-        flagged = flag_ops(ops) if cfg.op_check else []
-        if flagged:
-            result.ops = flagged
-            raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
-                           + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
-        result.trials = len(changed)
-        reason = session.judge(out_fd, "check", check_limit)
-    finally:
-        os.close(out_fd)
-    return changed, reason
-
-
-def _request_key(msg: dict) -> tuple | str:
-    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
-    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
-    if msg["cmd"] == "time_outputs":
-        return "check"
-    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
-
-
-def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
-                   deadline: float, buffers: int, host_outputs: bool = False) -> tuple:
-    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
-    window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
-    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
-    whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
-    reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
-    call x calls x blocks), then as many as fit it (at least one)."""
-    warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
-                                 else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
-    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
-        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
-             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes, "host_outputs": host_outputs,
-             "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
-    # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
-    # clock (a worker's own clock is the candidate's to patch)
-    warm_start = time.monotonic()
-    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
-        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
-        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # calls per block, doubled until one reference request lasts block_ms (its jitter is then small per
-    # call); sized on the reference alone: a candidate must not choose its own resolution
-    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
-    budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
-    while True:
-        t = time.monotonic()
-        ref_ask({"cmd": "warm", "calls": calls})
-        per_call_ms = (time.monotonic() - t) * 1e3 / calls
-        if per_call_ms * calls >= block_ms or time.monotonic() > deadline:
-            break
-        calls *= 2
-    calls = max(calls, block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
-    blocks = {"ref": [], "cand": []}
-    trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
-    for b in range(2 * cfg.timing_blocks):
-        side = "ref" if b % 4 in (0, 3) else "cand"
-        t, cpu0 = time.monotonic(), sandbox.cpu_ms(trees.get(side, []))
-        last = b >= 2 * cfg.timing_blocks - 2  # each side's last block: its outputs are kept (checked again)
-        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls, "keep": last}).get("times")
-        wall = (time.monotonic() - t) * 1e3
-        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
-            cpu1 = sandbox.cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
-            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
-        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
-                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
-            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
-        blocks[side].append(([float(x) for x in times], wall))
-        if time.monotonic() > deadline:
-            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
-                           waited_s=cfg.time_timeout_s)
-    return blocks["ref"], blocks["cand"]
-
-
-def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
-    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
-    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
-    wanted = math.ceil(trials / blocks)
-    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
-        return wanted
-    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
-
-
 class _Failure(Exception):
     def __init__(self, status: str, message: str, waited_s: float = 0.0):
         super().__init__(message)
         self.status, self.message = status, message
         self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
+
+
+
+# ----------------------------------------------------------------------------- the compile
+
+def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
+             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
+    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
+    `probes`: a build that failed on undefined names may ask once for their name probe (kernel_build.py):
+    this compiles it while the worker waits, then tells it "probed"; else such a build goes on as written."""
+    key = _compile_key(candidate_src, device, arch, cfg)
+    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
+    cached = sandbox.read_json(record_path)
+    if cached and cached.get("status") in ("ok", "compile_error"):
+        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
+    t0 = time.monotonic()
+    scratch = _scratch(cfg, "kevalbuild-")
+    src_path = os.path.join(scratch, "candidate.py")
+    with open(src_path, "w") as f:
+        f.write(candidate_src)
+    workdir = os.path.join(scratch, "w")
+    job = dict(_job(src_path, device, arch, cfg), name_probes=probes)
+    worker = _start_worker("compile", job, workdir, device, arch, cfg, compiling=True, fsize=cfg.max_build_file_bytes,
+                           nice=cfg.compile_nice, zygotes=zygotes if cfg.compile_zygote else None,
+                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
+                                                writes_host_pch=writes_host_pch))
+    try:
+        deadline = time.monotonic() + cfg.compile_timeout_s
+        msg, _ = worker.channel.recv(deadline)
+        probe_s = None
+        if msg.get("kind") == "name_probe" and probes:  # one probe a worker: a second request is "deferred"
+            started = time.monotonic()
+            if isinstance(msg.get("name_probe"), dict):
+                kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
+                                                lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
+            probe_s = time.monotonic() - started
+            deadline += probe_s  # the probe's compile is not the candidate's
+            worker.channel.send({"cmd": "probed"}, deadline=deadline)
+            msg, _ = worker.channel.recv(deadline)
+        # the worker's profile (seconds: torch's import, its builds, the rest; the probe's wait is in the
+        # rest, and "probe" says how much of it): diagnostics of where a compile's time went
+        profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
+        profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
+        if probe_s is not None:
+            profile["probe"] = probe_s
+        # builds: 0 nothing was compiled (e.g. an empty file), 2 a failed header tier, then as written
+        built = {"builds": int(msg.get("builds") or 0), "profile": profile}
+        if msg.get("ok"):
+            # the last CUDA build's header tier (None: as written, or none)
+            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
+                      "torch_preloaded": msg.get("torch_preloaded") is True, **built}
+        elif msg.get("kind") == "build":
+            record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), cfg.message_chars),
+                      **built}
+            undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
+            if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
+                record["undefined_names"] = undefined
+            errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
+            if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
+                    isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
+                record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
+        else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
+            record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
+    except sandbox.ChannelTimeout:
+        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
+    except sandbox.ChannelError:
+        record = {"status": "deferred", "message": _death_reason(worker, "compile")}
+    finally:
+        worker.stop()
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
+    deterministic = record["status"] == "ok" or (
+        record["status"] == "compile_error" and "error:" in record["message"]
+        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
+    if deterministic:
+        sandbox.atomic_write(record_path, json.dumps(record))
+    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
+
+
+def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
+    """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
+    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, _torch_version(), _build_options(cfg),
+                               _confined(cfg, device))
+
+
+def _torch_version() -> str:
+    """torch's version from its installed metadata: the harness's own process need not import torch (its
+    workers do) for it, which was one `import torch` of a one-verdict CLI on the CPU (docs/PERFORMANCE.md)."""
+    import importlib.metadata
+    return importlib.metadata.version("torch")
+
+
+def _build_options(cfg: EvalConfig) -> dict | None:
+    """kernel_build.BuildConfig's fields as the workers get them (None without kernel_build.py)."""
+    return dataclasses.asdict(cfg.build or kernel_build.BuildConfig()) if kernel_build else None
+
+
+def _reads_host_pch(cfg: EvalConfig) -> bool:
+    """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
+    options = _build_options(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"])
+
 
 
 # ----------------------------------------------------------------------------- the reference session
@@ -707,6 +625,208 @@ class ReferenceSession:
                 self._stop()
 
 
+
+# ----------------------------------------------------------------------------- the check
+
+def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: EvalConfig, result: EvalResult,
+         plan: dict) -> None:
+    t0 = time.monotonic()
+    boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
+    if isinstance(boot.get("boot_cpu_s"), (int, float)):
+        result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
+    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
+    result.seconds["load"] = time.monotonic() - t0
+    t_wait = time.monotonic()
+    with _device_lock(cfg, device, exclusive=False):  # correctness: checks share the device
+        result.seconds["device_wait"] = time.monotonic() - t_wait
+        t1 = time.monotonic()
+        inputs = session.ready()
+        result.seconds["reference"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        try:
+            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
+                 fds=(inputs["init"],))
+            changed, reason = _check(session, cand, cfg, inputs["check"], result)
+        finally:
+            for fd in inputs.values():
+                os.close(fd)
+        result.seconds["check"] = time.monotonic() - t2
+        if reason:
+            raise _Failure("incorrect", reason)
+        for t, c in enumerate(changed):
+            if c:
+                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
+        result.correct = True
+    if not cfg.time_candidate:
+        return
+    t_wait = time.monotonic()
+    time_limit = session.output_limit("time")
+    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
+    try:
+        with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
+            result.seconds["device_wait"] += time.monotonic() - t_wait
+            t3 = time.monotonic()
+            deadline = time.monotonic() + cfg.time_timeout_s
+            time_fd = session.ready(("time",))["time"]
+
+            def cand_ask(msg, fds=()):
+                """Within run_limit of the reference's seconds for the same request (it asks first),
+                and within the window's deadline."""
+                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
+                left = deadline - time.monotonic()
+                if left < limit_s:
+                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
+                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
+                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
+
+            ref_blocks, cand_blocks = _paired_timing(
+                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, device, cfg,
+                deadline, plan["buffers"], plan["host_outputs"])
+            cand_ask({"cmd": "time_outputs"}, (out_fd,))
+            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
+        _seal_output(out_fd, time_limit)
+        with _device_lock(cfg, device, exclusive=False):
+            reason = session.judge(out_fd, "time", time_limit)
+    finally:
+        for fd in (out_fd, time_fd):
+            if fd is not None:
+                os.close(fd)
+    result.seconds["time"] = time.monotonic() - t3
+    if reason:
+        result.correct = False
+        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
+    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
+    result.wall_ms = sum(wall for _, wall in cand_blocks)
+    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
+                            for times, ms in side_blocks]
+                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
+    if verdict["problem"]:
+        result.timing_ok, result.speedup = False, 0.0
+        result.candidate_ms = verdict["parent_ms"]
+        result.message = verdict["problem"] + "; speedup not rewarded"
+    else:
+        result.candidate_ms = verdict["claimed_ms"]
+        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
+                          + (f" ({verdict['note']})" if verdict["note"] else ""))
+
+
+def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
+           result: EvalResult) -> tuple:
+    """The candidate's check run on the sealed inputs, judged by the reference session: (per trial, the
+    inputs it changed; the first output difference, or None)."""
+    check_limit = session.output_limit("check")
+    limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
+    out_fd = memfd("kernel_eval-candidate-outputs")
+    try:
+        reply, _ = _ask(cand, "candidate", "check", limit_s,
+                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
+                         "host_inputs": session.host_outputs},
+                        fds=(check_fd, out_fd), limit_note=limit_note)
+        _seal_output(out_fd, check_limit)
+        ops, changed = reply.get("ops", []), reply.get("changed")
+        if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
+                or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
+                or not all(isinstance(c, list) for c in changed)):
+            raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+        flagged = flag_ops(ops) if cfg.op_check else []
+        if flagged:
+            result.ops = flagged
+            raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+                           + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+        result.trials = len(changed)
+        reason = session.judge(out_fd, "check", check_limit)
+    finally:
+        os.close(out_fd)
+    return changed, reason
+
+
+def _seal_output(fd: int, max_bytes: int) -> None:
+    try:
+        seal(fd)
+    except OSError as e:
+        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
+    size = os.fstat(fd).st_size
+    if size > max_bytes:
+        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
+
+
+
+# ----------------------------------------------------------------------------- the timing
+
+def _request_key(msg: dict) -> tuple | str:
+    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
+    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
+    if msg["cmd"] == "time_outputs":
+        return "check"
+    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
+
+
+def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
+                   deadline: float, buffers: int, host_outputs: bool = False) -> tuple:
+    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
+    window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
+    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
+    whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
+    reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
+    call x calls x blocks), then as many as fit it (at least one)."""
+    warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
+                                 else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
+    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
+        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
+             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes, "host_outputs": host_outputs,
+             "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
+    # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
+    # clock (a worker's own clock is the candidate's to patch)
+    warm_start = time.monotonic()
+    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
+        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
+        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
+    # calls per block, doubled until one reference request lasts block_ms (its jitter is then small per
+    # call); sized on the reference alone: a candidate must not choose its own resolution
+    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
+    budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
+    while True:
+        t = time.monotonic()
+        ref_ask({"cmd": "warm", "calls": calls})
+        per_call_ms = (time.monotonic() - t) * 1e3 / calls
+        if per_call_ms * calls >= block_ms or time.monotonic() > deadline:
+            break
+        calls *= 2
+    calls = max(calls, block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
+    blocks = {"ref": [], "cand": []}
+    trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
+    for b in range(2 * cfg.timing_blocks):
+        side = "ref" if b % 4 in (0, 3) else "cand"
+        t, cpu0 = time.monotonic(), sandbox.cpu_ms(trees.get(side, []))
+        last = b >= 2 * cfg.timing_blocks - 2  # each side's last block: its outputs are kept (checked again)
+        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls, "keep": last}).get("times")
+        wall = (time.monotonic() - t) * 1e3
+        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
+            cpu1 = sandbox.cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
+            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
+        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
+                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
+            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+        blocks[side].append(([float(x) for x in times], wall))
+        if time.monotonic() > deadline:
+            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
+                           waited_s=cfg.time_timeout_s)
+    return blocks["ref"], blocks["cand"]
+
+
+def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
+    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
+    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
+    wanted = math.ceil(trials / blocks)
+    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
+        return wanted
+    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
+
+
+
 # ----------------------------------------------------------------------------- the workers it drives
 
 def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
@@ -781,105 +901,6 @@ def _death_reason(worker: sandbox.Worker, phase: str) -> str:
     return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
 
 
-def _seal_output(fd: int, max_bytes: int) -> None:
-    try:
-        seal(fd)
-    except OSError as e:
-        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
-    size = os.fstat(fd).st_size
-    if size > max_bytes:
-        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
-
-
-def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
-    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
-    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
-    `probes`: a build that failed on undefined names may ask once for their name probe (kernel_build.py):
-    this compiles it while the worker waits, then tells it "probed"; else such a build goes on as written."""
-    key = _compile_key(candidate_src, device, arch, cfg)
-    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
-    cached = sandbox.read_json(record_path)
-    if cached and cached.get("status") in ("ok", "compile_error"):
-        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
-    t0 = time.monotonic()
-    scratch = _scratch(cfg, "kevalbuild-")
-    src_path = os.path.join(scratch, "candidate.py")
-    with open(src_path, "w") as f:
-        f.write(candidate_src)
-    workdir = os.path.join(scratch, "w")
-    job = dict(_job(src_path, device, arch, cfg), name_probes=probes)
-    worker = _start_worker("compile", job, workdir, device, arch, cfg, compiling=True, fsize=cfg.max_build_file_bytes,
-                           nice=cfg.compile_nice, zygotes=zygotes if cfg.compile_zygote else None,
-                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
-                                                writes_host_pch=writes_host_pch))
-    try:
-        deadline = time.monotonic() + cfg.compile_timeout_s
-        msg, _ = worker.channel.recv(deadline)
-        probe_s = None
-        if msg.get("kind") == "name_probe" and probes:  # one probe a worker: a second request is "deferred"
-            started = time.monotonic()
-            if isinstance(msg.get("name_probe"), dict):
-                kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
-                                                lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
-            probe_s = time.monotonic() - started
-            deadline += probe_s  # the probe's compile is not the candidate's
-            worker.channel.send({"cmd": "probed"}, deadline=deadline)
-            msg, _ = worker.channel.recv(deadline)
-        # the worker's profile (seconds: torch's import, its builds, the rest; the probe's wait is in the
-        # rest, and "probe" says how much of it): diagnostics of where a compile's time went
-        profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
-        profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
-        if probe_s is not None:
-            profile["probe"] = probe_s
-        # builds: 0 nothing was compiled (e.g. an empty file), 2 a failed header tier, then as written
-        built = {"builds": int(msg.get("builds") or 0), "profile": profile}
-        if msg.get("ok"):
-            # the last CUDA build's header tier (None: as written, or none)
-            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
-                      "torch_preloaded": msg.get("torch_preloaded") is True, **built}
-        elif msg.get("kind") == "build":
-            record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), cfg.message_chars),
-                      **built}
-            undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
-            if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
-                record["undefined_names"] = undefined
-            errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
-            if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
-                    isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
-                record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
-        else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
-            record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
-    except sandbox.ChannelTimeout:
-        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
-    except sandbox.ChannelError:
-        record = {"status": "deferred", "message": _death_reason(worker, "compile")}
-    finally:
-        worker.stop()
-        if not cfg.keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
-    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
-    deterministic = record["status"] == "ok" or (
-        record["status"] == "compile_error" and "error:" in record["message"]
-        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
-    if deterministic:
-        sandbox.atomic_write(record_path, json.dumps(record))
-    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
-
-
-def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
-    """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
-    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, _torch_version(), _build_options(cfg),
-                               _confined(cfg, device))
-
-
-def _torch_version() -> str:
-    """torch's version from its installed metadata: the harness's own process need not import torch (its
-    workers do) for it, which was one `import torch` of a one-verdict CLI on the CPU (docs/PERFORMANCE.md)."""
-    import importlib.metadata
-    return importlib.metadata.version("torch")
-
-
 def _confined(cfg: EvalConfig, device: str) -> bool:
     return kernel_boundary.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
 
@@ -913,17 +934,6 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
     hide = [cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()]
     return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
-
-
-def _build_options(cfg: EvalConfig) -> dict | None:
-    """kernel_build.BuildConfig's fields as the workers get them (None without kernel_build.py)."""
-    return dataclasses.asdict(cfg.build or kernel_build.BuildConfig()) if kernel_build else None
-
-
-def _reads_host_pch(cfg: EvalConfig) -> bool:
-    """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
-    options = _build_options(cfg)
-    return bool(options and options["host_pch"] and options["cuda_header_tiers"])
 
 
 def _job(src_path: str, device: str, arch: str, cfg: EvalConfig) -> dict:
@@ -975,6 +985,7 @@ def _scratch(cfg: EvalConfig, prefix: str) -> str:
     root = cfg.scratch_root or tempfile.gettempdir()
     os.makedirs(root, exist_ok=True)
     return tempfile.mkdtemp(prefix=prefix, dir=root)
+
 
 
 # ----------------------------------------------------------------------------- command line
