@@ -169,6 +169,16 @@ class EvalConfig:
     run_zygote: bool = True  # and run workers (the candidates' and the references')
     sandbox: str = "auto"  # what candidates' workers run behind (kernel_boundary.boundary_for, SANDBOX_MODES)
 
+
+@dataclass
+class Context:
+    """What every phase of a batch reads: the device ("cpu", "cuda" or "cuda:N"), its CUDA arch ("" on cpu),
+    the config, and the zygotes workers fork from (None: each worker starts an interpreter of its own)."""
+    device: str
+    arch: str
+    cfg: EvalConfig
+    zygotes: sandbox.Zygotes | None = None
+
 # ----------------------------------------------------------------------------- the verdict path
 
 def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
@@ -206,26 +216,26 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     zygotes.drop_out_of_service()  # a kept zygote that failed in an earlier batch: a fresh one in this
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
+    ctx = Context(device, arch, config, zygotes)
     sessions: dict = {}
     # room for a CUDA context per run job's candidate (booted before admission; a session's is in its plan)
     budget = MemoryBudget(config, live_workers=n_runs)
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
-            sessions[ref_src] = ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes, budget=budget)
+            sessions[ref_src] = ReferenceSession(ref_src, ctx, users=0, budget=budget)
         sessions[ref_src].users += 1
     finished = False
     try:
         compiles: dict = {}
-        if device != "cpu" and _reads_host_pch(config) and _confined(config, device):  # candidates may only read it
+        if device != "cpu" and _reads_host_pch(config) and _confined(ctx):  # candidates may only read it
             compile_pool.submit(kernel_build.warm_host_pch, config.cache_root,  # first: the batch's builds use it
-                                lambda src: _compile(src, device, arch, config, zygotes, writes_host_pch=True))
+                                lambda src: _compile(src, ctx, writes_host_pch=True))
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
-                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygotes)
-        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
-                   zygotes, budget)
+                compiles[src] = compile_pool.submit(_compile, src, ctx)
+        _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress, batch_start, budget)
         finished = True
     finally:
         if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
@@ -242,9 +252,9 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     return results
 
 
-def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
-               zygotes, budget):
+def _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress, batch_start, budget):
     """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
+    device, config = ctx.device, ctx.cfg
 
     def judge(session, cand_src, compiling, alone: bool) -> EvalResult:
         """One attempt: the task's plan, the candidate's worker with limits from it, the verdict."""
@@ -253,11 +263,11 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
                 try:
                     plan = session.plan()  # a failed compile needs no reference
-                    cand = _spawn("cand", cand_src, device, arch, config, scratch, zygotes, plan=plan)
+                    cand = _spawn("cand", cand_src, ctx, scratch, plan=plan)
                 except _Failure as f:
                     failure = f
             record = compiling.result()
-            return _evaluate_one(session, cand, device, config, record, plan, failure,
+            return _evaluate_one(session, cand, ctx, record, plan, failure,
                                  lambda: budget.admit(session, plan, exclusive=alone))
         finally:
             if cand is not None:
@@ -296,8 +306,9 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
                 bar.update(1)
 
 
-def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, admission) -> EvalResult:
+def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) -> EvalResult:
     """The verdict of a compiled candidate: `failure` (its task's reference failed), or _run inside `admission()`."""
+    cfg = ctx.cfg
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
     result.build_reused = bool(compile_record.get("cached"))
@@ -317,7 +328,7 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
         if failure:
             raise failure
         with admission():
-            _run(session, cand, device, cfg, result, plan)
+            _run(session, cand, ctx, result, plan)
         result.compiled = True
         result.status = "correct" if result.correct else "incorrect"
         if result.correct and not result.message:
@@ -342,13 +353,13 @@ class _Failure(Exception):
 
 # ----------------------------------------------------------------------------- the compile
 
-def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
+def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, probes: bool = True) -> dict:
     """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
     `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
     `probes`: a build that failed on undefined names may ask once for their name probe (kernel_build.py):
     this compiles it while the worker waits, then tells it "probed"; else such a build goes on as written."""
-    key = _compile_key(candidate_src, device, arch, cfg)
+    cfg = ctx.cfg
+    key = _compile_key(candidate_src, ctx)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
     cached = sandbox.read_json(record_path)
     if cached and cached.get("status") in ("ok", "compile_error"):
@@ -359,10 +370,10 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     with open(src_path, "w") as f:
         f.write(candidate_src)
     workdir = os.path.join(scratch, "w")
-    job = dict(_job(src_path, device, arch, cfg), name_probes=probes)
-    worker = _start_worker("compile", job, workdir, device, arch, cfg, compiling=True, fsize=cfg.max_build_file_bytes,
-                           nice=cfg.compile_nice, zygotes=zygotes if cfg.compile_zygote else None,
-                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
+    job = dict(_job(src_path, ctx), name_probes=probes)
+    worker = _start_worker("compile", job, workdir, ctx, compiling=True, fsize=cfg.max_build_file_bytes,
+                           nice=cfg.compile_nice, zygotes=ctx.zygotes if cfg.compile_zygote else None,
+                           confine=_confinement(ctx, src_path, workdir, candidate_src, compiling=True,
                                                 writes_host_pch=writes_host_pch))
     try:
         deadline = time.monotonic() + cfg.compile_timeout_s
@@ -372,7 +383,7 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
             started = time.monotonic()
             if isinstance(msg.get("name_probe"), dict):
                 kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
-                                                lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
+                                                lambda src: _compile(src, ctx, probes=False))
             probe_s = time.monotonic() - started
             deadline += probe_s  # the probe's compile is not the candidate's
             worker.channel.send({"cmd": "probed"}, deadline=deadline)
@@ -418,10 +429,10 @@ def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
     return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
 
 
-def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
+def _compile_key(candidate_src: str, ctx: Context) -> str:
     """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
-    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, _torch_version(), _build_options(cfg),
-                               _confined(cfg, device))
+    return sandbox.source_hash("compile", candidate_src, ctx.device == "cpu", ctx.arch, _torch_version(),
+                               _build_options(ctx.cfg), _confined(ctx))
 
 
 def _torch_version() -> str:
@@ -452,9 +463,9 @@ class ReferenceSession:
     again on the same seeds; a reference that fails on its own fails every candidate of the task
     (reference_error). `lock` serialises requests; callers that need the device take the device lock first."""
 
-    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
-                 zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
-        self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
+    def __init__(self, ref_src: str, ctx: Context, users: int, budget: MemoryBudget | None = None):
+        self.ref_src, self.ctx, self.cfg = ref_src, ctx, ctx.cfg
+        cfg, device, arch = ctx.cfg, ctx.device, ctx.arch
         self.budget = budget or MemoryBudget(cfg, live_workers=1)
         self.users, self.lock = users, threading.Lock()
         self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
@@ -489,7 +500,7 @@ class ReferenceSession:
             return
         cfg = self.cfg
         self.scratch = _scratch(cfg, "kevalref-")
-        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch, self.zygotes)
+        self.worker = _spawn("ref", self.ref_src, self.ctx, self.scratch)
         with contextlib.suppress(_Failure):  # kept in self.failure
             ready, _ = self._call("load", cfg.load_timeout_s, {})
             free = ready.get("device_free")
@@ -509,7 +520,7 @@ class ReferenceSession:
         if self.footprint is None:
             with self.budget.admit(self, None, exclusive=True), self.lock:
                 self._probe()
-        return plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
+        return plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.ctx.device != "cpu")
 
     def _probe(self) -> None:
         if self.footprint is not None:
@@ -536,7 +547,7 @@ class ReferenceSession:
         if self.generated:
             return
         self._probe()
-        plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
+        plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.ctx.device != "cpu")
         inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
@@ -628,8 +639,9 @@ class ReferenceSession:
 
 # ----------------------------------------------------------------------------- the check
 
-def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: EvalConfig, result: EvalResult,
-         plan: dict) -> None:
+def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: EvalResult, plan: dict) -> None:
+    """Load the candidate and check it (the device shared), then, if cfg.time_candidate, time it (the device alone)."""
+    cfg = ctx.cfg
     t0 = time.monotonic()
     boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
     if isinstance(boot.get("boot_cpu_s"), (int, float)):
@@ -637,7 +649,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
     _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
     result.seconds["load"] = time.monotonic() - t0
     t_wait = time.monotonic()
-    with _device_lock(cfg, device, exclusive=False):  # correctness: checks share the device
+    with _device_lock(ctx, exclusive=False):  # correctness: checks share the device
         result.seconds["device_wait"] = time.monotonic() - t_wait
         t1 = time.monotonic()
         inputs = session.ready()
@@ -659,58 +671,8 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: Eval
         result.correct = True
     if not cfg.time_candidate:
         return
-    t_wait = time.monotonic()
-    time_limit = session.output_limit("time")
-    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
-    try:
-        with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
-            result.seconds["device_wait"] += time.monotonic() - t_wait
-            t3 = time.monotonic()
-            deadline = time.monotonic() + cfg.time_timeout_s
-            time_fd = session.ready(("time",))["time"]
-
-            def cand_ask(msg, fds=()):
-                """Within run_limit of the reference's seconds for the same request (it asks first),
-                and within the window's deadline."""
-                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
-                left = deadline - time.monotonic()
-                if left < limit_s:
-                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
-                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
-                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
-
-            ref_blocks, cand_blocks = _paired_timing(
-                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, device, cfg,
-                deadline, plan["buffers"], plan["host_outputs"])
-            cand_ask({"cmd": "time_outputs"}, (out_fd,))
-            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
-        _seal_output(out_fd, time_limit)
-        with _device_lock(cfg, device, exclusive=False):
-            reason = session.judge(out_fd, "time", time_limit)
-    finally:
-        for fd in (out_fd, time_fd):
-            if fd is not None:
-                os.close(fd)
-    result.seconds["time"] = time.monotonic() - t3
-    if reason:
-        result.correct = False
-        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
-    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
-    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
-    result.wall_ms = sum(wall for _, wall in cand_blocks)
-    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
-                            for times, ms in side_blocks]
-                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
-    if verdict["problem"]:
-        result.timing_ok, result.speedup = False, 0.0
-        result.candidate_ms = verdict["parent_ms"]
-        result.message = verdict["problem"] + "; speedup not rewarded"
-    else:
-        result.candidate_ms = verdict["claimed_ms"]
-        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
-                          + (f" ({verdict['note']})" if verdict["note"] else ""))
+    ref_blocks, cand_blocks = _time(session, cand, ctx, result, plan)
+    _timing_verdict(result, ref_blocks, cand_blocks, ctx)
 
 
 def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
@@ -756,6 +718,49 @@ def _seal_output(fd: int, max_bytes: int) -> None:
 
 # ----------------------------------------------------------------------------- the timing
 
+def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: EvalResult, plan: dict) -> tuple:
+    """The paired timing window, then the timed sets' last outputs judged: (reference blocks, candidate blocks)."""
+    cfg = ctx.cfg
+    t_wait = time.monotonic()
+    time_limit = session.output_limit("time")
+    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
+    try:
+        with _device_lock(ctx, exclusive=True):  # timing: the device alone
+            result.seconds["device_wait"] += time.monotonic() - t_wait
+            t3 = time.monotonic()
+            deadline = time.monotonic() + cfg.time_timeout_s
+            time_fd = session.ready(("time",))["time"]
+
+            def cand_ask(msg, fds=()):
+                """Within run_limit of the reference's seconds for the same request (it asks first),
+                and within the window's deadline."""
+                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
+                left = deadline - time.monotonic()
+                if left < limit_s:
+                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
+                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
+                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
+
+            ref_blocks, cand_blocks = _paired_timing(
+                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, ctx,
+                deadline, plan["buffers"], plan["host_outputs"])
+            cand_ask({"cmd": "time_outputs"}, (out_fd,))
+            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
+        _seal_output(out_fd, time_limit)
+        with _device_lock(ctx, exclusive=False):
+            reason = session.judge(out_fd, "time", time_limit)
+    finally:
+        for fd in (out_fd, time_fd):
+            if fd is not None:
+                os.close(fd)
+    result.seconds["time"] = time.monotonic() - t3
+    if reason:
+        result.correct = False
+        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+    return ref_blocks, cand_blocks
+
+
 def _request_key(msg: dict) -> tuple | str:
     """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
     as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
@@ -764,14 +769,15 @@ def _request_key(msg: dict) -> tuple | str:
     return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
 
 
-def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
-                   deadline: float, buffers: int, host_outputs: bool = False) -> tuple:
+def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadline: float, buffers: int,
+                   host_outputs: bool = False) -> tuple:
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
     window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
     flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
     whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
     reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
     call x calls x blocks), then as many as fit it (at least one)."""
+    device, cfg = ctx.device, ctx.cfg
     warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
                                  else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
     for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
@@ -827,17 +833,39 @@ def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) 
 
 
 
+# ----------------------------------------------------------------------------- the verdict
+
+def _timing_verdict(result: EvalResult, ref_blocks: list, cand_blocks: list, ctx: Context) -> None:
+    """paired_verdict's speedup, times and message, written into `result`."""
+    device, cfg = ctx.device, ctx.cfg
+    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
+    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
+    result.wall_ms = sum(wall for _, wall in cand_blocks)
+    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
+                            for times, ms in side_blocks]
+                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
+    if verdict["problem"]:
+        result.timing_ok, result.speedup = False, 0.0
+        result.candidate_ms = verdict["parent_ms"]
+        result.message = verdict["problem"] + "; speedup not rewarded"
+    else:
+        result.candidate_ms = verdict["claimed_ms"]
+        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
+                          + (f" ({verdict['note']})" if verdict["note"] else ""))
+
+
 # ----------------------------------------------------------------------------- the workers it drives
 
-def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
+def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling: bool,
                   fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None,
                   confine: dict | None = None) -> sandbox.Worker:
     """`python kernel_worker.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox,
     behind the boundary `confine` (_confinement); as_bytes (cpu only) None: cpu_memory_limit_gb."""
-    cpu = device == "cpu"
+    cfg, cpu = ctx.cfg, ctx.device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0
     try:
-        return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(device, arch, cfg, compiling),
+        return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(ctx, compiling),
                               entry=ENTRY, fsize=fsize, output_bytes=cfg.max_file_bytes,
                               message_bytes=16 << 20, as_bytes=as_bytes, nice=nice,  # tensors travel in files
                               cpus=cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
@@ -846,12 +874,12 @@ def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cf
         raise _Failure("runtime_error", str(e)) from None
 
 
-def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str,
-           zygotes: sandbox.Zygotes | None = None, plan: dict | None = None) -> sandbox.Worker:
+def _spawn(mode: str, src: str, ctx: Context, scratch: str, plan: dict | None = None) -> sandbox.Worker:
     """A reference or candidate worker, forked from the run zygote when cfg.run_zygote. Limits follow the
     task: a candidate's files may hold twice its task's outputs beyond max_message_bytes, its address space
     (cpu) twice its plan's bytes beyond cpu_memory_limit_gb; the reference (trusted) is not limited."""
     import resource
+    cfg = ctx.cfg
     path = os.path.join(scratch, mode, f"{mode}.py")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
@@ -862,9 +890,9 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
         task_bytes = sum(plan["candidate"].values()) + sum(plan["session"].values()) if plan else 0
         fsize = cfg.max_message_bytes + 2 * (plan["candidate"]["host"] if plan else 0)
         as_bytes = int(cfg.cpu_memory_limit_gb * (1 << 30)) + 2 * task_bytes
-    confine = None if mode == "ref" else _confinement(cfg, path, os.path.dirname(path), src, device, arch, False)
-    return _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
-                         compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
+    confine = None if mode == "ref" else _confinement(ctx, path, os.path.dirname(path), src, False)
+    return _start_worker(mode, _job(path, ctx), os.path.dirname(path), ctx, compiling=False, fsize=fsize,
+                         as_bytes=as_bytes, zygotes=ctx.zygotes if cfg.run_zygote else None,
                          confine=confine)
 
 
@@ -901,21 +929,22 @@ def _death_reason(worker: sandbox.Worker, phase: str) -> str:
     return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
 
 
-def _confined(cfg: EvalConfig, device: str) -> bool:
-    return kernel_boundary.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
+def _confined(ctx: Context) -> bool:
+    return kernel_boundary.boundary_for(ctx.cfg.sandbox, gpu=ctx.device != "cpu") == "namespaces"
 
 
-def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
-                 compiling: bool, writes_host_pch: bool = False) -> dict | None:
+def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, compiling: bool,
+                 writes_host_pch: bool = False) -> dict | None:
     """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The build cache
     and the scratch root are hidden; back in them: the candidate's source (read-only), its own build directory
     at cache_root/build and op_headers (writable while it compiles, read-only when it runs: no candidate writes
     where another's build or record is read; without kernel_build.py writable then too: plain load_inline takes
     a lock file in it to load), the shared host header and, to compile workers, the name probes' answers
     (read-only)."""
-    if not _confined(cfg, device):
+    cfg, device = ctx.cfg, ctx.device
+    if not _confined(ctx):
         return None
-    own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
+    own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, ctx)[:32])
     binds = [(src_path, src_path, False)]
     writable = compiling or kernel_build is None
     for part in ("build", "op_headers"):
@@ -936,13 +965,15 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
     return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
 
 
-def _job(src_path: str, device: str, arch: str, cfg: EvalConfig) -> dict:
+def _job(src_path: str, ctx: Context) -> dict:
     """What a worker is told on its command line (nothing secret: ps shows it)."""
+    device, arch, cfg = ctx.device, ctx.arch, ctx.cfg
     return {"source": src_path, "device": "cpu" if device == "cpu" else "cuda", "cache_root": cfg.cache_root,
             "arch": arch, "build": _build_options(cfg), "threads": cfg.cpu_threads if device == "cpu" else None}
 
 
-def _worker_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dict:
+def _worker_env(ctx: Context, compiling: bool) -> dict:
+    device, arch, cfg = ctx.device, ctx.arch, ctx.cfg
     env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
     if device == "cpu" or compiling:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -956,8 +987,10 @@ def _worker_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dic
     return env
 
 
-def _device_lock(cfg: EvalConfig, device: str, exclusive: bool) -> sandbox.DeviceLock:
-    return sandbox.DeviceLock(cfg.cache_root, "cpu" if device == "cpu" else "cuda" + _visible_device(device), exclusive)
+def _device_lock(ctx: Context, exclusive: bool) -> sandbox.DeviceLock:
+    device = ctx.device
+    return sandbox.DeviceLock(ctx.cfg.cache_root, "cpu" if device == "cpu" else "cuda" + _visible_device(device),
+                              exclusive)
 
 
 def _device_arch(device: str, cfg: EvalConfig) -> str:

@@ -34,7 +34,7 @@ def worker_start_seconds(device: str, arch: str, cfg: kernel_eval.EvalConfig, sr
     scratch = tempfile.mkdtemp(prefix="bench-sandbox-", dir=cfg.scratch_root)
     try:
         t0 = time.perf_counter()
-        worker = kernel_eval._spawn("cand", src, device, arch, cfg, scratch, zygotes)
+        worker = kernel_eval._spawn("cand", src, kernel_eval.Context(device, arch, cfg, zygotes), scratch)
         try:
             kernel_eval._ask(worker, "candidate", "load", cfg.load_timeout_s, {})  # its boot message
             return time.perf_counter() - t0

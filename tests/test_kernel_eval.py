@@ -226,7 +226,7 @@ def _reference_outputs(session, check_fd: int) -> list:
 
 def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2)
-    session = ke.ReferenceSession(REFERENCE, "cpu", "", cfg, users=1)
+    session = ke.ReferenceSession(REFERENCE, ke.Context("cpu", "", cfg), users=1)
     files = session.ready()
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
     inputs_before = kernel_memory.read_tensor_sets(files["check"], 1 << 30)
