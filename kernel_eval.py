@@ -68,7 +68,6 @@ import secrets
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -864,8 +863,9 @@ def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling
     behind the boundary `confine` (_confinement); as_bytes (cpu only) None: cpu_memory_limit_gb."""
     cfg, cpu = ctx.cfg, ctx.device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0
+    env = sandbox.worker_environment(ctx.device, ctx.arch, cfg.cache_root, cfg.build_jobs, compiling)
     try:
-        return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(ctx, compiling),
+        return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, env,
                               entry=ENTRY, fsize=fsize, output_bytes=cfg.max_file_bytes,
                               message_bytes=16 << 20, as_bytes=as_bytes, nice=nice,  # tensors travel in files
                               cpus=cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
@@ -935,24 +935,16 @@ def _confined(ctx: Context) -> bool:
 
 def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, compiling: bool,
                  writes_host_pch: bool = False) -> dict | None:
-    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The build cache
-    and the scratch root are hidden; back in them: the candidate's source (read-only), its own build directory
-    at cache_root/build and op_headers (writable while it compiles, read-only when it runs: no candidate writes
-    where another's build or record is read; without kernel_build.py writable then too: plain load_inline takes
-    a lock file in it to load), the shared host header and, to compile workers, the name probes' answers
-    (read-only)."""
+    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox;
+    sandbox.candidate_confinement). Its own build directories are writable while it compiles, read-only when it
+    runs (no candidate writes where another's build or record is read; without kernel_build.py writable then
+    too: plain load_inline takes a lock file in them to load); also bound: the shared host header and, to compile
+    workers, the name probes' answers (read-only)."""
     cfg, device = ctx.cfg, ctx.device
     if not _confined(ctx):
         return None
     own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, ctx)[:32])
-    binds = [(src_path, src_path, False)]
-    writable = compiling or kernel_build is None
-    for part in ("build", "op_headers"):
-        path = os.path.join(own, part)
-        os.makedirs(path, exist_ok=True)
-        if os.geteuid() == 0 and writable:
-            os.chown(path, kernel_boundary.UNPRIVILEGED_ID, kernel_boundary.UNPRIVILEGED_ID)
-        binds.append((path, os.path.join(cfg.cache_root, part), writable))
+    binds = []
     if kernel_build is not None and device != "cpu" and compiling:  # the name probes' answers (the harness writes them)
         probes_dir = os.path.join(cfg.cache_root, "name_probes")
         os.makedirs(probes_dir, exist_ok=True)
@@ -961,8 +953,8 @@ def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, 
         # the header, written here: its directory is read-only there (warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, _torch_version())
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
-    hide = [cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()]
-    return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
+    return sandbox.candidate_confinement(cfg.cache_root, cfg.scratch_root, src_path, workdir, own,
+                                         writable=compiling or kernel_build is None, binds=binds)
 
 
 def _job(src_path: str, ctx: Context) -> dict:
@@ -972,25 +964,8 @@ def _job(src_path: str, ctx: Context) -> dict:
             "arch": arch, "build": _build_options(cfg), "threads": cfg.cpu_threads if device == "cpu" else None}
 
 
-def _worker_env(ctx: Context, compiling: bool) -> dict:
-    device, arch, cfg = ctx.device, ctx.arch, ctx.cfg
-    env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
-    if device == "cpu" or compiling:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
-        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
-        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
-    if arch:
-        env["TORCH_CUDA_ARCH_LIST"] = arch
-    return env
-
-
 def _device_lock(ctx: Context, exclusive: bool) -> sandbox.DeviceLock:
-    device = ctx.device
-    return sandbox.DeviceLock(ctx.cfg.cache_root, "cpu" if device == "cpu" else "cuda" + _visible_device(device),
-                              exclusive)
+    return sandbox.device_lock(ctx.cfg.cache_root, ctx.device, exclusive)
 
 
 def _device_arch(device: str, cfg: EvalConfig) -> str:
@@ -1004,20 +979,8 @@ def _device_arch(device: str, cfg: EvalConfig) -> str:
     return f"{major}.{minor}"
 
 
-def _visible_device(device: str) -> str:
-    import torch
-    idx = torch.device(device).index or 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-        return ids[idx] if idx < len(ids) else str(idx)
-    return str(idx)
-
-
 def _scratch(cfg: EvalConfig, prefix: str) -> str:
-    root = cfg.scratch_root or tempfile.gettempdir()
-    os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=prefix, dir=root)
+    return sandbox.scratch_dir(cfg.scratch_root, prefix)
 
 
 

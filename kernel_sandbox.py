@@ -1,29 +1,25 @@
 """kernel_sandbox: where kernel_eval runs code it does not trust, and how it talks to it.
 
-Standard library and kernel_boundary (below it) only. It knows nothing of verdicts: it starts
-processes, limits them, moves bytes to and from them, and kills them.
+Standard library and kernel_boundary (below it) only (torch, lazily, to name a cuda:N device's id). It
+knows nothing of verdicts: it starts processes, limits and confines them, moves bytes to and from them,
+and kills them.
 
 - A worker is `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S ARGS...` (ENTRY: the
-  caller's script, kernel_worker.py, whose __main__ hands `--_supervise` and `--_zygote` back here)
-  under a supervisor (a child subreaper, `python ENTRY --_supervise`, its spec read from a pipe:
-  argv is public) in its own session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no
-  core files, nice, CPU affinity), keeps a bounded tail of stdout/stderr (a flood is killed), and
-  on exit, SIGTERM or the harness's death (it is reparented) kills the worker's process group and
-  every orphan reparented to it. A confined worker (a candidate's) is its supervisor's child behind
-  kernel_boundary's namespaces and uid: the supervisor enters them before any of its code runs.
-- Every process of a worker carries its tag (TAG_ENV) in its initial environment block, which the
-  parent sweeps /proc for (kill_by_tag) after each worker and when a batch is interrupted
-  (stop_everything). The environment is kernel_boundary's allowlist (worker_env), never the
-  trainer's API keys; MALLOC_PERTURB_ poisons fresh heap memory.
-- Zygotes: a process that ran the caller's `preload` (import torch) once forks supervisors and
-  their workers on request, each with its own tag written over the zygote's: the same isolation,
-  without an interpreter start and `import torch` per worker. One out of service (killed, say)
-  makes Worker spawn instead.
-- Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's
-  side (serve: the worker's side). File descriptors (the memory files tensors travel in,
-  kernel_memory) go over a Unix socket.
-- DeviceLock (checks share a device, a timed run has it alone), atomic_write (the harness's one
-  atomic write, with fsync), source_hash.
+  caller's script, kernel_worker.py, whose __main__ hands `--_supervise` and `--_zygote` back here) under
+  a supervisor (a child subreaper, its spec read from a pipe: argv is public) in its own session. The
+  supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no core files, nice, CPU affinity), keeps a bounded
+  tail of stdout/stderr (a flood is killed), and on exit, SIGTERM or the harness's death kills the
+  worker's process group and every orphan reparented to it. A confined worker (a candidate's,
+  candidate_confinement) runs behind kernel_boundary's namespaces and uid, entered before any of its code.
+- Every process of a worker carries its tag (TAG_ENV) in its initial environment, which the parent sweeps
+  /proc for (kill_by_tag, stop_everything). The environment is kernel_boundary's allowlist (worker_env)
+  plus worker_environment, never the trainer's API keys; MALLOC_PERTURB_ poisons fresh heap memory.
+- Zygotes: a process that ran `preload` (import torch) once forks supervisors and their workers, each
+  with its own tag: the same isolation without an interpreter start per worker (one out of service:
+  Worker spawns instead).
+- Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's side
+  (serve: the worker's side); file descriptors (kernel_memory's memory files) over a Unix socket.
+- device_lock (checks share a device, a timed run has it alone), scratch_dir, atomic_write, source_hash.
 """
 from __future__ import annotations
 
@@ -38,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -49,6 +46,47 @@ from kernel_boundary import worker_env
 
 TAG_ENV = "KERNEL_EVAL_TAG"
 POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
+
+
+def worker_environment(device: str, arch: str, cache_root: str, build_jobs: int, compiling: bool) -> dict:
+    """What a harness worker gets beyond worker_env's allowlist: its build settings and the one device it sees."""
+    env = {"MAX_JOBS": str(build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cache_root, "build")}
+    if device == "cpu" or compiling:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
+        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
+        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    return env
+
+
+def visible_device(device: str) -> str:
+    import torch
+    idx = torch.device(device).index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return ids[idx] if idx < len(ids) else str(idx)
+    return str(idx)
+
+
+def candidate_confinement(cache_root: str, scratch_root: str | None, src_path: str, workdir: str, own: str,
+                          writable: bool, binds: list) -> dict:
+    """A candidate worker's boundary (kernel_boundary.confinement): the build cache and the scratch root hidden;
+    back in them its source (read-only), its own build and op_headers directories under `own`, seen at
+    cache_root/build and cache_root/op_headers (`writable` or read-only), then `binds`."""
+    own_binds = [(src_path, src_path, False)]
+    for part in ("build", "op_headers"):
+        path = os.path.join(own, part)
+        os.makedirs(path, exist_ok=True)
+        if os.geteuid() == 0 and writable:
+            os.chown(path, boundary.UNPRIVILEGED_ID, boundary.UNPRIVILEGED_ID)
+        own_binds.append((path, os.path.join(cache_root, part), writable))
+    hide = [cache_root, scratch_root or tempfile.gettempdir()]
+    return boundary.confinement(workdir, binds=own_binds + list(binds), hide=hide)
 
 # ----------------------------------------------------------------------------- files and locks
 
@@ -110,6 +148,16 @@ class DeviceLock:
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+def device_lock(cache_root: str, device: str, exclusive: bool) -> DeviceLock:
+    return DeviceLock(cache_root, "cpu" if device == "cpu" else "cuda" + visible_device(device), exclusive)
+
+
+def scratch_dir(scratch_root: str | None, prefix: str) -> str:
+    root = scratch_root or tempfile.gettempdir()
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
 
 
 # ----------------------------------------------------------------------------- framed channel
