@@ -1,59 +1,24 @@
 """kernel_eval: the reward's verdict. Compile a candidate kernel, run it isolated, check it, time it.
 
-Everything the policy learns is what this file believes (Kevin-32B, KernelBench; Sakana's AI CUDA
-Engineer and METR's o3 report show what a policy does with a harness that can be fooled). For a
-candidate C against a reference R:
-
-    correct = for every trial t (fresh inputs x_t from a secret seed): shape and dtype equal, no
-              NaN/Inf where R has none, |C(x_t) - R(x_t)| <= atol + rtol |R(x_t)|, inputs unchanged,
-              and no torch compute operator in C's forward
-    speedup = median_time(R) / median_time(C), timed in turn in one window, if correct and the
-              parent's own clock confirms the claimed times (paired_verdict), else 0
+For a candidate C against a reference R (Kevin-32B, KernelBench):
+    correct = on every trial (fresh inputs x_t from seeds only the parent knows): shapes and dtypes equal,
+              no NaN/Inf where R has none, |C(x_t) - R(x_t)| <= atol + rtol |R(x_t)|, inputs unchanged,
+              no torch compute operator in C's forward
+    speedup = median_time(R) / median_time(C), timed in turn in one window, if correct and the parent's
+              own clock confirms the claimed times (kernel_verdict.paired_verdict), else 0
 
     python kernel_eval.py REF.py CANDIDATE.py --device cpu --json
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
-This file runs the judging; what decides (statuses, EvalResult, the comparison, the op check, run
-limits, the paired-timing verdict) is kernel_verdict.py. What runs inside each worker (the trusted
-reference's loop, the untrusted candidate's) is kernel_worker.py; how workers are started and talked
-to, kernel_sandbox.py; what a candidate's workers run behind, kernel_boundary.py; how a batch fits in
-memory and how tensors travel between processes, kernel_memory.py; how extensions are built,
-kernel_build.py (optional).
-
-How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
-1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
-2. compile (_compile, cached per candidate): a fresh worker imports the candidate, whose load_inline
-   builds its extension (with kernel_build.py: a directory per hash of its sources, -O3, lighter
-   headers; without it: plain load_inline in a directory of its own). A diagnostic -> compile_error.
-3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the task's
-   code. It writes the model's init inputs, and the inputs it draws from seeds only the parent knows,
-   to memory files the parent seals read-only; it keeps the reference outputs: they never reach a
-   candidate. The task's first run, alone, measures what its copies take (kernel_memory.py).
-4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed inputs
-   (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN blocks on GPU,
-   MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's outputs to a memory
-   file of its own, which the parent seals and hands to the reference worker (compare_outputs). A
-   compute operator (flag_ops) -> incorrect. An output that is not exactly a torch.Tensor, or a torch
-   mode left active (OutputCheck), here or in a timed call -> runtime_error.
-5. time (_paired_timing, the device held alone): the timing sets reach the candidate only now; both
-   sides warm up, then run in blocks R C C R R C C R on the same input sets, rotated through copies of
-   the input buffers, in the same loop (TimingLoop: L2 flush and CUDA events on GPU, the worker's CPU
-   time on CPU); each set's last output is compared again. paired_verdict pays the speedup only where
-   the parent's own clock of every block confirms the candidate's claimed times.
-6. isolation: each worker runs in its own session under a subreaper supervisor, with an allowlisted
-   environment and limits, and a candidate's (never the reference's) behind kernel_boundary's
-   namespaces and uid 65534 (`sandbox`: EvalResult.boundary), the build cache hidden but for its own
-   build directory (_confinement). A candidate's request may take a multiple of the reference's
-   compute for the same request (timed warm), a smaller one of its seconds moving the data, plus a
-   slack, under a fixed ceiling (run_limit).
-
-Statuses (kernel_verdict.STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
-crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
-reference failed: no verdict on the candidate; a trainer drops the task's samples, eval.py reports
-the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
-left out of training, counted by eval.py). A timing the cross-check refuses keeps correct, pays 0.
-
-What a candidate can still do, behind the boundary and without it: kernel_boundary.py's docstring.
+The file reads in the order a candidate runs: evaluate_batch (precheck -> format_error), the compile (a
+worker imports the candidate, whose load_inline builds it; cached per source), the reference session (one
+trusted worker per task writes sealed inputs, keeps its outputs), the check (the candidate's worker runs
+every trial, its outputs are compared by the reference's worker), the timing (blocks R C C R ... with the
+device alone), the verdict. What decides is kernel_verdict.py (statuses, EvalResult, comparison, op check,
+run limits); what runs inside a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py
+behind kernel_boundary.py; memory and tensor files, kernel_memory.py; builds, kernel_build.py (optional).
+Statuses: format_error, compile_error, timeout, runtime_error, incorrect, correct, reference_error (the
+task's own reference failed: no verdict), harness_error (the task does not fit even alone: no verdict).
 """
 from __future__ import annotations
 
@@ -61,12 +26,10 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import re
 import secrets
 import shutil
-import statistics
 import sys
 import threading
 import time
@@ -77,11 +40,11 @@ import kernel_boundary
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
                            plan_copies, seal)
-from kernel_verdict import EvalResult, cut, flag_ops, paired_verdict, run_limit, trim_error
+from kernel_verdict import EvalResult, block_calls, cut, flag_ops, run_limit, timing_verdict, trim_error
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
-except ModuleNotFoundError as e:  # judged with plain load_inline (the module docstring, step 2)
+except ModuleNotFoundError as e:  # judged with plain load_inline (the compile)
     if e.name != "kernel_build":
         raise
     kernel_build = None
@@ -671,7 +634,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
     if not cfg.time_candidate:
         return
     ref_blocks, cand_blocks = _time(session, cand, ctx, result, plan)
-    _timing_verdict(result, ref_blocks, cand_blocks, ctx)
+    timing_verdict(result, ref_blocks, cand_blocks, cfg, cpu=ctx.device == "cpu")
 
 
 def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
@@ -821,37 +784,6 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
                            waited_s=cfg.time_timeout_s)
     return blocks["ref"], blocks["cand"]
 
-
-def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
-    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
-    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
-    wanted = math.ceil(trials / blocks)
-    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
-        return wanted
-    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
-
-
-
-# ----------------------------------------------------------------------------- the verdict
-
-def _timing_verdict(result: EvalResult, ref_blocks: list, cand_blocks: list, ctx: Context) -> None:
-    """paired_verdict's speedup, times and message, written into `result`."""
-    device, cfg = ctx.device, ctx.cfg
-    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
-    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
-    result.wall_ms = sum(wall for _, wall in cand_blocks)
-    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
-                            for times, ms in side_blocks]
-                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
-    if verdict["problem"]:
-        result.timing_ok, result.speedup = False, 0.0
-        result.candidate_ms = verdict["parent_ms"]
-        result.message = verdict["problem"] + "; speedup not rewarded"
-    else:
-        result.candidate_ms = verdict["claimed_ms"]
-        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
-                          + (f" ({verdict['note']})" if verdict["note"] else ""))
 
 
 # ----------------------------------------------------------------------------- the workers it drives

@@ -1,5 +1,6 @@
-"""kernel_verdict: what a verdict is. Statuses and EvalResult, the output comparison, the op check,
-run limits, the paired-timing verdict and finite speedups, and how messages are trimmed.
+"""kernel_verdict: what a verdict is. Statuses and EvalResult, the output comparison, the op check, run
+limits and the timed calls a side gets (block_calls), the paired-timing verdict (paired_verdict,
+timing_verdict) and finite speedups, and how messages are trimmed.
 
 For a candidate C against a reference R (kernel_eval.py runs them; these functions decide):
 
@@ -173,6 +174,15 @@ def run_limit(cfg, ref: tuple | None, ceiling_s: float) -> tuple:
     return derived, how
 
 
+def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
+    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
+    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
+    wanted = math.ceil(trials / blocks)
+    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
+        return wanted
+    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
+
+
 def paired_verdict(ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) -> dict:
     """The speedup from reference and candidate blocks timed in one window, each block (claimed per-call
     times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's process tree,
@@ -225,6 +235,25 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) 
             out["ref_ms"] = cfg.ref_slowdown_max * first
         out["speedup"], out["problem"] = finite_speedup(out["ref_ms"], claimed)
     return out
+
+
+def timing_verdict(result: EvalResult, ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) -> None:
+    """paired_verdict's speedup, times and message, written into `result` (the timing a check passed)."""
+    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=cpu)
+    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
+    result.wall_ms = sum(wall for _, wall in cand_blocks)
+    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
+                            for times, ms in side_blocks]
+                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
+    if verdict["problem"]:
+        result.timing_ok, result.speedup = False, 0.0
+        result.candidate_ms = verdict["parent_ms"]
+        result.message = verdict["problem"] + "; speedup not rewarded"
+    else:
+        result.candidate_ms = verdict["claimed_ms"]
+        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
+                          + (f" ({verdict['note']})" if verdict["note"] else ""))
 
 
 def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:

@@ -773,15 +773,6 @@ ModelNew.forward = _recording_forward
     return result, seen["import"], seen["forward"]
 
 
-def test_block_calls_keep_a_small_tasks_count_and_time_a_slow_one_within_the_budget():
-    # 100 trials over 4 blocks in a 1000 ms budget: 25 calls a block while they fit it, fewer when one
-    # call is long (20 ms: 12 a block, 0.96 s a side), never none (a call longer than the budget)
-    assert ke.block_calls(100, 4, 1000.0, 0.5) == 25 == ke.block_calls(100, 4, 1000.0, 10.0)
-    assert ke.block_calls(100, 4, 1000.0, 20.0) == 12 and 12 * 4 * 20.0 <= 1000.0
-    assert ke.block_calls(100, 4, 1000.0, 5000.0) == 1
-    assert ke.block_calls(100, 4, 1000.0, 0.0) == 25  # unmeasured: as asked
-
-
 @pytest.mark.slow
 def test_timing_cpus_are_not_kept_on_cpu(cache_root, tmp_path):
     """On cpu a worker times itself by its CPU time: no core is kept, every phase may use them all."""

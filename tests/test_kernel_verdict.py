@@ -232,3 +232,12 @@ def test_imports_alone_with_the_gate_and_no_process_machinery(tmp_path):
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['aten::add'] ab..."
+
+
+def test_block_calls_keep_a_small_tasks_count_and_time_a_slow_one_within_the_budget():
+    # 100 trials over 4 blocks in a 1000 ms budget: 25 calls a block while they fit it, fewer when one
+    # call is long (20 ms: 12 a block, 0.96 s a side), never none (a call longer than the budget)
+    assert verdict.block_calls(100, 4, 1000.0, 0.5) == 25 == verdict.block_calls(100, 4, 1000.0, 10.0)
+    assert verdict.block_calls(100, 4, 1000.0, 20.0) == 12 and 12 * 4 * 20.0 <= 1000.0
+    assert verdict.block_calls(100, 4, 1000.0, 5000.0) == 1
+    assert verdict.block_calls(100, 4, 1000.0, 0.0) == 25  # unmeasured: as asked
