@@ -376,3 +376,18 @@ def boundary_for(mode: str, gpu: bool = False) -> str:
                           RuntimeWarning, stacklevel=3)
     return "process"
 
+
+def candidate_confinement(cache_root: str, scratch_root: str | None, src_path: str, workdir: str, own: str,
+                          writable: bool, binds: list) -> dict:
+    """A candidate worker's boundary (confinement): the build cache and the scratch root hidden;
+    back in them its source (read-only), its own build and op_headers directories under `own`, seen at
+    cache_root/build and cache_root/op_headers (`writable` or read-only), then `binds`."""
+    own_binds = [(src_path, src_path, False)]
+    for part in ("build", "op_headers"):
+        path = os.path.join(own, part)
+        os.makedirs(path, exist_ok=True)
+        if os.geteuid() == 0 and writable:
+            os.chown(path, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+        own_binds.append((path, os.path.join(cache_root, part), writable))
+    hide = [cache_root, scratch_root or tempfile.gettempdir()]
+    return confinement(workdir, binds=own_binds + list(binds), hide=hide)

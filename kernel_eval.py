@@ -40,7 +40,7 @@ import kernel_boundary
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
                            plan_copies, seal)
-from kernel_verdict import EvalResult, block_calls, cut, flag_ops, run_limit, timing_verdict, trim_error
+from kernel_verdict import EvalResult, Failure, block_calls, cut, flag_ops, run_limit, timing_verdict
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -226,7 +226,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress
                 try:
                     plan = session.plan()  # a failed compile needs no reference
                     cand = _spawn("cand", cand_src, ctx, scratch, plan=plan)
-                except _Failure as f:
+                except Failure as f:
                     failure = f
             record = compiling.result()
             return _evaluate_one(session, cand, ctx, record, plan, failure,
@@ -295,7 +295,7 @@ def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) 
         result.status = "correct" if result.correct else "incorrect"
         if result.correct and not result.message:
             result.message = "correct (not timed)"
-    except _Failure as f:
+    except Failure as f:
         result.status, result.message, result.correct, result.speedup = f.status, f.message, False, 0.0
         if f.status == "timeout":
             result.timeout_seconds = f.waited_s
@@ -303,13 +303,6 @@ def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) 
         result.speedup, result.correct = 0.0, False
     result.message = cut(result.message, cfg.message_chars)
     return result
-
-
-class _Failure(Exception):
-    def __init__(self, status: str, message: str, waited_s: float = 0.0):
-        super().__init__(message)
-        self.status, self.message = status, message
-        self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
 
 
 
@@ -377,7 +370,7 @@ def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, pr
     except sandbox.ChannelTimeout:
         record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
     except sandbox.ChannelError:
-        record = {"status": "deferred", "message": _death_reason(worker, "compile")}
+        record = {"status": "deferred", "message": sandbox.death_reason(worker, "compile")}
     finally:
         worker.stop()
         if not cfg.keep_scratch:
@@ -450,9 +443,9 @@ class ReferenceSession:
         """A request to the worker. Its failure (load, init, inputs, outputs, timed calls) is the task's
         (reference_error: no candidate is judged, nor paid, for it), and stops the worker."""
         try:
-            return _ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
-        except _Failure as f:
-            self.failure = _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
+            return sandbox.ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
+        except Failure as f:
+            self.failure = Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
             self._stop()
             raise self.failure from None
 
@@ -463,7 +456,7 @@ class ReferenceSession:
         cfg = self.cfg
         self.scratch = _scratch(cfg, "kevalref-")
         self.worker = _spawn("ref", self.ref_src, self.ctx, self.scratch)
-        with contextlib.suppress(_Failure):  # kept in self.failure
+        with contextlib.suppress(Failure):  # kept in self.failure
             ready, _ = self._call("load", cfg.load_timeout_s, {})
             free = ready.get("device_free")
             self.budget.set_capacity(free if isinstance(free, int) else None)
@@ -565,15 +558,15 @@ class ReferenceSession:
         with self.lock:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
             try:
-                reply, _ = _ask(self.worker, "reference", "judge", cfg.check_timeout_s,
+                reply, _ = sandbox.ask(self.worker, "reference", "judge", cfg.check_timeout_s,
                                 {"cmd": "judge", "part": part, "max_bytes": max_bytes,
                                  "tolerances": cfg.tolerances}, fds=(out_fd,))
-            except _Failure as f:
+            except Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
-                raise _Failure("runtime_error", "the candidate's outputs could not be compared (they "
+                raise Failure("runtime_error", "the candidate's outputs could not be compared (they "
                                f"stopped the harness's reader: {cut(f.message, 200)})") from None
             if reply.get("unreadable"):
-                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
+                raise Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
             return reply.get("reason")
 
     def _stop(self) -> None:
@@ -605,10 +598,11 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
     """Load the candidate and check it (the device shared), then, if cfg.time_candidate, time it (the device alone)."""
     cfg = ctx.cfg
     t0 = time.monotonic()
-    boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
+    # booted (usually long ago: with the compile)
+    boot, _ = sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {})
     if isinstance(boot.get("boot_cpu_s"), (int, float)):
         result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
-    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
+    sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
     result.seconds["load"] = time.monotonic() - t0
     t_wait = time.monotonic()
     with _device_lock(ctx, exclusive=False):  # correctness: checks share the device
@@ -618,7 +612,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
         result.seconds["reference"] = time.monotonic() - t1
         t2 = time.monotonic()
         try:
-            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
+            sandbox.ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
                  fds=(inputs["init"],))
             changed, reason = _check(session, cand, cfg, inputs["check"], result)
         finally:
@@ -626,10 +620,10 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
                 os.close(fd)
         result.seconds["check"] = time.monotonic() - t2
         if reason:
-            raise _Failure("incorrect", reason)
+            raise Failure("incorrect", reason)
         for t, c in enumerate(changed):
             if c:
-                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
+                raise Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
         result.correct = True
     if not cfg.time_candidate:
         return
@@ -645,7 +639,7 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
     limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
     out_fd = memfd("kernel_eval-candidate-outputs")
     try:
-        reply, _ = _ask(cand, "candidate", "check", limit_s,
+        reply, _ = sandbox.ask(cand, "candidate", "check", limit_s,
                         {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
                          "host_inputs": session.host_outputs},
                         fds=(check_fd, out_fd), limit_note=limit_note)
@@ -654,11 +648,11 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
         if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
                 or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
                 or not all(isinstance(c, list) for c in changed)):
-            raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+            raise Failure("runtime_error", "candidate sent a malformed reply on the result channel")
         flagged = flag_ops(ops) if cfg.op_check else []
         if flagged:
             result.ops = flagged
-            raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+            raise Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
                            + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
         result.trials = len(changed)
         reason = session.judge(out_fd, "check", check_limit)
@@ -671,10 +665,10 @@ def _seal_output(fd: int, max_bytes: int) -> None:
     try:
         seal(fd)
     except OSError as e:
-        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
+        raise Failure("runtime_error", "candidate kept its output file mapped writable") from e
     size = os.fstat(fd).st_size
     if size > max_bytes:
-        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
+        raise Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
 
 
 
@@ -700,7 +694,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
                 left = deadline - time.monotonic()
                 if left < limit_s:
                     limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
-                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
+                return sandbox.ask(cand, "candidate", "time", limit_s, msg, fds=fds,
                             deadline=time.monotonic() + limit_s, limit_note=note)[0]
 
             ref_blocks, cand_blocks = _paired_timing(
@@ -719,7 +713,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
     result.seconds["time"] = time.monotonic() - t3
     if reason:
         result.correct = False
-        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+        raise Failure("incorrect", f"a timed call gave a wrong result: {reason}")
     return ref_blocks, cand_blocks
 
 
@@ -735,7 +729,7 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
                    host_outputs: bool = False) -> tuple:
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
     window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
-    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
+    flushes. `*sandbox.ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
     whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
     reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
     call x calls x blocks), then as many as fit it (at least one)."""
@@ -777,10 +771,10 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
             wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
         if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
                 or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
-            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
+            raise Failure("runtime_error", "candidate returned a malformed timing reply")
         blocks[side].append(([float(x) for x in times], wall))
         if time.monotonic() > deadline:
-            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
+            raise Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
                            waited_s=cfg.time_timeout_s)
     return blocks["ref"], blocks["cand"]
 
@@ -803,7 +797,7 @@ def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling
                               cpus=cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
                               confine=confine)
     except sandbox.Interrupted as e:
-        raise _Failure("runtime_error", str(e)) from None
+        raise Failure("runtime_error", str(e)) from None
 
 
 def _spawn(mode: str, src: str, ctx: Context, scratch: str, plan: dict | None = None) -> sandbox.Worker:
@@ -826,39 +820,6 @@ def _spawn(mode: str, src: str, ctx: Context, scratch: str, plan: dict | None = 
     return _start_worker(mode, _job(path, ctx), os.path.dirname(path), ctx, compiling=False, fsize=fsize,
                          as_bytes=as_bytes, zygotes=ctx.zygotes if cfg.run_zygote else None,
                          confine=confine)
-
-
-def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict,
-         deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
-    """Send a command (and file descriptors), wait for the reply with the same nonce; failures become _Failure.
-    An empty `msg`: wait for the worker's next message (its boot). `limit_note`: how timeout_s was derived."""
-    start = time.monotonic()
-    deadline = deadline or start + timeout_s
-    nonce = secrets.token_hex(8)
-    try:
-        if msg:
-            if fds:
-                worker.send_fds(list(fds))
-            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), b"", deadline)
-        while True:
-            reply, data = worker.channel.recv(deadline)
-            if "error" in reply:
-                raise _Failure("runtime_error", f"{who} failed during {phase}: {reply['error']}")
-            if not msg or reply.get("nonce") == nonce:
-                return reply, data
-    except sandbox.ChannelTimeout as e:
-        note = f": {limit_note}" if limit_note else ""
-        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.3g} s{note})",
-                       waited_s=time.monotonic() - start) from e
-    except sandbox.ChannelError as e:
-        if str(e) != "closed":
-            why = f"{who} wrote malformed data on the result channel during {phase} ({e})"
-            raise _Failure("runtime_error", why) from e
-        raise _Failure("runtime_error", f"{who} {_death_reason(worker, phase)}") from e
-
-
-def _death_reason(worker: sandbox.Worker, phase: str) -> str:
-    return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
 
 
 def _confined(ctx: Context) -> bool:
@@ -885,8 +846,8 @@ def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, 
         # the header, written here: its directory is read-only there (warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, _torch_version())
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
-    return sandbox.candidate_confinement(cfg.cache_root, cfg.scratch_root, src_path, workdir, own,
-                                         writable=compiling or kernel_build is None, binds=binds)
+    return kernel_boundary.candidate_confinement(cfg.cache_root, cfg.scratch_root, src_path, workdir, own,
+                                                 writable=compiling or kernel_build is None, binds=binds)
 
 
 def _job(src_path: str, ctx: Context) -> dict:

@@ -37,6 +37,15 @@ STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorr
             "harness_error")
 
 
+class Failure(Exception):
+    """The end of one candidate's evaluation in a phase: its status (STATUSES) and message."""
+
+    def __init__(self, status: str, message: str, waited_s: float = 0.0):
+        super().__init__(message)
+        self.status, self.message = status, message
+        self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
+
+
 @dataclass
 class EvalResult:
     """One candidate's verdict, as kernel_eval returns it and rewards.kernel_score pays it."""

@@ -36,7 +36,7 @@ def worker_start_seconds(device: str, arch: str, cfg: kernel_eval.EvalConfig, sr
         t0 = time.perf_counter()
         worker = kernel_eval._spawn("cand", src, kernel_eval.Context(device, arch, cfg, zygotes), scratch)
         try:
-            kernel_eval._ask(worker, "candidate", "load", cfg.load_timeout_s, {})  # its boot message
+            kernel_sandbox.ask(worker, "candidate", "load", cfg.load_timeout_s, {})  # its boot message
             return time.perf_counter() - t0
         finally:
             worker.stop()

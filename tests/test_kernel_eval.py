@@ -87,13 +87,13 @@ def test_output_file_mapped_writable_cannot_be_sealed():
     import mmap
     fd = _tensor_file([[torch.ones(10)]])
     live = mmap.mmap(fd, 0)  # a candidate that keeps a writable mapping could rewrite it after the check
-    with pytest.raises(ke._Failure, match="mapped writable"):
+    with pytest.raises(ke.Failure, match="mapped writable"):
         ke._seal_output(fd, 1 << 20)
     live.close()
     ke._seal_output(fd, 1 << 20)
     os.close(fd)
     fd = _tensor_file([[torch.ones(10)]])
-    with pytest.raises(ke._Failure, match="limit"):
+    with pytest.raises(ke.Failure, match="limit"):
         ke._seal_output(fd, 16)
     os.close(fd)
 
@@ -247,7 +247,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     assert "expected 5 output sets" in judge(right[:4])
     fd = kernel_memory.memfd("garbage")
     os.write(fd, b"not a tensor file" * 10)
-    with pytest.raises(ke._Failure, match="unreadable outputs"):
+    with pytest.raises(ke.Failure, match="unreadable outputs"):
         session.judge(fd, "check", 1 << 30)
     os.close(fd)
     # the reference worker dies (say a candidate's file crashed it): that candidate's verdict is a
@@ -255,7 +255,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
     # is judged by a fresh worker on the same secret seeds, without asking for its inputs again
     for pid in sandbox.children_of(session.worker.proc.pid):
         os.kill(pid, 9)
-    with pytest.raises(ke._Failure, match="could not be compared"):
+    with pytest.raises(ke.Failure, match="could not be compared"):
         judge(right)
     assert session.worker is None and session.files == {}
     inputs_held = kernel_memory.read_tensor_sets(files["check"], 1 << 30)
