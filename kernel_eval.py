@@ -305,7 +305,6 @@ def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) 
     return result
 
 
-
 # ----------------------------------------------------------------------------- the compile
 
 def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, probes: bool = True) -> dict:
@@ -406,7 +405,6 @@ def _reads_host_pch(cfg: EvalConfig) -> bool:
     """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
     options = _build_options(cfg)
     return bool(options and options["host_pch"] and options["cuda_header_tiers"])
-
 
 
 # ----------------------------------------------------------------------------- the reference session
@@ -591,7 +589,6 @@ class ReferenceSession:
                 self._stop()
 
 
-
 # ----------------------------------------------------------------------------- the check
 
 def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: EvalResult, plan: dict) -> None:
@@ -669,7 +666,6 @@ def _seal_output(fd: int, max_bytes: int) -> None:
     size = os.fstat(fd).st_size
     if size > max_bytes:
         raise Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
-
 
 
 # ----------------------------------------------------------------------------- the timing
@@ -779,7 +775,6 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
     return blocks["ref"], blocks["cand"]
 
 
-
 # ----------------------------------------------------------------------------- the workers it drives
 
 def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling: bool,
@@ -874,7 +869,6 @@ def _device_arch(device: str, cfg: EvalConfig) -> str:
 
 def _scratch(cfg: EvalConfig, prefix: str) -> str:
     return sandbox.scratch_dir(cfg.scratch_root, prefix)
-
 
 
 # ----------------------------------------------------------------------------- command line

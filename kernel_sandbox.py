@@ -73,6 +73,7 @@ def visible_device(device: str) -> str:
         return ids[idx] if idx < len(ids) else str(idx)
     return str(idx)
 
+
 # ----------------------------------------------------------------------------- files and locks
 
 def source_hash(*parts) -> str:
@@ -627,17 +628,13 @@ class Worker:
                 os.kill(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 self.proc.wait()
         kill_by_tag(self.tag)
         for fd in self.fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.fds = ()
         self.fd_sock.close()
 
