@@ -141,6 +141,7 @@ class Context:
     cfg: EvalConfig
     zygotes: sandbox.Zygotes | None = None
 
+
 # ----------------------------------------------------------------------------- the verdict path
 
 def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck=None, **cfg) -> EvalResult:
@@ -557,12 +558,12 @@ class ReferenceSession:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
             try:
                 reply, _ = sandbox.ask(self.worker, "reference", "judge", cfg.check_timeout_s,
-                                {"cmd": "judge", "part": part, "max_bytes": max_bytes,
-                                 "tolerances": cfg.tolerances}, fds=(out_fd,))
+                                       {"cmd": "judge", "part": part, "max_bytes": max_bytes,
+                                        "tolerances": cfg.tolerances}, fds=(out_fd,))
             except Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
                 raise Failure("runtime_error", "the candidate's outputs could not be compared (they "
-                               f"stopped the harness's reader: {cut(f.message, 200)})") from None
+                              f"stopped the harness's reader: {cut(f.message, 200)})") from None
             if reply.get("unreadable"):
                 raise Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
             return reply.get("reason")
@@ -610,7 +611,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
         t2 = time.monotonic()
         try:
             sandbox.ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
-                 fds=(inputs["init"],))
+                        fds=(inputs["init"],))
             changed, reason = _check(session, cand, cfg, inputs["check"], result)
         finally:
             for fd in inputs.values():
@@ -637,9 +638,9 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
     out_fd = memfd("kernel_eval-candidate-outputs")
     try:
         reply, _ = sandbox.ask(cand, "candidate", "check", limit_s,
-                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
-                         "host_inputs": session.host_outputs},
-                        fds=(check_fd, out_fd), limit_note=limit_note)
+                               {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
+                                "host_inputs": session.host_outputs},
+                               fds=(check_fd, out_fd), limit_note=limit_note)
         _seal_output(out_fd, check_limit)
         ops, changed = reply.get("ops", []), reply.get("changed")
         if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
@@ -650,7 +651,7 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
         if flagged:
             result.ops = flagged
             raise Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
-                           + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+                          + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
         result.trials = len(changed)
         reason = session.judge(out_fd, "check", check_limit)
     finally:
@@ -691,7 +692,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
                 if left < limit_s:
                     limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
                 return sandbox.ask(cand, "candidate", "time", limit_s, msg, fds=fds,
-                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
+                                   deadline=time.monotonic() + limit_s, limit_note=note)[0]
 
             ref_blocks, cand_blocks = _paired_timing(
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
@@ -725,7 +726,7 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
                    host_outputs: bool = False) -> tuple:
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
     window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
-    flushes. `*sandbox.ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
+    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
     whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
     reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
     call x calls x blocks), then as many as fit it (at least one)."""
@@ -771,7 +772,7 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
         blocks[side].append(([float(x) for x in times], wall))
         if time.monotonic() > deadline:
             raise Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
-                           waited_s=cfg.time_timeout_s)
+                          waited_s=cfg.time_timeout_s)
     return blocks["ref"], blocks["cand"]
 
 
