@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 import kernel_boundary
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
-                           plan_copies, seal)
-from kernel_verdict import EvalResult, Failure, block_calls, cut, flag_ops, run_limit, timing_verdict
+                           plan_copies, seal, seal_output)
+from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops, run_limit,
+                            timing_verdict)
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -51,8 +52,6 @@ except ModuleNotFoundError as e:  # judged with plain load_inline (the compile)
 
 # what the sandbox runs for every process it starts (`python ENTRY --_worker ...`)
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.py")
-
-MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
 
 @dataclass
 class EvalConfig:
@@ -221,7 +220,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress
 
     def judge(session, cand_src, compiling, alone: bool) -> EvalResult:
         """One attempt: the task's plan, the candidate's worker with limits from it, the verdict."""
-        scratch, cand, plan, failure = _scratch(config, "kevalrun-"), None, None, None
+        scratch, cand, plan, failure = sandbox.scratch_dir(config.scratch_root, "kevalrun-"), None, None, None
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
                 try:
@@ -320,7 +319,7 @@ def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, pr
     if cached and cached.get("status") in ("ok", "compile_error"):
         return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
     t0 = time.monotonic()
-    scratch = _scratch(cfg, "kevalbuild-")
+    scratch = sandbox.scratch_dir(cfg.scratch_root, "kevalbuild-")
     src_path = os.path.join(scratch, "candidate.py")
     with open(src_path, "w") as f:
         f.write(candidate_src)
@@ -351,22 +350,7 @@ def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, pr
             profile["probe"] = probe_s
         # builds: 0 nothing was compiled (e.g. an empty file), 2 a failed header tier, then as written
         built = {"builds": int(msg.get("builds") or 0), "profile": profile}
-        if msg.get("ok"):
-            # the last CUDA build's header tier (None: as written, or none)
-            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
-                      "torch_preloaded": msg.get("torch_preloaded") is True, **built}
-        elif msg.get("kind") == "build":
-            record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), cfg.message_chars),
-                      **built}
-            undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
-            if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
-                record["undefined_names"] = undefined
-            errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
-            if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
-                    isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
-                record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
-        else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
-            record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
+        record = compile_record(msg, built, cfg.message_chars)
     except sandbox.ChannelTimeout:
         record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
     except sandbox.ChannelError:
@@ -375,11 +359,7 @@ def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, pr
         worker.stop()
         if not cfg.keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
-    deterministic = record["status"] == "ok" or (
-        record["status"] == "compile_error" and "error:" in record["message"]
-        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
-    if deterministic:
+    if cacheable(record):
         sandbox.atomic_write(record_path, json.dumps(record))
     return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
 
@@ -453,7 +433,7 @@ class ReferenceSession:
         if self.failure or self.worker is not None:
             return
         cfg = self.cfg
-        self.scratch = _scratch(cfg, "kevalref-")
+        self.scratch = sandbox.scratch_dir(cfg.scratch_root, "kevalref-")
         self.worker = _spawn("ref", self.ref_src, self.ctx, self.scratch)
         with contextlib.suppress(Failure):  # kept in self.failure
             ready, _ = self._call("load", cfg.load_timeout_s, {})
@@ -603,7 +583,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
     sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
     result.seconds["load"] = time.monotonic() - t0
     t_wait = time.monotonic()
-    with _device_lock(ctx, exclusive=False):  # correctness: checks share the device
+    with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=False):  # correctness: checks share the device
         result.seconds["device_wait"] = time.monotonic() - t_wait
         t1 = time.monotonic()
         inputs = session.ready()
@@ -641,7 +621,7 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
                                {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
                                 "host_inputs": session.host_outputs},
                                fds=(check_fd, out_fd), limit_note=limit_note)
-        _seal_output(out_fd, check_limit)
+        seal_output(out_fd, check_limit)
         ops, changed = reply.get("ops", []), reply.get("changed")
         if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
                 or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
@@ -659,16 +639,6 @@ def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, che
     return changed, reason
 
 
-def _seal_output(fd: int, max_bytes: int) -> None:
-    try:
-        seal(fd)
-    except OSError as e:
-        raise Failure("runtime_error", "candidate kept its output file mapped writable") from e
-    size = os.fstat(fd).st_size
-    if size > max_bytes:
-        raise Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
-
-
 # ----------------------------------------------------------------------------- the timing
 
 def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: EvalResult, plan: dict) -> tuple:
@@ -678,7 +648,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
     time_limit = session.output_limit("time")
     out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
     try:
-        with _device_lock(ctx, exclusive=True):  # timing: the device alone
+        with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=True):  # timing: the device alone
             result.seconds["device_wait"] += time.monotonic() - t_wait
             t3 = time.monotonic()
             deadline = time.monotonic() + cfg.time_timeout_s
@@ -700,8 +670,8 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
                 deadline, plan["buffers"], plan["host_outputs"])
             cand_ask({"cmd": "time_outputs"}, (out_fd,))
             session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
-        _seal_output(out_fd, time_limit)
-        with _device_lock(ctx, exclusive=False):
+        seal_output(out_fd, time_limit)
+        with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=False):
             reason = session.judge(out_fd, "time", time_limit)
     finally:
         for fd in (out_fd, time_fd):
@@ -853,10 +823,6 @@ def _job(src_path: str, ctx: Context) -> dict:
             "arch": arch, "build": _build_options(cfg), "threads": cfg.cpu_threads if device == "cpu" else None}
 
 
-def _device_lock(ctx: Context, exclusive: bool) -> sandbox.DeviceLock:
-    return sandbox.device_lock(ctx.cfg.cache_root, ctx.device, exclusive)
-
-
 def _device_arch(device: str, cfg: EvalConfig) -> str:
     if device == "cpu":
         return ""
@@ -866,10 +832,6 @@ def _device_arch(device: str, cfg: EvalConfig) -> str:
     idx = torch.device(device).index or 0
     major, minor = torch.cuda.get_device_capability(idx)
     return f"{major}.{minor}"
-
-
-def _scratch(cfg: EvalConfig, prefix: str) -> str:
-    return sandbox.scratch_dir(cfg.scratch_root, prefix)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -279,6 +279,38 @@ def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
 
 # ----------------------------------------------------------------------------- messages
 
+MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
+
+
+def compile_record(msg: dict, built: dict, message_chars: int) -> dict:
+    """A compile worker's last message as the compile's record: ok, compile_error (its build's diagnostics) or
+    deferred; `built`: its builds and profile."""
+    if msg.get("ok"):
+        # the last CUDA build's header tier (None: as written, or none)
+        record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
+                  "torch_preloaded": msg.get("torch_preloaded") is True, **built}
+    elif msg.get("kind") == "build":
+        record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), message_chars),
+                  **built}
+        undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
+        if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
+            record["undefined_names"] = undefined
+        errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
+        if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
+                isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
+            record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
+    else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
+        record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
+    return record
+
+
+def cacheable(record: dict) -> bool:
+    """A compiler diagnostic is a property of the source; a killed compiler or a full disk is not."""
+    return record["status"] == "ok" or (
+        record["status"] == "compile_error" and "error:" in record["message"]
+        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
+
+
 def cut(text: str, n: int) -> str:
     """`text`, at most n characters (an ellipsis marks a cut)."""
     return text if len(text) <= n else text[: n - 3] + "..."

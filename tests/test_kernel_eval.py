@@ -88,13 +88,13 @@ def test_output_file_mapped_writable_cannot_be_sealed():
     fd = _tensor_file([[torch.ones(10)]])
     live = mmap.mmap(fd, 0)  # a candidate that keeps a writable mapping could rewrite it after the check
     with pytest.raises(ke.Failure, match="mapped writable"):
-        ke._seal_output(fd, 1 << 20)
+        kernel_memory.seal_output(fd, 1 << 20)
     live.close()
-    ke._seal_output(fd, 1 << 20)
+    kernel_memory.seal_output(fd, 1 << 20)
     os.close(fd)
     fd = _tensor_file([[torch.ones(10)]])
     with pytest.raises(ke.Failure, match="limit"):
-        ke._seal_output(fd, 16)
+        kernel_memory.seal_output(fd, 16)
     os.close(fd)
 
 
