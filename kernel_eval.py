@@ -40,8 +40,8 @@ import kernel_boundary
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
                            plan_copies, seal, seal_output)
-from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops, run_limit,
-                            timing_verdict)
+from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops, request_key,
+                            run_limit, timing_verdict)
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -76,8 +76,7 @@ class EvalConfig:
     rotation_max_bytes: int = 256 << 20  # input sets this large: one set, one buffer (far larger than L2)
     # paired timing: blocks per side and their length (_paired_timing), the cross-check's terms (paired_verdict)
     timing_blocks: int = 4
-    # the timed calls of a side, in ms of the reference's wall per call (calls, refills, flushes): a task whose
-    # call takes longer gets fewer than *_trials calls (at least one a block), not minutes (block_calls)
+    # a side's timed calls, in ms of the reference's wall: a slow task gets fewer than *_trials calls (block_calls)
     gpu_time_budget_ms: float = 1000.0
     cpu_time_budget_ms: float = 10000.0
     gpu_block_ms: float = 20.0
@@ -93,17 +92,14 @@ class EvalConfig:
     load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
     check_timeout_s: float = 120.0  # the ceiling of a candidate's check request (run_limit)
     time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
-    # a candidate's run requests get multiple x the reference's seconds of compute for the same request, io
-    # multiple x its seconds moving the data (a check: the inputs in, the outputs out), + slack, under the
-    # ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow, so a naive
-    # one 10-20x slower than cuBLAS must stay correct; a slower kernel moves no more data, and on a large
-    # task the data is most of a check. The reference is timed warm (its first forward is a rehearsal), so the
-    # slack covers the candidate's first call: lazy kernel loads, cuDNN/cuBLAS setup, a busy machine.
+    # a candidate's request gets multiple x the reference's compute seconds for it, io multiple x its seconds moving
+    # data, + slack, under the ceilings above (run_limit). Generous: a correct kernel is paid however slow (a naive
+    # one 10-20x slower than cuBLAS); the slack covers a first call's lazy loads and setup (the reference is warm).
     run_timeout_multiple: float = 30.0
     run_timeout_io_multiple: float = 3.0
     run_timeout_slack_s: float = 5.0
-    # memory (kernel_memory): the share of the device's free memory (the host's available memory on cpu and for
-    # the input files) a batch's workers may hold, after context_bytes per CUDA worker; capacity None: measured
+    # the share of the device's free memory (the host's on cpu) a batch's workers may hold after context_bytes
+    # per CUDA worker (kernel_memory); memory_capacity_bytes None: measured
     memory_fraction: float = 0.85
     context_bytes: int = 1 << 30
     memory_capacity_bytes: int | None = None
@@ -121,8 +117,7 @@ class EvalConfig:
     # how fast a batch goes (no verdict depends on these)
     build: object = None  # kernel_build.BuildConfig (None: its defaults; unused without kernel_build.py)
     max_parallel_compiles: int | None = None  # None: default_parallel_compiles
-    # candidates whose worker may be alive at once (booting while its kernel compiles, or waiting for
-    # the device); None: two per parallel build on cuda, 1 on cpu (cores are shared)
+    # candidates whose worker may be alive at once; None: two per parallel build on cuda, 1 on cpu
     max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     compile_nice: int = 10  # builds yield the CPU to the run phase
@@ -150,9 +145,8 @@ def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck
 
 def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False,
                    zygotes: sandbox.Zygotes | None = None, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles (each candidate's worker boots
-    meanwhile), checks sharing the device, one timed run at a time; one reference session per task.
-    `zygotes`: the caller's, kept across batches (train.py keeps one for the run); None: the batch's own."""
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the device, one timed
+    run at a time; one reference session per task. `zygotes`: the caller's, kept across batches; None: its own."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
@@ -244,8 +238,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress
         try:
             res = judge(session, cand_src, compiling, alone=False)
             if res.status in ("runtime_error", "reference_error") and capacity_failure(res.message):
-                # out of memory beside other workers is the harness's doing: judge again alone; what fails
-                # then is the candidate's (or the task's), unless the harness's own copies do not fit
+                # out of memory beside other workers is the harness's doing: judged again alone
                 session.retry()
                 res = judge(session, cand_src, compiling, alone=True)
                 res.alone = True
@@ -308,10 +301,9 @@ def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) 
 # ----------------------------------------------------------------------------- the compile
 
 def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, probes: bool = True) -> dict:
-    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
-    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
-    `probes`: a build that failed on undefined names may ask once for their name probe (kernel_build.py):
-    this compiles it while the worker waits, then tells it "probed"; else such a build goes on as written."""
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}. `writes_host_pch`: the
+    harness's own source (kernel_build.warm_host_pch). `probes`: a build that failed on undefined names may ask
+    once for their name probe (kernel_build.py), compiled while its worker waits."""
     cfg = ctx.cfg
     key = _compile_key(candidate_src, ctx)
     record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
@@ -342,8 +334,7 @@ def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, pr
             deadline += probe_s  # the probe's compile is not the candidate's
             worker.channel.send({"cmd": "probed"}, deadline=deadline)
             msg, _ = worker.channel.recv(deadline)
-        # the worker's profile (seconds: torch's import, its builds, the rest; the probe's wait is in the
-        # rest, and "probe" says how much of it): diagnostics of where a compile's time went
+        # where a compile's time went (seconds: torch's import, its builds, the rest; "probe": the probe's wait)
         profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
         profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
         if probe_s is not None:
@@ -391,11 +382,10 @@ def _reads_host_pch(cfg: EvalConfig) -> bool:
 # ----------------------------------------------------------------------------- the reference session
 
 class ReferenceSession:
-    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one task in a
-    batch: all candidates of the task are judged on the same inputs, from seeds only the parent knows; its
-    outputs never leave its process. A worker that dies (say on a candidate's malformed output file) is started
-    again on the same seeds; a reference that fails on its own fails every candidate of the task
-    (reference_error). `lock` serialises requests; callers that need the device take the device lock first."""
+    """The parent's side of one task's trusted reference worker (kernel_worker): every candidate of the task is
+    judged on the same inputs, from seeds only the parent knows; its outputs never leave its process. A worker
+    that dies is started again on the same seeds; a reference that fails on its own fails every candidate of the
+    task (reference_error). `lock` serialises requests; callers take the device lock first."""
 
     def __init__(self, ref_src: str, ctx: Context, users: int, budget: MemoryBudget | None = None):
         self.ref_src, self.ctx, self.cfg = ref_src, ctx, ctx.cfg
@@ -409,9 +399,8 @@ class ReferenceSession:
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
         self.host_outputs = False  # plan_copies': the outputs wait in host memory (set by _ready)
-        # per request, for run_limit: (seconds of compute, seconds moving data). "check": the check sets'
-        # forwards, and the rest of their generation scaled to the bytes a candidate's check moves (the
-        # worker's clock); each timing request by _request_key: its seconds on the parent's clock, all compute
+        # per request, for run_limit: (seconds of compute, seconds moving data); "check" on the worker's clock,
+        # scaled to the bytes a candidate's check moves; timing requests (request_key) on the parent's
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
@@ -467,9 +456,8 @@ class ReferenceSession:
         self.footprint.write(self.footprint_path)
 
     def ready(self, parts=("init", "check")) -> dict:
-        """Inputs written and sealed, reference outputs held. Hold the device lock and an admission of the
-        memory budget. Returns duplicates of the sealed files of `parts` ("init", "check", "time"), the
-        caller's to close: another candidate's outputs may stop this worker, and close its files, meanwhile."""
+        """Inputs written and sealed, reference outputs held (hold the device lock and a memory admission).
+        Duplicates of the sealed files of `parts`, the caller's to close (this worker may be stopped meanwhile)."""
         with self.lock:
             self._ready()
             return {part: os.dup(self.files[part]) for part in parts}
@@ -486,8 +474,7 @@ class ReferenceSession:
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
         self.host_outputs = plan["host_outputs"]
-        # a first forward off the clock, so that gen is timed warm (run_limit); the probe, the first time
-        # a task is seen, may have warmed this worker already: one forward more, once per task
+        # a first forward off the clock, so that gen is timed warm (run_limit)
         self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds,
                                                                   "host_outputs": self.host_outputs},
@@ -523,7 +510,7 @@ class ReferenceSession:
             self._ready()  # a judge may have stopped the worker since: back on the same seeds
             t = time.monotonic()
             reply = self._call("time", self.cfg.time_timeout_s, msg, fds, deadline)[0]
-            self.seconds[_request_key(msg)] = (time.monotonic() - t, 0.0)
+            self.seconds[request_key(msg)] = (time.monotonic() - t, 0.0)
             return reply
 
     def output_limit(self, part: str) -> int:
@@ -657,7 +644,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
             def cand_ask(msg, fds=()):
                 """Within run_limit of the reference's seconds for the same request (it asks first),
                 and within the window's deadline."""
-                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
+                limit_s, note = run_limit(cfg, session.seconds.get(request_key(msg)), cfg.time_timeout_s)
                 left = deadline - time.monotonic()
                 if left < limit_s:
                     limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
@@ -684,22 +671,12 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
     return ref_blocks, cand_blocks
 
 
-def _request_key(msg: dict) -> tuple | str:
-    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
-    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
-    if msg["cmd"] == "time_outputs":
-        return "check"
-    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
-
-
 def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadline: float, buffers: int,
                    host_outputs: bool = False) -> tuple:
-    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
-    window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
-    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
-    whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
-    reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
-    call x calls x blocks), then as many as fit it (at least one)."""
+    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one window
+    in the order R C C R R C C R ... (linear drift cancels) on the same inputs, loop and flushes. `*_ask(msg,
+    fds)`: a request to that side; `pids()`: each side's supervisor, whose tree's CPU time is the parent's clock
+    on CPU. Calls per block: enough for block_ms of the reference, then block_calls within the time budget."""
     device, cfg = ctx.device, ctx.cfg
     warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
                                  else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
@@ -707,14 +684,12 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
         ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
              "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes, "host_outputs": host_outputs,
              "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
-    # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
-    # clock (a worker's own clock is the candidate's to patch)
+    # GPU clocks ramp up: both sides in turn until `warmup_ms` on this process's clock (not a worker's)
     warm_start = time.monotonic()
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
         ref_ask({"cmd": "warm", "calls": max(1, warmup)})
         cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # calls per block, doubled until one reference request lasts block_ms (its jitter is then small per
-    # call); sized on the reference alone: a candidate must not choose its own resolution
+    # calls per block, doubled until one reference request lasts block_ms; a candidate never chooses them
     block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
     budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
     while True:
@@ -794,11 +769,9 @@ def _confined(ctx: Context) -> bool:
 
 def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, compiling: bool,
                  writes_host_pch: bool = False) -> dict | None:
-    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox;
-    sandbox.candidate_confinement). Its own build directories are writable while it compiles, read-only when it
-    runs (no candidate writes where another's build or record is read; without kernel_build.py writable then
-    too: plain load_inline takes a lock file in them to load); also bound: the shared host header and, to compile
-    workers, the name probes' answers (read-only)."""
+    """A candidate's compile or run worker's boundary (kernel_boundary.candidate_confinement; None: unconfined).
+    Its build directories are writable only while it compiles (without kernel_build.py always: load_inline locks
+    in them); also bound: the shared host header and, to compile workers, the name probes' answers."""
     cfg, device = ctx.cfg, ctx.device
     if not _confined(ctx):
         return None

@@ -183,6 +183,14 @@ def run_limit(cfg, ref: tuple | None, ceiling_s: float) -> tuple:
     return derived, how
 
 
+def request_key(msg: dict) -> tuple | str:
+    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
+    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
+    if msg["cmd"] == "time_outputs":
+        return "check"
+    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
+
+
 def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
     """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
     one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
