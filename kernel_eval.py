@@ -69,8 +69,7 @@ class EvalConfig:
     cpu_warmup_ms: float = 0.0
     cpu_trials: int = 5
     timing_input_sets: int = 2
-    # copies of the input buffers the timed calls rotate through (where a tensor lands moves a kernel's
-    # time), at most timing_buffer_bytes of them; 1: one set of buffers, as KernelBench times
+    # copies of the input buffers timed calls rotate through (where a tensor lands moves its time); 1: KernelBench's
     timing_buffers: int = 4
     timing_buffer_bytes: int = 2 << 30
     rotation_max_bytes: int = 256 << 20  # input sets this large: one set, one buffer (far larger than L2)
@@ -128,8 +127,8 @@ class EvalConfig:
 
 @dataclass
 class Context:
-    """What every phase of a batch reads: the device ("cpu", "cuda" or "cuda:N"), its CUDA arch ("" on cpu),
-    the config, and the zygotes workers fork from (None: each worker starts an interpreter of its own)."""
+    """What every phase of a batch reads: the device ("cpu", "cuda", "cuda:N"), its arch ("" on cpu), the config,
+    and the zygotes workers fork from (None: none)."""
     device: str
     arch: str
     cfg: EvalConfig
@@ -153,7 +152,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     boundary = kernel_boundary.boundary_for(config.sandbox, gpu=device != "cpu")  # or BoundaryUnavailable
     batch_start = time.monotonic()
-    arch = _device_arch(device, config)
+    arch = sandbox.device_arch(device, config.cuda_arch)
     results: list = [None] * len(pairs)
     todo = []
     for i, (ref_src, cand_src) in enumerate(pairs):
@@ -362,8 +361,7 @@ def _compile_key(candidate_src: str, ctx: Context) -> str:
 
 
 def _torch_version() -> str:
-    """torch's version from its installed metadata: the harness's own process need not import torch (its
-    workers do) for it, which was one `import torch` of a one-verdict CLI on the CPU (docs/PERFORMANCE.md)."""
+    """torch's version from its installed metadata: the harness's process need not import torch (its workers do)."""
     import importlib.metadata
     return importlib.metadata.version("torch")
 
@@ -408,8 +406,7 @@ class ReferenceSession:
         self.footprint = Footprint.read(self.footprint_path)
 
     def _call(self, phase: str, timeout_s: float, msg: dict, fds: tuple = (), deadline: float | None = None) -> tuple:
-        """A request to the worker. Its failure (load, init, inputs, outputs, timed calls) is the task's
-        (reference_error: no candidate is judged, nor paid, for it), and stops the worker."""
+        """A request to the worker; its failure is the task's (reference_error), and stops the worker."""
         try:
             return sandbox.ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
         except Failure as f:
@@ -434,8 +431,7 @@ class ReferenceSession:
             seal(self.files["init"])
 
     def plan(self) -> dict:
-        """plan_copies for this task; the first time the task is seen, its reference runs once
-        alone on the device to measure it (the probe), and the footprint is cached on disk."""
+        """plan_copies for this task; a task seen for the first time is measured alone (the probe, cached)."""
         with self.lock:
             self._boot()
             if self.failure:
@@ -489,8 +485,7 @@ class ReferenceSession:
         self.out_bytes, self.generated = reply["out_bytes"], True
 
     def close(self) -> None:
-        """Stop the worker: the batch is done, or (evict) to free its memory while no job of this task
-        is admitted; the next job starts it again and regenerates on the same seeds."""
+        """Stop the worker (the batch is done, or evict: its memory is wanted; a next job restarts it)."""
         with self.lock:
             self._stop()
 
@@ -504,8 +499,7 @@ class ReferenceSession:
                 self._stop()
 
     def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
-        """One timing request (time_prepare, warm, time) to the reference worker; a failure fails
-        every candidate of the task. Hold the device lock (exclusive)."""
+        """One timing request to the reference worker (hold the device lock, exclusive)."""
         with self.lock:
             self._ready()  # a judge may have stopped the worker since: back on the same seeds
             t = time.monotonic()
@@ -518,8 +512,7 @@ class ReferenceSession:
         return 2 * sum(sum(sizes) for sizes in self.out_bytes[part]) + (16 << 20)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
-        """The first difference between the candidate's output file and the reference outputs, or
-        None. An unreadable file, or one that kills this worker, is the candidate's runtime_error."""
+        """The first difference between the candidate's outputs and the reference's, or None."""
         cfg = self.cfg
         with self.lock:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
@@ -563,8 +556,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
     """Load the candidate and check it (the device shared), then, if cfg.time_candidate, time it (the device alone)."""
     cfg = ctx.cfg
     t0 = time.monotonic()
-    # booted (usually long ago: with the compile)
-    boot, _ = sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {})
+    boot, _ = sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually with the compile)
     if isinstance(boot.get("boot_cpu_s"), (int, float)):
         result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
     sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
@@ -598,8 +590,7 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
 
 def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
            result: EvalResult) -> tuple:
-    """The candidate's check run on the sealed inputs, judged by the reference session: (per trial, the
-    inputs it changed; the first output difference, or None)."""
+    """The check on the sealed inputs, judged by the session: (inputs changed per trial, first difference or None)."""
     check_limit = session.output_limit("check")
     limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
     out_fd = memfd("kernel_eval-candidate-outputs")
@@ -642,8 +633,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
             time_fd = session.ready(("time",))["time"]
 
             def cand_ask(msg, fds=()):
-                """Within run_limit of the reference's seconds for the same request (it asks first),
-                and within the window's deadline."""
+                """Within run_limit of the reference's same request (asked first) and the window's deadline."""
                 limit_s, note = run_limit(cfg, session.seconds.get(request_key(msg)), cfg.time_timeout_s)
                 left = deadline - time.monotonic()
                 if left < limit_s:
@@ -726,8 +716,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
 def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling: bool,
                   fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None,
                   confine: dict | None = None) -> sandbox.Worker:
-    """`python kernel_worker.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox,
-    behind the boundary `confine` (_confinement); as_bytes (cpu only) None: cpu_memory_limit_gb."""
+    """`python kernel_worker.py --_worker MODE --job JOB` (or a zygote's fork), behind `confine`; as_bytes None:
+    cpu_memory_limit_gb (cpu only)."""
     cfg, cpu = ctx.cfg, ctx.device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0
     env = sandbox.worker_environment(ctx.device, ctx.arch, cfg.cache_root, cfg.build_jobs, compiling)
@@ -742,9 +732,8 @@ def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling
 
 
 def _spawn(mode: str, src: str, ctx: Context, scratch: str, plan: dict | None = None) -> sandbox.Worker:
-    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote. Limits follow the
-    task: a candidate's files may hold twice its task's outputs beyond max_message_bytes, its address space
-    (cpu) twice its plan's bytes beyond cpu_memory_limit_gb; the reference (trusted) is not limited."""
+    """A reference or candidate worker. A candidate's files may hold twice its task's outputs beyond max_message_bytes,
+    its address space (cpu) twice its plan's bytes beyond cpu_memory_limit_gb; the reference is not limited."""
     import resource
     cfg = ctx.cfg
     path = os.path.join(scratch, mode, f"{mode}.py")
@@ -769,9 +758,8 @@ def _confined(ctx: Context) -> bool:
 
 def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, compiling: bool,
                  writes_host_pch: bool = False) -> dict | None:
-    """A candidate's compile or run worker's boundary (kernel_boundary.candidate_confinement; None: unconfined).
-    Its build directories are writable only while it compiles (without kernel_build.py always: load_inline locks
-    in them); also bound: the shared host header and, to compile workers, the name probes' answers."""
+    """A candidate worker's boundary (kernel_boundary.candidate_confinement; None: unconfined); its build directories
+    are writable only while it compiles (or without kernel_build.py), the host header and probes' answers bound."""
     cfg, device = ctx.cfg, ctx.device
     if not _confined(ctx):
         return None
@@ -794,17 +782,6 @@ def _job(src_path: str, ctx: Context) -> dict:
     device, arch, cfg = ctx.device, ctx.arch, ctx.cfg
     return {"source": src_path, "device": "cpu" if device == "cpu" else "cuda", "cache_root": cfg.cache_root,
             "arch": arch, "build": _build_options(cfg), "threads": cfg.cpu_threads if device == "cpu" else None}
-
-
-def _device_arch(device: str, cfg: EvalConfig) -> str:
-    if device == "cpu":
-        return ""
-    if cfg.cuda_arch:
-        return cfg.cuda_arch
-    import torch
-    idx = torch.device(device).index or 0
-    major, minor = torch.cuda.get_device_capability(idx)
-    return f"{major}.{minor}"
 
 
 # ----------------------------------------------------------------------------- command line

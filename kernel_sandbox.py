@@ -1,22 +1,19 @@
 """kernel_sandbox: where kernel_eval runs code it does not trust, and how it talks to it.
 
-Standard library, kernel_boundary and kernel_verdict (both below it; torch, lazily, to name a cuda:N
-device's id). It starts processes, limits and confines them, moves bytes to and from them (ask: a
-request, whose failure is a kernel_verdict.Failure), and kills them.
+Standard library, kernel_boundary and kernel_verdict (below it; torch, lazily, for a cuda:N device's id
+and arch). It starts processes, limits and confines them, moves bytes to and from them (ask: a request,
+whose failure is a kernel_verdict.Failure), and kills them.
 
-- A worker is `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S ARGS...` (ENTRY: the
-  caller's script, kernel_worker.py, whose __main__ hands `--_supervise` and `--_zygote` back here) under
-  a supervisor (a child subreaper, its spec read from a pipe: argv is public) in its own session. The
-  supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no core files, nice, CPU affinity), keeps a bounded
-  tail of stdout/stderr (a flood is killed), and on exit, SIGTERM or the harness's death kills the
-  worker's process group and every orphan reparented to it. A confined worker (a candidate's,
-  kernel_boundary.candidate_confinement) runs behind its namespaces and uid, entered before its code.
+- A worker is `python ENTRY --_worker MODE ...` (ENTRY: kernel_worker.py, whose __main__ hands
+  `--_supervise` and `--_zygote` back here) under a supervisor (a child subreaper, its spec read from a
+  pipe: argv is public) in its own session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no
+  core files, nice, CPU affinity), keeps a bounded tail of stdout/stderr (a flood is killed), and on
+  exit, SIGTERM or the harness's death kills the worker's process group and every orphan reparented to
+  it. A confined worker (a candidate's) runs behind kernel_boundary's namespaces and uid.
 - Every process of a worker carries its tag (TAG_ENV) in its initial environment, which the parent sweeps
-  /proc for (kill_by_tag, stop_everything). The environment is kernel_boundary's allowlist (worker_env)
-  plus worker_environment, never the trainer's API keys; MALLOC_PERTURB_ poisons fresh heap memory.
-- Zygotes: a process that ran `preload` (import torch) once forks supervisors and their workers, each
-  with its own tag: the same isolation without an interpreter start per worker (one out of service:
-  Worker spawns instead).
+  /proc for (kill_by_tag, stop_everything). The environment: kernel_boundary's allowlist (worker_env)
+  plus worker_environment; MALLOC_PERTURB_ poisons fresh heap memory.
+- Zygotes: a process that imported torch once forks supervisors and their workers, each with its own tag.
 - Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's side
   (serve: the worker's side); file descriptors (kernel_memory's memory files) over a Unix socket.
 - device_lock (checks share a device, a timed run has it alone), scratch_dir, atomic_write, source_hash.
@@ -62,6 +59,18 @@ def worker_environment(device: str, arch: str, cache_root: str, build_jobs: int,
     if arch:
         env["TORCH_CUDA_ARCH_LIST"] = arch
     return env
+
+
+def device_arch(device: str, cuda_arch: str | None) -> str:
+    """The CUDA arch builds target ("" on cpu): `cuda_arch`, else the device's own, e.g. "9.0"."""
+    if device == "cpu":
+        return ""
+    if cuda_arch:
+        return cuda_arch
+    import torch
+    idx = torch.device(device).index or 0
+    major, minor = torch.cuda.get_device_capability(idx)
+    return f"{major}.{minor}"
 
 
 def visible_device(device: str) -> str:
@@ -300,11 +309,9 @@ def kill_by_tag(tag: str) -> int:
         except OSError:
             continue
         if needle in env.split(b"\0"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGKILL)
                 killed += 1
-            except ProcessLookupError:
-                pass
     return killed
 
 
@@ -495,19 +502,15 @@ def supervise(spec: dict, worker_main=None) -> int:
             code = worker.wait(timeout=0.05)
         except subprocess.TimeoutExpired:
             continue
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(worker.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     quiet = 0
     while quiet < 3:  # orphans that called setsid are reparented to us: kill until none are left
         kids = children_of(os.getpid())
         for pid in kids:
             for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
         reap_children()
         quiet = quiet + 1 if not kids else 0
         time.sleep(0.02)
@@ -660,10 +663,8 @@ class Worker:
     def death_reason(self, phase: str, summarize=lambda tail: tail[-600:]) -> str:
         """How the worker ended, and `summarize` of its output's tail."""
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         code, flooded = self.exit_record()
         if flooded:
             how = f"wrote more than {self.output_bytes >> 20} MiB to stdout/stderr and was killed"

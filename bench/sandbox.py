@@ -59,7 +59,7 @@ def main() -> None:
     reference = open(os.path.join(ROOT, "tests", "adversarial", "reference.py")).read()
     candidate = open(os.path.join(ROOT, "tests", "adversarial", language, "benign.py")).read()
     cfgs = {m: kernel_eval.EvalConfig(cache_root=cache_root, sandbox=m) for m in MODES}
-    arch = kernel_eval._device_arch(a.device, cfgs["off"])
+    arch = kernel_sandbox.device_arch(a.device, cfgs["off"].cuda_arch)
 
     starts = {m: [] for m in MODES}
     zygotes = kernel_sandbox.Zygotes()
