@@ -478,7 +478,7 @@ class ModelNew(nn.Module):
 
 
 ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_gate.py", "kernel_memory.py", "kernel_sandbox.py",
-               "kernel_verdict.py", "kernel_worker.py")
+               "kernel_types.py", "kernel_verdict.py", "kernel_worker.py")
 
 
 @pytest.mark.slow

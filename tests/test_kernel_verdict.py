@@ -221,10 +221,10 @@ def test_trim_error_without_error_lines_keeps_the_tail():
 
 
 def test_imports_alone_with_the_gate_and_no_process_machinery(tmp_path):
-    """Copied with kernel_gate.py (its one project import: the op list) into an empty folder, the
-    verdict module imports with the standard library only: no torch until outputs are compared, no
-    processes, no other module of the harness."""
-    for name in ("kernel_verdict.py", "kernel_gate.py"):
+    """Copied with kernel_gate.py (its one project import: the op list) and the gate's kernel_types.py
+    into an empty folder, the verdict module imports with the standard library only: no torch until
+    outputs are compared, no processes, no other module of the harness."""
+    for name in ("kernel_verdict.py", "kernel_gate.py", "kernel_types.py"):
         shutil.copy(os.path.join(ROOT, name), tmp_path)
     code = ("import sys, kernel_verdict as v; "
             "assert not {'torch', 'subprocess', 'multiprocessing', 'kernel_sandbox', 'kernel_eval'} & set(sys.modules); "
