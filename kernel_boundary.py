@@ -1,34 +1,26 @@
 """kernel_boundary: what a candidate's processes run behind, and what a candidate can still do.
 
-Standard library only. kernel_sandbox starts every worker of kernel_eval; a candidate's workers (its
-compile and its run, never the trusted reference's) start behind this boundary, from a plan the
-trusted parent computes (`confinement`) and the worker's supervisor enters (`enter_boundary`) before
-any of the candidate's code runs. A confined worker is:
-- pid 1 of a new PID namespace (its supervisor unshares it, then forks it): it sees and signals no
-  other process, the harness's and the reference's included; /proc is its namespace's;
-- in new network (no interface up), IPC and UTS namespaces;
-- in a new mount namespace: the home and temp directories, the build cache and what the caller names
-  are empty tmpfs (TMPFS_BYTES each), with back in them only what it needs (Python, the entry's
-  directory, the caller's binds: its source, its own build directory); every other file system is
-  read-only;
-- uid/gid 65534 (when the harness is root), with no capabilities and no_new_privs.
-Every worker, confined or not (the reference's too), and the probe below get an allowlisted
-environment (worker_env): what compilers, torch and CUDA need, never the trainer's API keys.
-The GPU rules out a user namespace (CUDA does not work in one), so the unprivileged uid comes from
-dropping root's. `boundary_for(mode)` says which boundary a batch gets (SANDBOX_MODES), from a probe
-that starts one confined child and checks what it sees (boundary_problem).
+Standard library only. kernel_sandbox starts every worker of kernel_eval; a candidate's (its compile and
+its run, never the trusted reference's) start behind this boundary, from a plan the trusted parent
+computes (confinement, candidate_confinement) and the worker's supervisor enters (enter_boundary) before
+any of the candidate's code runs. A confined worker is pid 1 of a new PID namespace (it sees and signals
+no other process; /proc is its namespace's); in new network (no interface up), IPC and UTS namespaces;
+in a new mount namespace where the home and temp directories, the build cache and what the caller names
+are empty tmpfs (TMPFS_BYTES each) with back in them only what it needs (Python, the entry's directory,
+its source, its own build directory), every other file system read-only; uid/gid 65534 (when the
+harness is root: CUDA rules out a user namespace), with no capabilities and no_new_privs. Every worker,
+and the probe, get an allowlisted environment (worker_env), never the trainer's API keys.
+`boundary_for(mode)` says which boundary a batch gets (SANDBOX_MODES), from a probe (boundary_problem).
 
-What a candidate can still do behind the boundary: skip the work of timed calls whose outputs are
-not compared (only each timing set's last is), compute at lower precision within the tolerance,
-under-report its clock by less than the cross-check allows, leave GPU work running into the
-reference's blocks (paid up to ref_slowdown_max), read what is world-readable outside the hidden
-directories (the system, Python, this repository), fill its tmpfs (memory). Without the boundary
-(sandbox "off", or "auto" where namespaces are refused: a harness that is not root, a container
-without CAP_SYS_ADMIN; a warning says so once, and EvalResult.boundary reads "process") it runs with
-the harness's uid and can also read or ptrace other processes of that uid (the reference's
-included), open the timing inputs early through /proc, write files outside its scratch dir (the
-build cache, poisoning later candidates), use the network, read the harness's home directory, and
-hand work to a process outside its tree on CPU.
+What a candidate can still do behind it: skip the work of timed calls whose outputs are not compared
+(only each timing set's last is), compute at lower precision within the tolerance, under-report its
+clock by less than the cross-check allows, leave GPU work running into the reference's blocks (paid up
+to ref_slowdown_max), read what is world-readable outside the hidden directories, fill its tmpfs.
+Without it (sandbox "off", or "auto" where namespaces are refused: a warning, and EvalResult.boundary
+"process") it runs with the harness's uid and can also read or ptrace other processes of that uid (the
+reference's included), open the timing inputs early through /proc, write outside its scratch dir (the
+build cache, poisoning later candidates), use the network, read the harness's home directory, and hand
+work to a process outside its tree on CPU.
 """
 from __future__ import annotations
 
@@ -376,3 +368,18 @@ def boundary_for(mode: str, gpu: bool = False) -> str:
                           RuntimeWarning, stacklevel=3)
     return "process"
 
+
+def candidate_confinement(cache_root: str, scratch_root: str | None, src_path: str, workdir: str, own: str,
+                          writable: bool, binds: list) -> dict:
+    """A candidate worker's boundary (confinement): the build cache and the scratch root hidden;
+    back in them its source (read-only), its own build and op_headers directories under `own`, seen at
+    cache_root/build and cache_root/op_headers (`writable` or read-only), then `binds`."""
+    own_binds = [(src_path, src_path, False)]
+    for part in ("build", "op_headers"):
+        path = os.path.join(own, part)
+        os.makedirs(path, exist_ok=True)
+        if os.geteuid() == 0 and writable:
+            os.chown(path, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
+        own_binds.append((path, os.path.join(cache_root, part), writable))
+    hide = [cache_root, scratch_root or tempfile.gettempdir()]
+    return confinement(workdir, binds=own_binds + list(binds), hide=hide)

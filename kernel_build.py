@@ -1,36 +1,26 @@
 """kernel_build: how a candidate's `load_inline` extension is built, for kernel_eval.
 
-Optional: kernel_eval.py with kernel_worker.py, kernel_verdict.py, kernel_gate.py, kernel_memory.py,
-kernel_sandbox.py and kernel_boundary.py judges candidates without this file (plain `load_inline`,
-in a build directory per candidate). With it, every compile and run worker calls `patch_load_inline`
-before the candidate's code runs, and `torch.utils.cpp_extension.load_inline` (and `load`) then build:
+Optional: the harness's other kernel_*.py files judge candidates without it (plain `load_inline`, in a
+build directory per candidate). With it, every compile and run worker calls `patch_load_inline` before
+the candidate's code runs, and `torch.utils.cpp_extension.load_inline` (and `load`) then build:
 
 Fairness (what a verdict depends on)
-- in cache_root/build/<sha256 of the call's sources, flags, torch, python, arch>: two candidates
-  that both name their extension `ext` never load each other's library, and a kernel seen before
-  is never rebuilt (the run worker imports what the compile worker built, skipping ninja);
+- in cache_root/build/<sha256 of the call's sources, flags, torch, python, arch>: two candidates that
+  both name their extension `ext` never load each other's library, and a kernel seen before is never
+  rebuilt (the run worker imports what the compile worker built);
 - with `-O3` where the call names no -O flag (load_inline alone builds C++ at -O0).
 
 Speed (BuildConfig; a build's result is the same either way)
-- CUDA units try the header tiers first (HEADER_TIERS): "slim" is ATen's tensor class, the
-  dispatch macros, the CUDA stream headers and lean copies of the headers of the ops the source
-  names, instead of torch/extension.h (all of torch's C++ API: parsing it is most of a build);
-  "light" is all of ATen. A source that does not build on a tier falls back to the next, then to
-  the source as written, so a tier costs a failed attempt, never a verdict. The one exception to
-  that fallback is a failure the full headers cannot rescue: every error an undefined identifier
-  that the headers as written do not declare where the source looks it up, as a probe of the
-  harness's own answers (name probes, below); the build as written would fail on the same names.
-  Names no probe has answered yet are probed first (with the source's other identifiers, so that a
-  later source failing on those is answered at once), and the source built as written only if the
-  probe says the headers declare one of its names.
-- a build ends at its first failed unit (run_ninja_until_failure): ninja would let the host unit
-  (all of torch/extension.h as written) finish after the .cu unit failed. A build as written after a
-  tier failed in its .cu unit alone (on no name declared) also compiles its host unit only once the
-  .cu unit has built, which then fails without sharing the cores with that parse.
-- the slim tier's host units read their headers from a precompiled header built once per cache
-  (host_pch); C++-only builds may use torch's own precompiled header (use_pch).
-- compiler diagnostics point at the candidate's .py lines (point_at_source).
-Figures: docs/PERFORMANCE.md, "A candidate's latency (p50) on the H200".
+- CUDA units try the header tiers first (HEADER_TIERS): "slim" (ATen's tensor class, dispatch macros,
+  stream headers, lean copies of the headers of the ops the source names) and "light" (all of ATen)
+  instead of torch/extension.h. A source that fails on a tier falls back to the next, then to the
+  source as written: a tier costs a failed attempt, never a verdict. The exception is a failure the full
+  headers cannot rescue: every error an undefined identifier the headers as written do not declare, as
+  the harness's name probes answer (probed first, with the source's other identifiers).
+- a build ends at its first failed unit (run_ninja_until_failure); after a tier failed in its .cu unit
+  alone, a build as written compiles its host unit only once the .cu unit has built.
+- the slim tier's host units read a precompiled header built once per cache (host_pch); C++-only
+  builds may use torch's own (use_pch). Compiler diagnostics point at the candidate's .py lines.
 """
 from __future__ import annotations
 

@@ -1,59 +1,24 @@
 """kernel_eval: the reward's verdict. Compile a candidate kernel, run it isolated, check it, time it.
 
-Everything the policy learns is what this file believes (Kevin-32B, KernelBench; Sakana's AI CUDA
-Engineer and METR's o3 report show what a policy does with a harness that can be fooled). For a
-candidate C against a reference R:
-
-    correct = for every trial t (fresh inputs x_t from a secret seed): shape and dtype equal, no
-              NaN/Inf where R has none, |C(x_t) - R(x_t)| <= atol + rtol |R(x_t)|, inputs unchanged,
-              and no torch compute operator in C's forward
-    speedup = median_time(R) / median_time(C), timed in turn in one window, if correct and the
-              parent's own clock confirms the claimed times (paired_verdict), else 0
+For a candidate C against a reference R (Kevin-32B, KernelBench):
+    correct = on every trial (fresh inputs x_t from seeds only the parent knows): shapes and dtypes equal,
+              no NaN/Inf where R has none, |C(x_t) - R(x_t)| <= atol + rtol |R(x_t)|, inputs unchanged,
+              no torch compute operator in C's forward
+    speedup = median_time(R) / median_time(C), timed in turn in one window, if correct and the parent's
+              own clock confirms the claimed times (kernel_verdict.paired_verdict), else 0
 
     python kernel_eval.py REF.py CANDIDATE.py --device cpu --json
     evaluate(ref_src, cand_src, device="cuda")  /  evaluate_batch([(ref, cand), ...], device="cpu")
 
-This file runs the judging; what decides (statuses, EvalResult, the comparison, the op check, run
-limits, the paired-timing verdict) is kernel_verdict.py. What runs inside each worker (the trusted
-reference's loop, the untrusted candidate's) is kernel_worker.py; how workers are started and talked
-to, kernel_sandbox.py; what a candidate's workers run behind, kernel_boundary.py; how a batch fits in
-memory and how tensors travel between processes, kernel_memory.py; how extensions are built,
-kernel_build.py (optional).
-
-How one evaluation runs (evaluate_batch -> _judge_all -> _evaluate_one -> _run)
-1. precheck (optional, e.g. kernel_gate.check_format): a reason -> format_error, nothing compiled.
-2. compile (_compile, cached per candidate): a fresh worker imports the candidate, whose load_inline
-   builds its extension (with kernel_build.py: a directory per hash of its sources, -O3, lighter
-   headers; without it: plain load_inline in a directory of its own). A diagnostic -> compile_error.
-3. reference (ReferenceSession): one trusted worker per distinct task in a batch runs only the task's
-   code. It writes the model's init inputs, and the inputs it draws from seeds only the parent knows,
-   to memory files the parent seals read-only; it keeps the reference outputs: they never reach a
-   candidate. The task's first run, alone, measures what its copies take (kernel_memory.py).
-4. check: the candidate's own worker (booted while it compiled) runs every trial on the sealed inputs
-   (cloned per call, checked unchanged after; outputs poisoned where unwritten: NaN blocks on GPU,
-   MALLOC_PERTURB_ on CPU) under an aten operator recorder, and writes each call's outputs to a memory
-   file of its own, which the parent seals and hands to the reference worker (compare_outputs). A
-   compute operator (flag_ops) -> incorrect. An output that is not exactly a torch.Tensor, or a torch
-   mode left active (OutputCheck), here or in a timed call -> runtime_error.
-5. time (_paired_timing, the device held alone): the timing sets reach the candidate only now; both
-   sides warm up, then run in blocks R C C R R C C R on the same input sets, rotated through copies of
-   the input buffers, in the same loop (TimingLoop: L2 flush and CUDA events on GPU, the worker's CPU
-   time on CPU); each set's last output is compared again. paired_verdict pays the speedup only where
-   the parent's own clock of every block confirms the candidate's claimed times.
-6. isolation: each worker runs in its own session under a subreaper supervisor, with an allowlisted
-   environment and limits, and a candidate's (never the reference's) behind kernel_boundary's
-   namespaces and uid 65534 (`sandbox`: EvalResult.boundary), the build cache hidden but for its own
-   build directory (_confinement). A candidate's request may take a multiple of the reference's
-   compute for the same request (timed warm), a smaller one of its seconds moving the data, plus a
-   slack, under a fixed ceiling (run_limit).
-
-Statuses (kernel_verdict.STATUSES): format_error, compile_error, timeout (which phase), runtime_error (exception,
-crash, malformed data, a resource limit), incorrect, correct, reference_error (the task's own
-reference failed: no verdict on the candidate; a trainer drops the task's samples, eval.py reports
-the task), harness_error (the task's copies do not fit even with the device to itself: no verdict;
-left out of training, counted by eval.py). A timing the cross-check refuses keeps correct, pays 0.
-
-What a candidate can still do, behind the boundary and without it: kernel_boundary.py's docstring.
+The file reads in the order a candidate runs: evaluate_batch (precheck -> format_error), the compile (a
+worker imports the candidate, whose load_inline builds it; cached per source), the reference session (one
+trusted worker per task writes sealed inputs, keeps its outputs), the check (the candidate's worker runs
+every trial, its outputs are compared by the reference's worker), the timing (blocks R C C R ... with the
+device alone), the verdict. What decides is kernel_verdict.py (statuses, EvalResult, comparison, op check,
+run limits); what runs inside a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py
+behind kernel_boundary.py; memory and tensor files, kernel_memory.py; builds, kernel_build.py (optional).
+Statuses: format_error, compile_error, timeout, runtime_error, incorrect, correct, reference_error (the
+task's own reference failed: no verdict), harness_error (the task does not fit even alone: no verdict).
 """
 from __future__ import annotations
 
@@ -61,14 +26,11 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import re
 import secrets
 import shutil
-import statistics
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -77,20 +39,19 @@ from dataclasses import dataclass, field
 import kernel_boundary
 import kernel_sandbox as sandbox
 from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
-                           plan_copies, seal)
-from kernel_verdict import EvalResult, cut, flag_ops, paired_verdict, run_limit, trim_error
+                           plan_copies, seal, seal_output)
+from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops, request_key,
+                            run_limit, timing_verdict)
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
-except ModuleNotFoundError as e:  # judged with plain load_inline (the module docstring, step 2)
+except ModuleNotFoundError as e:  # judged with plain load_inline (the compile)
     if e.name != "kernel_build":
         raise
     kernel_build = None
 
 # what the sandbox runs for every process it starts (`python ENTRY --_worker ...`)
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_worker.py")
-
-MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
 
 @dataclass
 class EvalConfig:
@@ -108,15 +69,13 @@ class EvalConfig:
     cpu_warmup_ms: float = 0.0
     cpu_trials: int = 5
     timing_input_sets: int = 2
-    # copies of the input buffers the timed calls rotate through (where a tensor lands moves a kernel's
-    # time), at most timing_buffer_bytes of them; 1: one set of buffers, as KernelBench times
+    # copies of the input buffers timed calls rotate through (where a tensor lands moves its time); 1: KernelBench's
     timing_buffers: int = 4
     timing_buffer_bytes: int = 2 << 30
     rotation_max_bytes: int = 256 << 20  # input sets this large: one set, one buffer (far larger than L2)
     # paired timing: blocks per side and their length (_paired_timing), the cross-check's terms (paired_verdict)
     timing_blocks: int = 4
-    # the timed calls of a side, in ms of the reference's wall per call (calls, refills, flushes): a task whose
-    # call takes longer gets fewer than *_trials calls (at least one a block), not minutes (block_calls)
+    # a side's timed calls, in ms of the reference's wall: a slow task gets fewer than *_trials calls (block_calls)
     gpu_time_budget_ms: float = 1000.0
     cpu_time_budget_ms: float = 10000.0
     gpu_block_ms: float = 20.0
@@ -132,17 +91,14 @@ class EvalConfig:
     load_timeout_s: float = 120.0  # boot + import (+ a lazy build not seen by the compile phase)
     check_timeout_s: float = 120.0  # the ceiling of a candidate's check request (run_limit)
     time_timeout_s: float = 300.0  # the ceiling of a candidate's timing window, and of each of its requests
-    # a candidate's run requests get multiple x the reference's seconds of compute for the same request, io
-    # multiple x its seconds moving the data (a check: the inputs in, the outputs out), + slack, under the
-    # ceilings above (run_limit). The multiple is generous: a correct kernel is paid 0.3 however slow, so a naive
-    # one 10-20x slower than cuBLAS must stay correct; a slower kernel moves no more data, and on a large
-    # task the data is most of a check. The reference is timed warm (its first forward is a rehearsal), so the
-    # slack covers the candidate's first call: lazy kernel loads, cuDNN/cuBLAS setup, a busy machine.
+    # a candidate's request gets multiple x the reference's compute seconds for it, io multiple x its seconds moving
+    # data, + slack, under the ceilings above (run_limit). Generous: a correct kernel is paid however slow (a naive
+    # one 10-20x slower than cuBLAS); the slack covers a first call's lazy loads and setup (the reference is warm).
     run_timeout_multiple: float = 30.0
     run_timeout_io_multiple: float = 3.0
     run_timeout_slack_s: float = 5.0
-    # memory (kernel_memory): the share of the device's free memory (the host's available memory on cpu and for
-    # the input files) a batch's workers may hold, after context_bytes per CUDA worker; capacity None: measured
+    # the share of the device's free memory (the host's on cpu) a batch's workers may hold after context_bytes
+    # per CUDA worker (kernel_memory); memory_capacity_bytes None: measured
     memory_fraction: float = 0.85
     context_bytes: int = 1 << 30
     memory_capacity_bytes: int | None = None
@@ -160,14 +116,23 @@ class EvalConfig:
     # how fast a batch goes (no verdict depends on these)
     build: object = None  # kernel_build.BuildConfig (None: its defaults; unused without kernel_build.py)
     max_parallel_compiles: int | None = None  # None: default_parallel_compiles
-    # candidates whose worker may be alive at once (booting while its kernel compiles, or waiting for
-    # the device); None: two per parallel build on cuda, 1 on cpu (cores are shared)
+    # candidates whose worker may be alive at once; None: two per parallel build on cuda, 1 on cpu
     max_parallel_runs: int | None = None
     build_jobs: int = 2  # ninja jobs per build (MAX_JOBS); builds already run in parallel
     compile_nice: int = 10  # builds yield the CPU to the run phase
     compile_zygote: bool = True  # fork compile workers from a zygote that imported torch once
     run_zygote: bool = True  # and run workers (the candidates' and the references')
     sandbox: str = "auto"  # what candidates' workers run behind (kernel_boundary.boundary_for, SANDBOX_MODES)
+
+
+@dataclass
+class Context:
+    """What every phase of a batch reads: the device ("cpu", "cuda", "cuda:N"), its arch ("" on cpu), the config,
+    and the zygotes workers fork from (None: none)."""
+    device: str
+    arch: str
+    cfg: EvalConfig
+    zygotes: sandbox.Zygotes | None = None
 
 
 # ----------------------------------------------------------------------------- the verdict path
@@ -179,16 +144,15 @@ def evaluate(ref_src: str, candidate_src: str, *, device: str = "cuda", precheck
 
 def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress: bool = False,
                    zygotes: sandbox.Zygotes | None = None, **cfg) -> list:
-    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles (each candidate's worker boots
-    meanwhile), checks sharing the device, one timed run at a time; one reference session per task.
-    `zygotes`: the caller's, kept across batches (train.py keeps one for the run); None: the batch's own."""
+    """Verdicts for (reference_src, candidate_src) pairs: parallel compiles, checks sharing the device, one timed
+    run at a time; one reference session per task. `zygotes`: the caller's, kept across batches; None: its own."""
     config = cfg.pop("config", None) or EvalConfig(**cfg)
     sandbox.resume()  # an earlier batch of this process was interrupted; this one may start workers
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     boundary = kernel_boundary.boundary_for(config.sandbox, gpu=device != "cpu")  # or BoundaryUnavailable
     batch_start = time.monotonic()
-    arch = _device_arch(device, config)
+    arch = sandbox.device_arch(device, config.cuda_arch)
     results: list = [None] * len(pairs)
     todo = []
     for i, (ref_src, cand_src) in enumerate(pairs):
@@ -207,26 +171,26 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     zygotes.drop_out_of_service()  # a kept zygote that failed in an earlier batch: a fresh one in this
     n_runs = config.max_parallel_runs or (1 if device == "cpu" else 2 * n_compiles)
     run_pool = ThreadPoolExecutor(max_workers=max(1, n_runs))
+    ctx = Context(device, arch, config, zygotes)
     sessions: dict = {}
     # room for a CUDA context per run job's candidate (booted before admission; a session's is in its plan)
     budget = MemoryBudget(config, live_workers=n_runs)
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
-            sessions[ref_src] = ReferenceSession(ref_src, device, arch, config, users=0, zygotes=zygotes, budget=budget)
+            sessions[ref_src] = ReferenceSession(ref_src, ctx, users=0, budget=budget)
         sessions[ref_src].users += 1
     finished = False
     try:
         compiles: dict = {}
-        if device != "cpu" and _reads_host_pch(config) and _confined(config, device):  # candidates may only read it
+        if device != "cpu" and _reads_host_pch(config) and _confined(ctx):  # candidates may only read it
             compile_pool.submit(kernel_build.warm_host_pch, config.cache_root,  # first: the batch's builds use it
-                                lambda src: _compile(src, device, arch, config, zygotes, writes_host_pch=True))
+                                lambda src: _compile(src, ctx, writes_host_pch=True))
         for i in todo:  # identical candidates share one compile
             src = pairs[i][1]
             if src not in compiles:
-                compiles[src] = compile_pool.submit(_compile, src, device, arch, config, zygotes)
-        _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
-                   zygotes, budget)
+                compiles[src] = compile_pool.submit(_compile, src, ctx)
+        _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress, batch_start, budget)
         finished = True
     finally:
         if not finished:  # Ctrl-C or an error here: stop every process now, wait for no phase
@@ -243,22 +207,22 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     return results
 
 
-def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch, config, progress, batch_start,
-               zygotes, budget):
+def _judge_all(pairs, todo, results, compiles, sessions, run_pool, ctx, progress, batch_start, budget):
     """Run every candidate's job (spawn, wait for its compile, judge) on `run_pool`; fill `results`."""
+    device, config = ctx.device, ctx.cfg
 
     def judge(session, cand_src, compiling, alone: bool) -> EvalResult:
         """One attempt: the task's plan, the candidate's worker with limits from it, the verdict."""
-        scratch, cand, plan, failure = _scratch(config, "kevalrun-"), None, None, None
+        scratch, cand, plan, failure = sandbox.scratch_dir(config.scratch_root, "kevalrun-"), None, None, None
         try:
             if not (compiling.done() and compiling.result()["status"] in ("compile_error", "timeout")):
                 try:
                     plan = session.plan()  # a failed compile needs no reference
-                    cand = _spawn("cand", cand_src, device, arch, config, scratch, zygotes, plan=plan)
-                except _Failure as f:
+                    cand = _spawn("cand", cand_src, ctx, scratch, plan=plan)
+                except Failure as f:
                     failure = f
             record = compiling.result()
-            return _evaluate_one(session, cand, device, config, record, plan, failure,
+            return _evaluate_one(session, cand, ctx, record, plan, failure,
                                  lambda: budget.admit(session, plan, exclusive=alone))
         finally:
             if cand is not None:
@@ -273,8 +237,7 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
         try:
             res = judge(session, cand_src, compiling, alone=False)
             if res.status in ("runtime_error", "reference_error") and capacity_failure(res.message):
-                # out of memory beside other workers is the harness's doing: judge again alone; what fails
-                # then is the candidate's (or the task's), unless the harness's own copies do not fit
+                # out of memory beside other workers is the harness's doing: judged again alone
                 session.retry()
                 res = judge(session, cand_src, compiling, alone=True)
                 res.alone = True
@@ -297,8 +260,9 @@ def _judge_all(pairs, todo, results, compiles, sessions, run_pool, device, arch,
                 bar.update(1)
 
 
-def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, admission) -> EvalResult:
+def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) -> EvalResult:
     """The verdict of a compiled candidate: `failure` (its task's reference failed), or _run inside `admission()`."""
+    cfg = ctx.cfg
     result = EvalResult(status="runtime_error")
     result.seconds["compile"] = compile_record.get("seconds", 0.0)
     result.build_reused = bool(compile_record.get("cached"))
@@ -318,12 +282,12 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
         if failure:
             raise failure
         with admission():
-            _run(session, cand, device, cfg, result, plan)
+            _run(session, cand, ctx, result, plan)
         result.compiled = True
         result.status = "correct" if result.correct else "incorrect"
         if result.correct and not result.message:
             result.message = "correct (not timed)"
-    except _Failure as f:
+    except Failure as f:
         result.status, result.message, result.correct, result.speedup = f.status, f.message, False, 0.0
         if f.status == "timeout":
             result.timeout_seconds = f.waited_s
@@ -333,210 +297,97 @@ def _evaluate_one(session, cand, device, cfg, compile_record, plan, failure, adm
     return result
 
 
-def _run(session: ReferenceSession, cand: sandbox.Worker, device: str, cfg: EvalConfig, result: EvalResult,
-         plan: dict) -> None:
+# ----------------------------------------------------------------------------- the compile
+
+def _compile(candidate_src: str, ctx: Context, writes_host_pch: bool = False, probes: bool = True) -> dict:
+    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}. `writes_host_pch`: the
+    harness's own source (kernel_build.warm_host_pch). `probes`: a build that failed on undefined names may ask
+    once for their name probe (kernel_build.py), compiled while its worker waits."""
+    cfg = ctx.cfg
+    key = _compile_key(candidate_src, ctx)
+    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
+    cached = sandbox.read_json(record_path)
+    if cached and cached.get("status") in ("ok", "compile_error"):
+        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
     t0 = time.monotonic()
-    boot, _ = _ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually long ago: with the compile)
-    if isinstance(boot.get("boot_cpu_s"), (int, float)):
-        result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
-    _ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
-    result.seconds["load"] = time.monotonic() - t0
-    t_wait = time.monotonic()
-    with _device_lock(cfg, device, exclusive=False):  # correctness: checks share the device
-        result.seconds["device_wait"] = time.monotonic() - t_wait
-        t1 = time.monotonic()
-        inputs = session.ready()
-        result.seconds["reference"] = time.monotonic() - t1
-        t2 = time.monotonic()
-        try:
-            _ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
-                 fds=(inputs["init"],))
-            changed, reason = _check(session, cand, cfg, inputs["check"], result)
-        finally:
-            for fd in inputs.values():
-                os.close(fd)
-        result.seconds["check"] = time.monotonic() - t2
-        if reason:
-            raise _Failure("incorrect", reason)
-        for t, c in enumerate(changed):
-            if c:
-                raise _Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
-        result.correct = True
-    if not cfg.time_candidate:
-        return
-    t_wait = time.monotonic()
-    time_limit = session.output_limit("time")
-    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
+    scratch = sandbox.scratch_dir(cfg.scratch_root, "kevalbuild-")
+    src_path = os.path.join(scratch, "candidate.py")
+    with open(src_path, "w") as f:
+        f.write(candidate_src)
+    workdir = os.path.join(scratch, "w")
+    job = dict(_job(src_path, ctx), name_probes=probes)
+    worker = _start_worker("compile", job, workdir, ctx, compiling=True, fsize=cfg.max_build_file_bytes,
+                           nice=cfg.compile_nice, zygotes=ctx.zygotes if cfg.compile_zygote else None,
+                           confine=_confinement(ctx, src_path, workdir, candidate_src, compiling=True,
+                                                writes_host_pch=writes_host_pch))
     try:
-        with _device_lock(cfg, device, exclusive=True):  # timing: the device alone
-            result.seconds["device_wait"] += time.monotonic() - t_wait
-            t3 = time.monotonic()
-            deadline = time.monotonic() + cfg.time_timeout_s
-            time_fd = session.ready(("time",))["time"]
-
-            def cand_ask(msg, fds=()):
-                """Within run_limit of the reference's seconds for the same request (it asks first),
-                and within the window's deadline."""
-                limit_s, note = run_limit(cfg, session.seconds.get(_request_key(msg)), cfg.time_timeout_s)
-                left = deadline - time.monotonic()
-                if left < limit_s:
-                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
-                return _ask(cand, "candidate", "time", limit_s, msg, fds=fds,
-                            deadline=time.monotonic() + limit_s, limit_note=note)[0]
-
-            ref_blocks, cand_blocks = _paired_timing(
-                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
-                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, device, cfg,
-                deadline, plan["buffers"], plan["host_outputs"])
-            cand_ask({"cmd": "time_outputs"}, (out_fd,))
-            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
-        _seal_output(out_fd, time_limit)
-        with _device_lock(cfg, device, exclusive=False):
-            reason = session.judge(out_fd, "time", time_limit)
+        deadline = time.monotonic() + cfg.compile_timeout_s
+        msg, _ = worker.channel.recv(deadline)
+        probe_s = None
+        if msg.get("kind") == "name_probe" and probes:  # one probe a worker: a second request is "deferred"
+            started = time.monotonic()
+            if isinstance(msg.get("name_probe"), dict):
+                kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
+                                                lambda src: _compile(src, ctx, probes=False))
+            probe_s = time.monotonic() - started
+            deadline += probe_s  # the probe's compile is not the candidate's
+            worker.channel.send({"cmd": "probed"}, deadline=deadline)
+            msg, _ = worker.channel.recv(deadline)
+        # where a compile's time went (seconds: torch's import, its builds, the rest; "probe": the probe's wait)
+        profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
+        profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
+        if probe_s is not None:
+            profile["probe"] = probe_s
+        # builds: 0 nothing was compiled (e.g. an empty file), 2 a failed header tier, then as written
+        built = {"builds": int(msg.get("builds") or 0), "profile": profile}
+        record = compile_record(msg, built, cfg.message_chars)
+    except sandbox.ChannelTimeout:
+        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
+    except sandbox.ChannelError:
+        record = {"status": "deferred", "message": sandbox.death_reason(worker, "compile")}
     finally:
-        for fd in (out_fd, time_fd):
-            if fd is not None:
-                os.close(fd)
-    result.seconds["time"] = time.monotonic() - t3
-    if reason:
-        result.correct = False
-        raise _Failure("incorrect", f"a timed call gave a wrong result: {reason}")
-    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=device == "cpu")
-    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
-    result.wall_ms = sum(wall for _, wall in cand_blocks)
-    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
-                            for times, ms in side_blocks]
-                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
-    if verdict["problem"]:
-        result.timing_ok, result.speedup = False, 0.0
-        result.candidate_ms = verdict["parent_ms"]
-        result.message = verdict["problem"] + "; speedup not rewarded"
-    else:
-        result.candidate_ms = verdict["claimed_ms"]
-        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
-                          + (f" ({verdict['note']})" if verdict["note"] else ""))
+        worker.stop()
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if cacheable(record):
+        sandbox.atomic_write(record_path, json.dumps(record))
+    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
 
 
-def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
-           result: EvalResult) -> tuple:
-    """The candidate's check run on the sealed inputs, judged by the reference session: (per trial, the
-    inputs it changed; the first output difference, or None)."""
-    check_limit = session.output_limit("check")
-    limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
-    out_fd = memfd("kernel_eval-candidate-outputs")
-    try:
-        reply, _ = _ask(cand, "candidate", "check", limit_s,
-                        {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
-                         "host_inputs": session.host_outputs},
-                        fds=(check_fd, out_fd), limit_note=limit_note)
-        _seal_output(out_fd, check_limit)
-        ops, changed = reply.get("ops", []), reply.get("changed")
-        if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
-                or not all(isinstance(c, list) for c in changed)):
-            raise _Failure("runtime_error", "candidate sent a malformed reply on the result channel")
-        flagged = flag_ops(ops) if cfg.op_check else []
-        if flagged:
-            result.ops = flagged
-            raise _Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
-                           + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
-        result.trials = len(changed)
-        reason = session.judge(out_fd, "check", check_limit)
-    finally:
-        os.close(out_fd)
-    return changed, reason
+def _compile_key(candidate_src: str, ctx: Context) -> str:
+    """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
+    return sandbox.source_hash("compile", candidate_src, ctx.device == "cpu", ctx.arch, _torch_version(),
+                               _build_options(ctx.cfg), _confined(ctx))
 
 
-def _request_key(msg: dict) -> tuple | str:
-    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
-    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
-    if msg["cmd"] == "time_outputs":
-        return "check"
-    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
+def _torch_version() -> str:
+    """torch's version from its installed metadata: the harness's process need not import torch (its workers do)."""
+    import importlib.metadata
+    return importlib.metadata.version("torch")
 
 
-def _paired_timing(ref_ask, cand_ask, pids, time_file: int, device: str, cfg: EvalConfig,
-                   deadline: float, buffers: int, host_outputs: bool = False) -> tuple:
-    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one
-    window in the order R C C R R C C R ... (linear drift cancels) on the same input sets, loop and
-    flushes. `*_ask(msg, fds)`: one request to that side's worker; `pids()`: each side's supervisor,
-    whose process tree's CPU time is the parent's clock on CPU. Calls per block: enough for block_ms of the
-    reference, and ceil(trials / blocks) unless that passes the side's time budget (the reference's wall per
-    call x calls x blocks), then as many as fit it (at least one)."""
-    warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
-                                 else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
-    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
-        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
-             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes, "host_outputs": host_outputs,
-             "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
-    # GPU clocks ramp up: warm up both sides in turn until `warmup_ms` have passed on this process's
-    # clock (a worker's own clock is the candidate's to patch)
-    warm_start = time.monotonic()
-    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
-        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
-        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # calls per block, doubled until one reference request lasts block_ms (its jitter is then small per
-    # call); sized on the reference alone: a candidate must not choose its own resolution
-    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
-    budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
-    while True:
-        t = time.monotonic()
-        ref_ask({"cmd": "warm", "calls": calls})
-        per_call_ms = (time.monotonic() - t) * 1e3 / calls
-        if per_call_ms * calls >= block_ms or time.monotonic() > deadline:
-            break
-        calls *= 2
-    calls = max(calls, block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
-    blocks = {"ref": [], "cand": []}
-    trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
-    for b in range(2 * cfg.timing_blocks):
-        side = "ref" if b % 4 in (0, 3) else "cand"
-        t, cpu0 = time.monotonic(), sandbox.cpu_ms(trees.get(side, []))
-        last = b >= 2 * cfg.timing_blocks - 2  # each side's last block: its outputs are kept (checked again)
-        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls, "keep": last}).get("times")
-        wall = (time.monotonic() - t) * 1e3
-        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
-            cpu1 = sandbox.cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
-            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
-        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
-                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
-            raise _Failure("runtime_error", "candidate returned a malformed timing reply")
-        blocks[side].append(([float(x) for x in times], wall))
-        if time.monotonic() > deadline:
-            raise _Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
-                           waited_s=cfg.time_timeout_s)
-    return blocks["ref"], blocks["cand"]
+def _build_options(cfg: EvalConfig) -> dict | None:
+    """kernel_build.BuildConfig's fields as the workers get them (None without kernel_build.py)."""
+    return dataclasses.asdict(cfg.build or kernel_build.BuildConfig()) if kernel_build else None
 
 
-def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
-    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
-    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
-    wanted = math.ceil(trials / blocks)
-    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
-        return wanted
-    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
-
-
-class _Failure(Exception):
-    def __init__(self, status: str, message: str, waited_s: float = 0.0):
-        super().__init__(message)
-        self.status, self.message = status, message
-        self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
+def _reads_host_pch(cfg: EvalConfig) -> bool:
+    """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
+    options = _build_options(cfg)
+    return bool(options and options["host_pch"] and options["cuda_header_tiers"])
 
 
 # ----------------------------------------------------------------------------- the reference session
 
 class ReferenceSession:
-    """The parent's side of the trusted reference worker (kernel_worker._reference_worker) of one task in a
-    batch: all candidates of the task are judged on the same inputs, from seeds only the parent knows; its
-    outputs never leave its process. A worker that dies (say on a candidate's malformed output file) is started
-    again on the same seeds; a reference that fails on its own fails every candidate of the task
-    (reference_error). `lock` serialises requests; callers that need the device take the device lock first."""
+    """The parent's side of one task's trusted reference worker (kernel_worker): every candidate of the task is
+    judged on the same inputs, from seeds only the parent knows; its outputs never leave its process. A worker
+    that dies is started again on the same seeds; a reference that fails on its own fails every candidate of the
+    task (reference_error). `lock` serialises requests; callers take the device lock first."""
 
-    def __init__(self, ref_src: str, device: str, arch: str, cfg: EvalConfig, users: int,
-                 zygotes: sandbox.Zygotes | None = None, budget: MemoryBudget | None = None):
-        self.ref_src, self.device, self.arch, self.cfg, self.zygotes = ref_src, device, arch, cfg, zygotes
+    def __init__(self, ref_src: str, ctx: Context, users: int, budget: MemoryBudget | None = None):
+        self.ref_src, self.ctx, self.cfg = ref_src, ctx, ctx.cfg
+        cfg, device, arch = ctx.cfg, ctx.device, ctx.arch
         self.budget = budget or MemoryBudget(cfg, live_workers=1)
         self.users, self.lock = users, threading.Lock()
         self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
@@ -546,9 +397,8 @@ class ReferenceSession:
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
         self.host_outputs = False  # plan_copies': the outputs wait in host memory (set by _ready)
-        # per request, for run_limit: (seconds of compute, seconds moving data). "check": the check sets'
-        # forwards, and the rest of their generation scaled to the bytes a candidate's check moves (the
-        # worker's clock); each timing request by _request_key: its seconds on the parent's clock, all compute
+        # per request, for run_limit: (seconds of compute, seconds moving data); "check" on the worker's clock,
+        # scaled to the bytes a candidate's check moves; timing requests (request_key) on the parent's
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
@@ -556,12 +406,11 @@ class ReferenceSession:
         self.footprint = Footprint.read(self.footprint_path)
 
     def _call(self, phase: str, timeout_s: float, msg: dict, fds: tuple = (), deadline: float | None = None) -> tuple:
-        """A request to the worker. Its failure (load, init, inputs, outputs, timed calls) is the task's
-        (reference_error: no candidate is judged, nor paid, for it), and stops the worker."""
+        """A request to the worker; its failure is the task's (reference_error), and stops the worker."""
         try:
-            return _ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
-        except _Failure as f:
-            self.failure = _Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
+            return sandbox.ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
+        except Failure as f:
+            self.failure = Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
             self._stop()
             raise self.failure from None
 
@@ -570,9 +419,9 @@ class ReferenceSession:
         if self.failure or self.worker is not None:
             return
         cfg = self.cfg
-        self.scratch = _scratch(cfg, "kevalref-")
-        self.worker = _spawn("ref", self.ref_src, self.device, self.arch, cfg, self.scratch, self.zygotes)
-        with contextlib.suppress(_Failure):  # kept in self.failure
+        self.scratch = sandbox.scratch_dir(cfg.scratch_root, "kevalref-")
+        self.worker = _spawn("ref", self.ref_src, self.ctx, self.scratch)
+        with contextlib.suppress(Failure):  # kept in self.failure
             ready, _ = self._call("load", cfg.load_timeout_s, {})
             free = ready.get("device_free")
             self.budget.set_capacity(free if isinstance(free, int) else None)
@@ -582,8 +431,7 @@ class ReferenceSession:
             seal(self.files["init"])
 
     def plan(self) -> dict:
-        """plan_copies for this task; the first time the task is seen, its reference runs once
-        alone on the device to measure it (the probe), and the footprint is cached on disk."""
+        """plan_copies for this task; a task seen for the first time is measured alone (the probe, cached)."""
         with self.lock:
             self._boot()
             if self.failure:
@@ -591,7 +439,7 @@ class ReferenceSession:
         if self.footprint is None:
             with self.budget.admit(self, None, exclusive=True), self.lock:
                 self._probe()
-        return plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
+        return plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.ctx.device != "cpu")
 
     def _probe(self) -> None:
         if self.footprint is not None:
@@ -604,9 +452,8 @@ class ReferenceSession:
         self.footprint.write(self.footprint_path)
 
     def ready(self, parts=("init", "check")) -> dict:
-        """Inputs written and sealed, reference outputs held. Hold the device lock and an admission of the
-        memory budget. Returns duplicates of the sealed files of `parts` ("init", "check", "time"), the
-        caller's to close: another candidate's outputs may stop this worker, and close its files, meanwhile."""
+        """Inputs written and sealed, reference outputs held (hold the device lock and a memory admission).
+        Duplicates of the sealed files of `parts`, the caller's to close (this worker may be stopped meanwhile)."""
         with self.lock:
             self._ready()
             return {part: os.dup(self.files[part]) for part in parts}
@@ -618,13 +465,12 @@ class ReferenceSession:
         if self.generated:
             return
         self._probe()
-        plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.device != "cpu")
+        plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.ctx.device != "cpu")
         inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
         self.host_outputs = plan["host_outputs"]
-        # a first forward off the clock, so that gen is timed warm (run_limit); the probe, the first time
-        # a task is seen, may have warmed this worker already: one forward more, once per task
+        # a first forward off the clock, so that gen is timed warm (run_limit)
         self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds,
                                                                   "host_outputs": self.host_outputs},
@@ -639,8 +485,7 @@ class ReferenceSession:
         self.out_bytes, self.generated = reply["out_bytes"], True
 
     def close(self) -> None:
-        """Stop the worker: the batch is done, or (evict) to free its memory while no job of this task
-        is admitted; the next job starts it again and regenerates on the same seeds."""
+        """Stop the worker (the batch is done, or evict: its memory is wanted; a next job restarts it)."""
         with self.lock:
             self._stop()
 
@@ -654,13 +499,12 @@ class ReferenceSession:
                 self._stop()
 
     def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
-        """One timing request (time_prepare, warm, time) to the reference worker; a failure fails
-        every candidate of the task. Hold the device lock (exclusive)."""
+        """One timing request to the reference worker (hold the device lock, exclusive)."""
         with self.lock:
             self._ready()  # a judge may have stopped the worker since: back on the same seeds
             t = time.monotonic()
             reply = self._call("time", self.cfg.time_timeout_s, msg, fds, deadline)[0]
-            self.seconds[_request_key(msg)] = (time.monotonic() - t, 0.0)
+            self.seconds[request_key(msg)] = (time.monotonic() - t, 0.0)
             return reply
 
     def output_limit(self, part: str) -> int:
@@ -668,21 +512,20 @@ class ReferenceSession:
         return 2 * sum(sum(sizes) for sizes in self.out_bytes[part]) + (16 << 20)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
-        """The first difference between the candidate's output file and the reference outputs, or
-        None. An unreadable file, or one that kills this worker, is the candidate's runtime_error."""
+        """The first difference between the candidate's outputs and the reference's, or None."""
         cfg = self.cfg
         with self.lock:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
             try:
-                reply, _ = _ask(self.worker, "reference", "judge", cfg.check_timeout_s,
-                                {"cmd": "judge", "part": part, "max_bytes": max_bytes,
-                                 "tolerances": cfg.tolerances}, fds=(out_fd,))
-            except _Failure as f:
+                reply, _ = sandbox.ask(self.worker, "reference", "judge", cfg.check_timeout_s,
+                                       {"cmd": "judge", "part": part, "max_bytes": max_bytes,
+                                        "tolerances": cfg.tolerances}, fds=(out_fd,))
+            except Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
-                raise _Failure("runtime_error", "the candidate's outputs could not be compared (they "
-                               f"stopped the harness's reader: {cut(f.message, 200)})") from None
+                raise Failure("runtime_error", "the candidate's outputs could not be compared (they "
+                              f"stopped the harness's reader: {cut(f.message, 200)})") from None
             if reply.get("unreadable"):
-                raise _Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
+                raise Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
             return reply.get("reason")
 
     def _stop(self) -> None:
@@ -707,31 +550,192 @@ class ReferenceSession:
                 self._stop()
 
 
+# ----------------------------------------------------------------------------- the check
+
+def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: EvalResult, plan: dict) -> None:
+    """Load the candidate and check it (the device shared), then, if cfg.time_candidate, time it (the device alone)."""
+    cfg = ctx.cfg
+    t0 = time.monotonic()
+    boot, _ = sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {})  # booted (usually with the compile)
+    if isinstance(boot.get("boot_cpu_s"), (int, float)):
+        result.seconds["boot_cpu"] = float(boot["boot_cpu_s"])
+    sandbox.ask(cand, "candidate", "load", cfg.load_timeout_s, {"cmd": "load"})
+    result.seconds["load"] = time.monotonic() - t0
+    t_wait = time.monotonic()
+    with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=False):  # correctness: checks share the device
+        result.seconds["device_wait"] = time.monotonic() - t_wait
+        t1 = time.monotonic()
+        inputs = session.ready()
+        result.seconds["reference"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        try:
+            sandbox.ask(cand, "candidate", "init", cfg.load_timeout_s, {"cmd": "init", "seed": session.init_seed},
+                        fds=(inputs["init"],))
+            changed, reason = _check(session, cand, cfg, inputs["check"], result)
+        finally:
+            for fd in inputs.values():
+                os.close(fd)
+        result.seconds["check"] = time.monotonic() - t2
+        if reason:
+            raise Failure("incorrect", reason)
+        for t, c in enumerate(changed):
+            if c:
+                raise Failure("incorrect", f"trial {t + 1}: forward modified its input(s) {cut(str(c), 40)} in place")
+        result.correct = True
+    if not cfg.time_candidate:
+        return
+    ref_blocks, cand_blocks = _time(session, cand, ctx, result, plan)
+    timing_verdict(result, ref_blocks, cand_blocks, cfg, cpu=ctx.device == "cpu")
+
+
+def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
+           result: EvalResult) -> tuple:
+    """The check on the sealed inputs, judged by the session: (inputs changed per trial, first difference or None)."""
+    check_limit = session.output_limit("check")
+    limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
+    out_fd = memfd("kernel_eval-candidate-outputs")
+    try:
+        reply, _ = sandbox.ask(cand, "candidate", "check", limit_s,
+                               {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
+                                "host_inputs": session.host_outputs},
+                               fds=(check_fd, out_fd), limit_note=limit_note)
+        seal_output(out_fd, check_limit)
+        ops, changed = reply.get("ops", []), reply.get("changed")
+        if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
+                or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
+                or not all(isinstance(c, list) for c in changed)):
+            raise Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+        flagged = flag_ops(ops) if cfg.op_check else []
+        if flagged:
+            result.ops = flagged
+            raise Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+                          + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+        result.trials = len(changed)
+        reason = session.judge(out_fd, "check", check_limit)
+    finally:
+        os.close(out_fd)
+    return changed, reason
+
+
+# ----------------------------------------------------------------------------- the timing
+
+def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: EvalResult, plan: dict) -> tuple:
+    """The paired timing window, then the timed sets' last outputs judged: (reference blocks, candidate blocks)."""
+    cfg = ctx.cfg
+    t_wait = time.monotonic()
+    time_limit = session.output_limit("time")
+    out_fd, time_fd = memfd("kernel_eval-candidate-timed-outputs"), None
+    try:
+        with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=True):  # timing: the device alone
+            result.seconds["device_wait"] += time.monotonic() - t_wait
+            t3 = time.monotonic()
+            deadline = time.monotonic() + cfg.time_timeout_s
+            time_fd = session.ready(("time",))["time"]
+
+            def cand_ask(msg, fds=()):
+                """Within run_limit of the reference's same request (asked first) and the window's deadline."""
+                limit_s, note = run_limit(cfg, session.seconds.get(request_key(msg)), cfg.time_timeout_s)
+                left = deadline - time.monotonic()
+                if left < limit_s:
+                    limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
+                return sandbox.ask(cand, "candidate", "time", limit_s, msg, fds=fds,
+                                   deadline=time.monotonic() + limit_s, limit_note=note)[0]
+
+            ref_blocks, cand_blocks = _paired_timing(
+                lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
+                lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, ctx,
+                deadline, plan["buffers"], plan["host_outputs"])
+            cand_ask({"cmd": "time_outputs"}, (out_fd,))
+            session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
+        seal_output(out_fd, time_limit)
+        with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=False):
+            reason = session.judge(out_fd, "time", time_limit)
+    finally:
+        for fd in (out_fd, time_fd):
+            if fd is not None:
+                os.close(fd)
+    result.seconds["time"] = time.monotonic() - t3
+    if reason:
+        result.correct = False
+        raise Failure("incorrect", f"a timed call gave a wrong result: {reason}")
+    return ref_blocks, cand_blocks
+
+
+def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadline: float, buffers: int,
+                   host_outputs: bool = False) -> tuple:
+    """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one window
+    in the order R C C R R C C R ... (linear drift cancels) on the same inputs, loop and flushes. `*_ask(msg,
+    fds)`: a request to that side; `pids()`: each side's supervisor, whose tree's CPU time is the parent's clock
+    on CPU. Calls per block: enough for block_ms of the reference, then block_calls within the time budget."""
+    device, cfg = ctx.device, ctx.cfg
+    warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
+                                 else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
+    for ask in (ref_ask, cand_ask):  # inputs onto the device and `warmup` calls, off the clock
+        ask({"cmd": "time_prepare", "warmup": warmup, "l2_flush_bytes": cfg.l2_flush_bytes,
+             "buffers": buffers, "buffer_bytes": cfg.timing_buffer_bytes, "host_outputs": host_outputs,
+             "cpus": cpu_split(device == "cpu", cfg)[1]}, (time_file,))
+    # GPU clocks ramp up: both sides in turn until `warmup_ms` on this process's clock (not a worker's)
+    warm_start = time.monotonic()
+    while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
+        ref_ask({"cmd": "warm", "calls": max(1, warmup)})
+        cand_ask({"cmd": "warm", "calls": max(1, warmup)})
+    # calls per block, doubled until one reference request lasts block_ms; a candidate never chooses them
+    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
+    budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
+    while True:
+        t = time.monotonic()
+        ref_ask({"cmd": "warm", "calls": calls})
+        per_call_ms = (time.monotonic() - t) * 1e3 / calls
+        if per_call_ms * calls >= block_ms or time.monotonic() > deadline:
+            break
+        calls *= 2
+    calls = max(calls, block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
+    blocks = {"ref": [], "cand": []}
+    trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
+    for b in range(2 * cfg.timing_blocks):
+        side = "ref" if b % 4 in (0, 3) else "cand"
+        t, cpu0 = time.monotonic(), sandbox.cpu_ms(trees.get(side, []))
+        last = b >= 2 * cfg.timing_blocks - 2  # each side's last block: its outputs are kept (checked again)
+        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls, "keep": last}).get("times")
+        wall = (time.monotonic() - t) * 1e3
+        if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
+            cpu1 = sandbox.cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
+            wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
+        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
+                or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
+            raise Failure("runtime_error", "candidate returned a malformed timing reply")
+        blocks[side].append(([float(x) for x in times], wall))
+        if time.monotonic() > deadline:
+            raise Failure("timeout", f"timing took longer than {cfg.time_timeout_s:.0f} s",
+                          waited_s=cfg.time_timeout_s)
+    return blocks["ref"], blocks["cand"]
+
+
 # ----------------------------------------------------------------------------- the workers it drives
 
-def _start_worker(mode: str, job: dict, scratch: str, device: str, arch: str, cfg: EvalConfig, *, compiling: bool,
+def _start_worker(mode: str, job: dict, scratch: str, ctx: Context, *, compiling: bool,
                   fsize: int, as_bytes: int | None = None, nice: int = 0, zygotes=None,
                   confine: dict | None = None) -> sandbox.Worker:
-    """`python kernel_worker.py --_worker MODE --job JOB` (or its fork from a zygote) in the sandbox,
-    behind the boundary `confine` (_confinement); as_bytes (cpu only) None: cpu_memory_limit_gb."""
-    cpu = device == "cpu"
+    """`python kernel_worker.py --_worker MODE --job JOB` (or a zygote's fork), behind `confine`; as_bytes None:
+    cpu_memory_limit_gb (cpu only)."""
+    cfg, cpu = ctx.cfg, ctx.device == "cpu"
     as_bytes = (int(cfg.cpu_memory_limit_gb * (1 << 30)) if as_bytes is None else as_bytes) if cpu else 0
+    env = sandbox.worker_environment(ctx.device, ctx.arch, cfg.cache_root, cfg.build_jobs, compiling)
     try:
-        return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, _worker_env(device, arch, cfg, compiling),
+        return sandbox.Worker(mode, ["--job", json.dumps(job)], scratch, env,
                               entry=ENTRY, fsize=fsize, output_bytes=cfg.max_file_bytes,
                               message_bytes=16 << 20, as_bytes=as_bytes, nice=nice,  # tensors travel in files
                               cpus=cpu_split(cpu, cfg)[0], zygotes=zygotes,  # off the CPUs kept for timing
                               confine=confine)
     except sandbox.Interrupted as e:
-        raise _Failure("runtime_error", str(e)) from None
+        raise Failure("runtime_error", str(e)) from None
 
 
-def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch: str,
-           zygotes: sandbox.Zygotes | None = None, plan: dict | None = None) -> sandbox.Worker:
-    """A reference or candidate worker, forked from the run zygote when cfg.run_zygote. Limits follow the
-    task: a candidate's files may hold twice its task's outputs beyond max_message_bytes, its address space
-    (cpu) twice its plan's bytes beyond cpu_memory_limit_gb; the reference (trusted) is not limited."""
+def _spawn(mode: str, src: str, ctx: Context, scratch: str, plan: dict | None = None) -> sandbox.Worker:
+    """A reference or candidate worker. A candidate's files may hold twice its task's outputs beyond max_message_bytes,
+    its address space (cpu) twice its plan's bytes beyond cpu_memory_limit_gb; the reference is not limited."""
     import resource
+    cfg = ctx.cfg
     path = os.path.join(scratch, mode, f"{mode}.py")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
@@ -742,167 +746,25 @@ def _spawn(mode: str, src: str, device: str, arch: str, cfg: EvalConfig, scratch
         task_bytes = sum(plan["candidate"].values()) + sum(plan["session"].values()) if plan else 0
         fsize = cfg.max_message_bytes + 2 * (plan["candidate"]["host"] if plan else 0)
         as_bytes = int(cfg.cpu_memory_limit_gb * (1 << 30)) + 2 * task_bytes
-    confine = None if mode == "ref" else _confinement(cfg, path, os.path.dirname(path), src, device, arch, False)
-    return _start_worker(mode, _job(path, device, arch, cfg), os.path.dirname(path), device, arch, cfg,
-                         compiling=False, fsize=fsize, as_bytes=as_bytes, zygotes=zygotes if cfg.run_zygote else None,
+    confine = None if mode == "ref" else _confinement(ctx, path, os.path.dirname(path), src, False)
+    return _start_worker(mode, _job(path, ctx), os.path.dirname(path), ctx, compiling=False, fsize=fsize,
+                         as_bytes=as_bytes, zygotes=ctx.zygotes if cfg.run_zygote else None,
                          confine=confine)
 
 
-def _ask(worker: sandbox.Worker, who: str, phase: str, timeout_s: float, msg: dict,
-         deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
-    """Send a command (and file descriptors), wait for the reply with the same nonce; failures become _Failure.
-    An empty `msg`: wait for the worker's next message (its boot). `limit_note`: how timeout_s was derived."""
-    start = time.monotonic()
-    deadline = deadline or start + timeout_s
-    nonce = secrets.token_hex(8)
-    try:
-        if msg:
-            if fds:
-                worker.send_fds(list(fds))
-            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), b"", deadline)
-        while True:
-            reply, data = worker.channel.recv(deadline)
-            if "error" in reply:
-                raise _Failure("runtime_error", f"{who} failed during {phase}: {reply['error']}")
-            if not msg or reply.get("nonce") == nonce:
-                return reply, data
-    except sandbox.ChannelTimeout as e:
-        note = f": {limit_note}" if limit_note else ""
-        raise _Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.3g} s{note})",
-                       waited_s=time.monotonic() - start) from e
-    except sandbox.ChannelError as e:
-        if str(e) != "closed":
-            why = f"{who} wrote malformed data on the result channel during {phase} ({e})"
-            raise _Failure("runtime_error", why) from e
-        raise _Failure("runtime_error", f"{who} {_death_reason(worker, phase)}") from e
+def _confined(ctx: Context) -> bool:
+    return kernel_boundary.boundary_for(ctx.cfg.sandbox, gpu=ctx.device != "cpu") == "namespaces"
 
 
-def _death_reason(worker: sandbox.Worker, phase: str) -> str:
-    return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
-
-
-def _seal_output(fd: int, max_bytes: int) -> None:
-    try:
-        seal(fd)
-    except OSError as e:
-        raise _Failure("runtime_error", "candidate kept its output file mapped writable") from e
-    size = os.fstat(fd).st_size
-    if size > max_bytes:
-        raise _Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")
-
-
-def _compile(candidate_src: str, device: str, arch: str, cfg: EvalConfig,
-             zygotes: sandbox.Zygotes | None = None, writes_host_pch: bool = False, probes: bool = True) -> dict:
-    """{"status": "ok" | "compile_error" | "timeout" | "deferred", "message", "seconds"}
-    `writes_host_pch`: the harness's own source (kernel_build.warm_host_pch), whose worker alone may write there.
-    `probes`: a build that failed on undefined names may ask once for their name probe (kernel_build.py):
-    this compiles it while the worker waits, then tells it "probed"; else such a build goes on as written."""
-    key = _compile_key(candidate_src, device, arch, cfg)
-    record_path = os.path.join(cfg.cache_root, "compiled", key[:32] + ".json")
-    cached = sandbox.read_json(record_path)
-    if cached and cached.get("status") in ("ok", "compile_error"):
-        return dict(cached, seconds=0.0, cached=True, started=time.monotonic())
-    t0 = time.monotonic()
-    scratch = _scratch(cfg, "kevalbuild-")
-    src_path = os.path.join(scratch, "candidate.py")
-    with open(src_path, "w") as f:
-        f.write(candidate_src)
-    workdir = os.path.join(scratch, "w")
-    job = dict(_job(src_path, device, arch, cfg), name_probes=probes)
-    worker = _start_worker("compile", job, workdir, device, arch, cfg, compiling=True, fsize=cfg.max_build_file_bytes,
-                           nice=cfg.compile_nice, zygotes=zygotes if cfg.compile_zygote else None,
-                           confine=_confinement(cfg, src_path, workdir, candidate_src, device, arch, compiling=True,
-                                                writes_host_pch=writes_host_pch))
-    try:
-        deadline = time.monotonic() + cfg.compile_timeout_s
-        msg, _ = worker.channel.recv(deadline)
-        probe_s = None
-        if msg.get("kind") == "name_probe" and probes:  # one probe a worker: a second request is "deferred"
-            started = time.monotonic()
-            if isinstance(msg.get("name_probe"), dict):
-                kernel_build.answer_name_probes(msg["name_probe"], cfg.cache_root,
-                                                lambda src: _compile(src, device, arch, cfg, zygotes, probes=False))
-            probe_s = time.monotonic() - started
-            deadline += probe_s  # the probe's compile is not the candidate's
-            worker.channel.send({"cmd": "probed"}, deadline=deadline)
-            msg, _ = worker.channel.recv(deadline)
-        # the worker's profile (seconds: torch's import, its builds, the rest; the probe's wait is in the
-        # rest, and "probe" says how much of it): diagnostics of where a compile's time went
-        profile = msg.get("profile") if isinstance(msg.get("profile"), dict) else {}
-        profile = {k: float(v) for k, v in profile.items() if isinstance(v, (int, float))}
-        if probe_s is not None:
-            profile["probe"] = probe_s
-        # builds: 0 nothing was compiled (e.g. an empty file), 2 a failed header tier, then as written
-        built = {"builds": int(msg.get("builds") or 0), "profile": profile}
-        if msg.get("ok"):
-            # the last CUDA build's header tier (None: as written, or none)
-            record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
-                      "torch_preloaded": msg.get("torch_preloaded") is True, **built}
-        elif msg.get("kind") == "build":
-            record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), cfg.message_chars),
-                      **built}
-            undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
-            if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
-                record["undefined_names"] = undefined
-            errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
-            if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
-                    isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
-                record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
-        else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
-            record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
-    except sandbox.ChannelTimeout:
-        record = {"status": "timeout", "message": f"compile timed out after {cfg.compile_timeout_s:.0f} s"}
-    except sandbox.ChannelError:
-        record = {"status": "deferred", "message": _death_reason(worker, "compile")}
-    finally:
-        worker.stop()
-        if not cfg.keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
-    # a compiler diagnostic is a property of the source; a killed compiler or a full disk is not
-    deterministic = record["status"] == "ok" or (
-        record["status"] == "compile_error" and "error:" in record["message"]
-        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
-    if deterministic:
-        sandbox.atomic_write(record_path, json.dumps(record))
-    return dict(record, seconds=time.monotonic() - t0, cached=False, started=t0)
-
-
-def _compile_key(candidate_src: str, device: str, arch: str, cfg: EvalConfig) -> str:
-    """A compile's cache key: what its build depends on, and where it goes (confined: its own, _confinement)."""
-    return sandbox.source_hash("compile", candidate_src, device == "cpu", arch, _torch_version(), _build_options(cfg),
-                               _confined(cfg, device))
-
-
-def _torch_version() -> str:
-    """torch's version from its installed metadata: the harness's own process need not import torch (its
-    workers do) for it, which was one `import torch` of a one-verdict CLI on the CPU (docs/PERFORMANCE.md)."""
-    import importlib.metadata
-    return importlib.metadata.version("torch")
-
-
-def _confined(cfg: EvalConfig, device: str) -> bool:
-    return kernel_boundary.boundary_for(cfg.sandbox, gpu=device != "cpu") == "namespaces"
-
-
-def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: str, device: str, arch: str,
-                 compiling: bool, writes_host_pch: bool = False) -> dict | None:
-    """The boundary of a candidate's compile or run worker (None: unconfined, cfg.sandbox). The build cache
-    and the scratch root are hidden; back in them: the candidate's source (read-only), its own build directory
-    at cache_root/build and op_headers (writable while it compiles, read-only when it runs: no candidate writes
-    where another's build or record is read; without kernel_build.py writable then too: plain load_inline takes
-    a lock file in it to load), the shared host header and, to compile workers, the name probes' answers
-    (read-only)."""
-    if not _confined(cfg, device):
+def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, compiling: bool,
+                 writes_host_pch: bool = False) -> dict | None:
+    """A candidate worker's boundary (kernel_boundary.candidate_confinement; None: unconfined); its build directories
+    are writable only while it compiles (or without kernel_build.py), the host header and probes' answers bound."""
+    cfg, device = ctx.cfg, ctx.device
+    if not _confined(ctx):
         return None
-    own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, device, arch, cfg)[:32])
-    binds = [(src_path, src_path, False)]
-    writable = compiling or kernel_build is None
-    for part in ("build", "op_headers"):
-        path = os.path.join(own, part)
-        os.makedirs(path, exist_ok=True)
-        if os.geteuid() == 0 and writable:
-            os.chown(path, kernel_boundary.UNPRIVILEGED_ID, kernel_boundary.UNPRIVILEGED_ID)
-        binds.append((path, os.path.join(cfg.cache_root, part), writable))
+    own = os.path.join(cfg.cache_root, "candidates", _compile_key(candidate_src, ctx)[:32])
+    binds = []
     if kernel_build is not None and device != "cpu" and compiling:  # the name probes' answers (the harness writes them)
         probes_dir = os.path.join(cfg.cache_root, "name_probes")
         os.makedirs(probes_dir, exist_ok=True)
@@ -911,70 +773,15 @@ def _confinement(cfg: EvalConfig, src_path: str, workdir: str, candidate_src: st
         # the header, written here: its directory is read-only there (warm_host_pch aside)
         host_header = kernel_build.write_host_header(cfg.cache_root, _torch_version())
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
-    hide = [cfg.cache_root, cfg.scratch_root or tempfile.gettempdir()]
-    return kernel_boundary.confinement(workdir, binds=binds, hide=hide)
+    return kernel_boundary.candidate_confinement(cfg.cache_root, cfg.scratch_root, src_path, workdir, own,
+                                                 writable=compiling or kernel_build is None, binds=binds)
 
 
-def _build_options(cfg: EvalConfig) -> dict | None:
-    """kernel_build.BuildConfig's fields as the workers get them (None without kernel_build.py)."""
-    return dataclasses.asdict(cfg.build or kernel_build.BuildConfig()) if kernel_build else None
-
-
-def _reads_host_pch(cfg: EvalConfig) -> bool:
-    """CUDA builds read the host units' precompiled header from the cache (kernel_build.BuildConfig.host_pch)."""
-    options = _build_options(cfg)
-    return bool(options and options["host_pch"] and options["cuda_header_tiers"])
-
-
-def _job(src_path: str, device: str, arch: str, cfg: EvalConfig) -> dict:
+def _job(src_path: str, ctx: Context) -> dict:
     """What a worker is told on its command line (nothing secret: ps shows it)."""
+    device, arch, cfg = ctx.device, ctx.arch, ctx.cfg
     return {"source": src_path, "device": "cpu" if device == "cpu" else "cuda", "cache_root": cfg.cache_root,
             "arch": arch, "build": _build_options(cfg), "threads": cfg.cpu_threads if device == "cpu" else None}
-
-
-def _worker_env(device: str, arch: str, cfg: EvalConfig, compiling: bool) -> dict:
-    env = {"MAX_JOBS": str(cfg.build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cfg.cache_root, "build")}
-    if device == "cpu" or compiling:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
-        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
-        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = _visible_device(device)
-    if arch:
-        env["TORCH_CUDA_ARCH_LIST"] = arch
-    return env
-
-
-def _device_lock(cfg: EvalConfig, device: str, exclusive: bool) -> sandbox.DeviceLock:
-    return sandbox.DeviceLock(cfg.cache_root, "cpu" if device == "cpu" else "cuda" + _visible_device(device), exclusive)
-
-
-def _device_arch(device: str, cfg: EvalConfig) -> str:
-    if device == "cpu":
-        return ""
-    if cfg.cuda_arch:
-        return cfg.cuda_arch
-    import torch
-    idx = torch.device(device).index or 0
-    major, minor = torch.cuda.get_device_capability(idx)
-    return f"{major}.{minor}"
-
-
-def _visible_device(device: str) -> str:
-    import torch
-    idx = torch.device(device).index or 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-        return ids[idx] if idx < len(ids) else str(idx)
-    return str(idx)
-
-
-def _scratch(cfg: EvalConfig, prefix: str) -> str:
-    root = cfg.scratch_root or tempfile.gettempdir()
-    os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=prefix, dir=root)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -2,37 +2,25 @@
 whether a source may be judged at all.
 
 Kevin-32B (Cognition, 2025) pays 0 for a turn whose code breaks its rules, and so does this project
-(rewards.turn_score): the code uses torch.nn beyond Module/Parameter/containers/init, its forward pass
-does the work with torch compute instead of its own kernel, it contains try/except or `pass`, or it
-has no kernel at all. The gate also refuses what only an attacker needs (other imports, exec/eval,
-dunder tricks, patching torch, CUDA streams and graphs). It is a cheap first filter and the reward
-rule, not the security boundary: kernel_eval.py is.
+(rewards.turn_score): torch.nn beyond Module/Parameter/containers/init, torch compute instead of its own
+kernel in the forward pass, try/except or `pass`, no kernel at all. The gate also refuses what only an
+attacker needs (other imports, exec/eval, dunder tricks, patching torch, CUDA streams and graphs). It is
+a cheap first filter and the reward rule, not the security boundary: kernel_eval.py is.
 
-One rule of what a kernel may call, written once as the table CALLS, a reason per row (as Kevin's
-rule: the compute happens in the kernel): allocation, views, transposes, copies, casts and sizes are
-glue around the kernel, allowed in forward and in the C++ host code alike; torch compute and
-data-building operators are the task's work and are not. Three readers derive what they need from
-it, reading CALLS when they run (allowed(), describe_rules()), never a copy:
-  - the prompt: summarize.base_instruction states describe_rules(), the table's text among them;
-  - the gate: check_format's allow- and denylists (allowed());
-  - the harness: kernel_eval's op check accepts the aten operators of the allowed rows and no others
-    (allowed().aten_ops). tests/test_kernel_gate.py runs every row through the gate and the harness.
+CALLS, one table with a reason per row, is the only place a call's rule is written: allocation, views,
+transposes, copies, casts and sizes are glue around the kernel, in forward and in the C++ host code
+alike; torch compute and data-building operators are the task's work. Its readers derive what they need
+when they run (allowed(), describe_rules()), never a copy: the prompt (summarize.base_instruction states
+describe_rules()), the gate (check_format) and the harness's op check (kernel_verdict.flag_ops reads
+allowed().aten_ops). tests/test_kernel_gate.py runs every row through the gate and the harness.
 
-How the gate finds torch compute in the forward pass (and every helper it reaches):
-  - a torch.* function or tensor method outside the allowed rows, any torch.nn.functional name or
-    torch.nn layer;
-  - Python operators with a tensor operand (x + y, x @ w, -x, x > 0, out[i] = v, x[mask]): they run
-    torch kernels. Arithmetic on sizes (n * 2, (n + 255) // 256) stays allowed: a small
-    flow-insensitive type inference tells tensors (forward's arguments, parameters, buffers, kernel
-    outputs, anything derived from them) from sizes (x.size(0), x.shape[1], constants). A value it
-    cannot place is let through: a determined attacker can launder a tensor past this inference,
-    and the harness then judges the result;
-  - in the kernel's C++: torch::/at:: namespace calls outside the allowed rows, and the tensor methods
-    of the refused rows (C++ strings and vectors have methods too, so there they are a denylist).
-__init__ (and helpers reached only from it) may use torch freely to build parameters, as KernelBench
-references do. The gate is a list of small rules (RULES), each returning the reason for the first
-place that breaks it, over facts derived once per candidate (_Candidate, _Types). Standard library
-only, so the file can be copied alone.
+In forward (and every helper it reaches) the gate refuses torch.* functions and tensor methods outside
+the allowed rows, torch.nn.functional and nn layers, and Python operators on tensors (x + y, x @ w,
+x[mask]): an inference (kernel_types) tells tensors from sizes (n * 2 stays allowed). In the kernel's
+C++: torch::/at:: calls outside the allowed rows, and the refused rows' tensor methods (a denylist).
+__init__ may use torch freely, as KernelBench references do. The gate is a list of small rules (RULES),
+each returning the reason for the first place that breaks it, over facts derived once per candidate
+(_Candidate). Standard library and kernel_types only.
 """
 from __future__ import annotations
 
@@ -40,6 +28,8 @@ import ast
 import re
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+
+from kernel_types import EXT, SCALAR, TENSOR, Types
 
 
 # =========================================================================== what a kernel may call
@@ -549,13 +539,13 @@ def forward_calls_only_allowed_tensor_methods(c: _Candidate) -> str | None:
             return _at(node, f"`.{node.attr}` on a tensor in the forward pass is torch compute; "
                              f"only {c.allowed.forward_rows} are allowed there.")
         if _is_const_getattr(node) and c.dotted(node) is None and \
-                types.kind(node.args[0]) not in (_EXT, _SCALAR) and \
+                types.kind(node.args[0]) not in (EXT, SCALAR) and \
                 not types.is_self(node.args[0]) and node.args[1].value not in c.allowed.tensor_names:
             return _at(node, f"`{_code(node)}` reaches `.{node.args[1].value}` on a possible tensor "
                              "in the forward pass; that is torch compute.")
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and c.dotted(node.func) is None:
             func = node.func
-            if types.kind(func.value) in (_EXT, _TENSOR, _SCALAR) or types.is_self(func.value):
+            if types.kind(func.value) in (EXT, TENSOR, SCALAR) or types.is_self(func.value):
                 continue  # tensors were judged by attribute; ext and scalars may call anything
             if isinstance(func.value, ast.Call) and isinstance(func.value.func, ast.Name) and \
                     func.value.func.id == "super":
@@ -733,8 +723,8 @@ class _Candidate:
         return [n for n in self.nodes if self.in_forward(n)]
 
     @cached_property
-    def types(self) -> _Types:
-        return _Types(self)
+    def types(self) -> Types:
+        return Types(self)
 
 
 def _simple_bindings(node: ast.AST) -> tuple[list[ast.AST], ast.AST | None]:
@@ -743,226 +733,3 @@ def _simple_bindings(node: ast.AST) -> tuple[list[ast.AST], ast.AST | None]:
     if isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
         return [node.target], node.value
     return [], None
-
-
-# --------------------------------------------------------------------------- tensor types
-_TENSOR, _SCALAR, _EXT, _UNKNOWN = "tensor", "scalar", "ext", "unknown"
-
-
-def _join(a: str | None, b: str) -> str:
-    if a is None:
-        return b
-    for winner in (_TENSOR, _EXT, _UNKNOWN):
-        if winner in (a, b):
-            return winner
-    return _SCALAR
-
-
-class _Types:
-    """Which values are tensors: a flow-insensitive inference over the whole file. Each top-level
-    function gets one environment (name -> kind); forward roots' parameters are tensors, a helper's
-    parameters take the kinds its call sites hand it, `self.x` takes what is assigned to it anywhere,
-    the compiled extension's results are tensors. A few rounds reach the fixpoint; then each node has
-    one kind, read through `kind(node)`."""
-
-    def __init__(self, c: _Candidate):
-        self.c = c
-        self.roots = c.forward_scope[1]
-        self.ext_names: set[str] = set()
-        self.self_attrs: dict[str, str] = {}
-        self.param_types: dict[tuple[str, str], str] = {}
-        self.returns: dict[str, str] = {}
-        self.cache: dict[ast.AST, str] | None = None  # on once the environments are final
-        functions = [n for n in c.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
-        self.outer = [f for f in functions if not c.enclosing_functions(f)]
-        self.module_env: dict[str, str] = {}
-        for _ in range(4):
-            self.bind_all(c.tree, self.module_env, skip_functions=True)
-            self.envs = {f: self.function_env(f) for f in self.outer}
-        self.cache = {}
-
-    # ----------------------------------------------------------------- reading the result
-    def env(self, node: ast.AST) -> dict[str, str]:
-        functions = self.c.enclosing_functions(node)
-        return self.envs[functions[-1]] if functions else self.module_env
-
-    def kind(self, node: ast.AST) -> str:
-        known = self.cache.get(node)
-        return known if known is not None else self.typ(node, self.env(node))
-
-    def is_tensor(self, node: ast.AST) -> bool:
-        return self.kind(node) == _TENSOR
-
-    def is_self(self, node: ast.AST) -> bool:
-        return isinstance(node, ast.Name) and self.env(node).get(node.id) == "self"
-
-    # ----------------------------------------------------------------- the inference
-    def function_env(self, fn: ast.AST) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for node in self.c.walk(fn):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                self.bind_params(node, env)
-        self.bind_all(fn, env, skip_functions=False)
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for node in self.c.walk(fn):
-                if isinstance(node, ast.Return) and node.value is not None:
-                    self.returns[fn.name] = _join(self.returns.get(fn.name), self.typ(node.value, env))
-        return env
-
-    def bind_params(self, fn: ast.AST, env: dict[str, str]):
-        args = fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs
-        is_method = isinstance(self.c.parent.get(fn), ast.ClassDef)
-        if is_method and args and not any(isinstance(d, ast.Name) and d.id == "staticmethod"
-                                          for d in getattr(fn, "decorator_list", [])):
-            env[args[0].arg] = "self"
-            args = args[1:]
-        root = fn in self.roots
-        name = getattr(fn, "name", None)
-        for i, a in enumerate(args):
-            ann = a.annotation
-            if isinstance(ann, ast.Name) and ann.id in ("int", "float", "bool", "str"):
-                kind = _SCALAR
-            elif root:
-                kind = _TENSOR
-            else:
-                kind = self.param_types.get((name, str(i)), _UNKNOWN)
-                kind = _join(kind, self.param_types.get((name, a.arg), kind))
-            env[a.arg] = _join(env.get(a.arg), kind) if env.get(a.arg) != "self" else "self"
-        for a in (fn.args.vararg, fn.args.kwarg):
-            if a is not None:
-                env[a.arg] = _TENSOR if root else _UNKNOWN
-
-    def bind_all(self, scope: ast.AST, env: dict[str, str], skip_functions: bool):
-        nodes = self._walk_outside_functions(scope) if skip_functions else self.c.walk(scope)
-        for node in nodes:
-            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-                kind = self.typ(node.value, env)
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-                    self.bind_target(t, kind, env)
-            elif isinstance(node, ast.AugAssign):
-                self.bind_target(node.target, _join(self.typ(node.target, env), self.typ(node.value, env)), env)
-            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-                self.bind_target(node.target, self.typ(node.iter, env), env)
-            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-                self.bind_target(node.optional_vars, _UNKNOWN, env)
-            elif isinstance(node, ast.Call):
-                self.note_call_site(node, env)
-
-    @staticmethod
-    def _walk_outside_functions(root: ast.AST):
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            yield node
-            for child in ast.iter_child_nodes(node):
-                if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                    stack.append(child)
-
-    def bind_target(self, target: ast.AST, kind: str, env: dict[str, str]):
-        if isinstance(target, ast.Name):
-            if kind == _EXT:
-                self.ext_names.add(target.id)
-            env[target.id] = _join(env.get(target.id), kind)
-        elif isinstance(target, (ast.Tuple, ast.List)):
-            for elt in target.elts:
-                self.bind_target(elt.value if isinstance(elt, ast.Starred) else elt, kind, env)
-        elif isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
-                env.get(target.value.id) == "self":
-            self.self_attrs[target.attr] = _join(self.self_attrs.get(target.attr), kind)
-
-    def note_call_site(self, call: ast.Call, env: dict[str, str]):
-        """Helpers handed a tensor treat that parameter as a tensor."""
-        func = call.func
-        name = func.id if isinstance(func, ast.Name) else (func.attr if isinstance(func, ast.Attribute) else None)
-        if name not in self.c.defs or name == "register_buffer":
-            return
-        for i, a in enumerate(call.args):
-            key = (name, str(i))
-            self.param_types[key] = _join(self.param_types.get(key), self.typ(a, env))
-        for k in call.keywords:
-            if k.arg:
-                key = (name, k.arg)
-                self.param_types[key] = _join(self.param_types.get(key), self.typ(k.value, env))
-
-    def typ(self, node: ast.AST, env: dict[str, str]) -> str:
-        if self.cache is None:
-            return self._typ(node, env)
-        if node not in self.cache:
-            self.cache[node] = self._typ(node, env)
-        return self.cache[node]
-
-    def _typ(self, node: ast.AST, env: dict[str, str]) -> str:
-        path = self.c.dotted(node)
-        if path is not None:
-            return _SCALAR if path.split(".")[0] != "torch" or path in self.c.allowed.torch else _UNKNOWN
-        if isinstance(node, (ast.Constant, ast.JoinedStr)):
-            return _SCALAR
-        if isinstance(node, ast.Name):
-            kind = env.get(node.id, self.module_env.get(node.id))
-            if kind == "self":
-                return _UNKNOWN
-            if kind != _TENSOR and node.id in self.ext_names:
-                return _EXT
-            return kind or _UNKNOWN
-        if isinstance(node, ast.Attribute):
-            base = self.typ(node.value, env)
-            if isinstance(node.value, ast.Name) and env.get(node.value.id) == "self":
-                return self.self_attrs.get(node.attr, _UNKNOWN)
-            if base == _TENSOR:
-                return _SCALAR if node.attr in self.c.allowed.scalar_attrs else _TENSOR
-            return base if base in (_EXT, _SCALAR) else _UNKNOWN
-        if isinstance(node, ast.Call):
-            return self.call_type(node, env)
-        if isinstance(node, (ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp)):
-            parts = {ast.BinOp: lambda n: [n.left, n.right], ast.BoolOp: lambda n: n.values,
-                     ast.Compare: lambda n: [n.left, *n.comparators],
-                     ast.UnaryOp: lambda n: [n.operand]}[type(node)](node)
-            kinds = [self.typ(p, env) for p in parts]
-            return _TENSOR if _TENSOR in kinds else (_SCALAR if all(k == _SCALAR for k in kinds) else _UNKNOWN)
-        if isinstance(node, ast.IfExp):
-            return _join(self.typ(node.body, env), self.typ(node.orelse, env))
-        if isinstance(node, ast.Subscript):
-            base = self.typ(node.value, env)
-            return base if base in (_TENSOR, _SCALAR) else _UNKNOWN
-        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-            kinds = [self.typ(e, env) for e in node.elts]
-            return _TENSOR if _TENSOR in kinds else (_SCALAR if all(k == _SCALAR for k in kinds) else _UNKNOWN)
-        if isinstance(node, ast.Dict):
-            kinds = [self.typ(v, env) for v in node.values]
-            return _TENSOR if _TENSOR in kinds else _UNKNOWN
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
-            return _TENSOR if self.typ(node.elt, env) == _TENSOR else _UNKNOWN
-        if isinstance(node, (ast.Starred, ast.NamedExpr)):
-            return self.typ(node.value, env)
-        return _UNKNOWN
-
-    def call_type(self, node: ast.Call, env: dict[str, str]) -> str:
-        path = self.c.dotted(node.func)
-        if path == "torch.utils.cpp_extension.load_inline":
-            return _EXT
-        if path is not None:
-            if path.split(".")[0] != "torch" or path in ("torch.Size", "torch.device", "torch.get_default_dtype") \
-                    or path.startswith("torch.cuda."):
-                return _SCALAR
-            return _TENSOR
-        arg_kinds = [self.typ(a, env) for a in [*node.args, *(k.value for k in node.keywords)]]
-        if isinstance(node.func, ast.Attribute):
-            receiver = self.typ(node.func.value, env)
-            if receiver == _EXT:
-                return _TENSOR
-            if receiver == _TENSOR:
-                return _SCALAR if node.func.attr in self.c.allowed.scalar_methods else _TENSOR
-            if isinstance(node.func.value, ast.Name) and env.get(node.func.value.id) == "self":
-                kind = self.returns.get(node.func.attr, _UNKNOWN)
-                return _TENSOR if _TENSOR in arg_kinds else kind
-        if _TENSOR in arg_kinds:
-            return _TENSOR
-        if isinstance(node.func, ast.Name):
-            if node.func.id in self.c.defs:
-                return self.returns.get(node.func.id, _UNKNOWN)
-            if node.func.id in ("len", "int", "float", "bool", "range", "min", "max", "abs",
-                                "round", "divmod", "pow", "sum", "str", "tuple"):
-                return _SCALAR if all(k == _SCALAR for k in arg_kinds) else _UNKNOWN
-            if node.func.id in self.ext_names:
-                return _TENSOR
-        return _UNKNOWN

@@ -35,6 +35,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kernel_sandbox import atomic_write, read_json, write_all
+from kernel_verdict import Failure
 
 
 @dataclass
@@ -442,3 +443,14 @@ def seal(fd: int) -> None:
     """Make a memory file immutable for every holder; fails (EBUSY) while anyone maps it writable."""
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
                 fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+
+
+def seal_output(fd: int, max_bytes: int) -> None:
+    """Seal a candidate's output file, which must hold at most max_bytes; else the candidate's runtime_error."""
+    try:
+        seal(fd)
+    except OSError as e:
+        raise Failure("runtime_error", "candidate kept its output file mapped writable") from e
+    size = os.fstat(fd).st_size
+    if size > max_bytes:
+        raise Failure("runtime_error", f"candidate wrote {size} bytes of outputs (limit {max_bytes})")

@@ -1,29 +1,22 @@
 """kernel_sandbox: where kernel_eval runs code it does not trust, and how it talks to it.
 
-Standard library and kernel_boundary (below it) only. It knows nothing of verdicts: it starts
-processes, limits them, moves bytes to and from them, and kills them.
+Standard library, kernel_boundary and kernel_verdict (below it; torch, lazily, for a cuda:N device's id
+and arch). It starts processes, limits and confines them, moves bytes to and from them (ask: a request,
+whose failure is a kernel_verdict.Failure), and kills them.
 
-- A worker is `python ENTRY --_worker MODE --cmd-fd C --reply-fd R --fd-sock S ARGS...` (ENTRY: the
-  caller's script, kernel_worker.py, whose __main__ hands `--_supervise` and `--_zygote` back here)
-  under a supervisor (a child subreaper, `python ENTRY --_supervise`, its spec read from a pipe:
-  argv is public) in its own session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no
-  core files, nice, CPU affinity), keeps a bounded tail of stdout/stderr (a flood is killed), and
-  on exit, SIGTERM or the harness's death (it is reparented) kills the worker's process group and
-  every orphan reparented to it. A confined worker (a candidate's) is its supervisor's child behind
-  kernel_boundary's namespaces and uid: the supervisor enters them before any of its code runs.
-- Every process of a worker carries its tag (TAG_ENV) in its initial environment block, which the
-  parent sweeps /proc for (kill_by_tag) after each worker and when a batch is interrupted
-  (stop_everything). The environment is kernel_boundary's allowlist (worker_env), never the
-  trainer's API keys; MALLOC_PERTURB_ poisons fresh heap memory.
-- Zygotes: a process that ran the caller's `preload` (import torch) once forks supervisors and
-  their workers on request, each with its own tag written over the zygote's: the same isolation,
-  without an interpreter start and `import torch` per worker. One out of service (killed, say)
-  makes Worker spawn instead.
-- Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's
-  side (serve: the worker's side). File descriptors (the memory files tensors travel in,
-  kernel_memory) go over a Unix socket.
-- DeviceLock (checks share a device, a timed run has it alone), atomic_write (the harness's one
-  atomic write, with fsync), source_hash.
+- A worker is `python ENTRY --_worker MODE ...` (ENTRY: kernel_worker.py, whose __main__ hands
+  `--_supervise` and `--_zygote` back here) under a supervisor (a child subreaper, its spec read from a
+  pipe: argv is public) in its own session. The supervisor sets the limits (RLIMIT_AS, RLIMIT_FSIZE, no
+  core files, nice, CPU affinity), keeps a bounded tail of stdout/stderr (a flood is killed), and on
+  exit, SIGTERM or the harness's death kills the worker's process group and every orphan reparented to
+  it. A confined worker (a candidate's) runs behind kernel_boundary's namespaces and uid.
+- Every process of a worker carries its tag (TAG_ENV) in its initial environment, which the parent sweeps
+  /proc for (kill_by_tag, stop_everything). The environment: kernel_boundary's allowlist (worker_env)
+  plus worker_environment; MALLOC_PERTURB_ poisons fresh heap memory.
+- Zygotes: a process that imported torch once forks supervisors and their workers, each with its own tag.
+- Channel: a JSON line and raw bytes over pipes, with deadlines and size limits on the parent's side
+  (serve: the worker's side); file descriptors (kernel_memory's memory files) over a Unix socket.
+- device_lock (checks share a device, a timed run has it alone), scratch_dir, atomic_write, source_hash.
 """
 from __future__ import annotations
 
@@ -38,17 +31,57 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
 
 import kernel_boundary as boundary
 from kernel_boundary import worker_env
+from kernel_verdict import Failure, trim_error
 
 # ----------------------------------------------------------------------------- environment
 
 TAG_ENV = "KERNEL_EVAL_TAG"
 POISON_MALLOC_PERTURB = "128"  # glibc fills fresh allocations with 128 ^ 0xff = 0x7f bytes
+
+
+def worker_environment(device: str, arch: str, cache_root: str, build_jobs: int, compiling: bool) -> dict:
+    """What a harness worker gets beyond worker_env's allowlist: its build settings and the one device it sees."""
+    env = {"MAX_JOBS": str(build_jobs), "TORCH_EXTENSIONS_DIR": os.path.join(cache_root, "build")}
+    if device == "cpu" or compiling:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        # tensors up to 32 MiB (glibc's most) from the heap, and up to 256 MiB of freed heap kept: else
+        # a call's large tensors are fresh pages, and its CPU time page faults that vary with the load
+        env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(256 << 20))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(device)
+    if arch:
+        env["TORCH_CUDA_ARCH_LIST"] = arch
+    return env
+
+
+def device_arch(device: str, cuda_arch: str | None) -> str:
+    """The CUDA arch builds target ("" on cpu): `cuda_arch`, else the device's own, e.g. "9.0"."""
+    if device == "cpu":
+        return ""
+    if cuda_arch:
+        return cuda_arch
+    import torch
+    idx = torch.device(device).index or 0
+    major, minor = torch.cuda.get_device_capability(idx)
+    return f"{major}.{minor}"
+
+
+def visible_device(device: str) -> str:
+    import torch
+    idx = torch.device(device).index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return ids[idx] if idx < len(ids) else str(idx)
+    return str(idx)
+
 
 # ----------------------------------------------------------------------------- files and locks
 
@@ -86,10 +119,9 @@ _device_gates_guard = threading.Lock()
 
 
 class DeviceLock:
-    """Device work across threads and processes (an flock on cache_root/locks/device-NAME.lock): a
-    timed run holds the device alone (exclusive); correctness checks share it with each other, never
-    with a timed run. A thread waiting for the exclusive lock holds `gate`, so new checks queue
-    behind it."""
+    """Device work across threads and processes (an flock on cache_root/locks/device-NAME.lock): a timed
+    run holds the device alone (exclusive); checks share it, never with a timed run. A thread waiting for
+    the exclusive lock holds `gate`, so new checks queue behind it."""
 
     def __init__(self, cache_root: str, name: str, exclusive: bool = True):
         with _device_gates_guard:
@@ -112,6 +144,16 @@ class DeviceLock:
         self.file.close()
 
 
+def device_lock(cache_root: str, device: str, exclusive: bool) -> DeviceLock:
+    return DeviceLock(cache_root, "cpu" if device == "cpu" else "cuda" + visible_device(device), exclusive)
+
+
+def scratch_dir(scratch_root: str | None, prefix: str) -> str:
+    root = scratch_root or tempfile.gettempdir()
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
+
+
 # ----------------------------------------------------------------------------- framed channel
 
 class ChannelError(RuntimeError):
@@ -126,9 +168,8 @@ HEADER_MAX_BYTES = 16 << 20
 
 
 class Channel:
-    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits.
-    Not multiprocessing.connection: its recv_bytes blocks past any deadline once a length header has
-    arrived, so a candidate that wrote 4 bytes and stopped would hang the parent."""
+    """JSON header line, then `nbytes` raw bytes; parent side with deadlines and size limits. Not
+    multiprocessing.connection: its recv_bytes blocks past any deadline once a length header has arrived."""
 
     def __init__(self, read_fd: int, write_fd: int, max_bytes: int):
         self.read_fd, self.write_fd, self.max_bytes = read_fd, write_fd, max_bytes
@@ -219,10 +260,10 @@ class Refusal(Exception):
 def serve(cmd_fd: int, reply_fd: int, fd_sock: int, commands: dict, describe, before=None,
           stop_on_error: bool = False) -> None:
     """A worker's side of the channel: until the parent closes it, each command goes to
-    `commands[msg["cmd"]](msg, fds, payload)` (the file descriptors it came with, closed after the
-    reply), whose dict, or (dict, payload), is the reply under the command's nonce. A failure is
-    the reply {"error": describe(exception) or a Refusal's message, "phase": cmd}; `stop_on_error`:
-    and the loop ends. `before(cmd)` runs first."""
+    `commands[msg["cmd"]](msg, fds, payload)` (its file descriptors closed after the reply), whose dict, or
+    (dict, payload), is the reply under the command's nonce. A failure is the reply {"error":
+    describe(exception) or a Refusal's message, "phase": cmd} (`stop_on_error`: and the loop ends).
+    `before(cmd)` runs first."""
     cmd_in, sock = os.fdopen(cmd_fd, "rb"), socket.socket(fileno=fd_sock)
     while True:
         try:
@@ -268,11 +309,9 @@ def kill_by_tag(tag: str) -> int:
         except OSError:
             continue
         if needle in env.split(b"\0"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry), signal.SIGKILL)
                 killed += 1
-            except ProcessLookupError:
-                pass
     return killed
 
 
@@ -319,9 +358,8 @@ def _worker_argv(spec: dict) -> list:
 
 
 class _PidWatch:
-    """Waits for a process through a pidfd: a child of ours (reap: its exit status is collected),
-    or a supervisor forked by a zygote (not ours to reap; its exit reads as 0, and the
-    worker's own exit code is in the supervisor's code file either way)."""
+    """Waits for a process through a pidfd: a child of ours (reap: its exit status is collected), or a
+    zygote's supervisor (not ours to reap: its exit reads as 0; the worker's code is in its code file)."""
 
     def __init__(self, pid: int, reap: bool):
         self.pid, self.reap, self.returncode = pid, reap, None
@@ -349,9 +387,8 @@ class _PidWatch:
 
 
 def _fork_worker(spec: dict, out_w: int, err_w: int, limits, worker_main) -> _PidWatch:
-    """The worker as a fork of this (zygote-forked, torch already imported) supervisor: the same
-    process an exec of `ENTRY --_worker` would be, minus the interpreter start and the preload.
-    `limits()` runs in it first (and enters the boundary, for a confined worker)."""
+    """The worker as a fork of this (zygote-forked, torch imported) supervisor: what an exec of `ENTRY
+    --_worker` would be, less the interpreter start. `limits()` runs in it first (and enters the boundary)."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -379,10 +416,10 @@ def _fork_worker(spec: dict, out_w: int, err_w: int, limits, worker_main) -> _Pi
 
 
 def supervise(spec: dict, worker_main=None) -> int:
-    """Child subreaper: run the worker, then kill it and every orphan reparented to us.
-    `worker_main`: we are a fork of a zygote, and the worker is a fork of us running it (no exec).
-    `spec["confine"]` (a kernel_boundary.confinement plan): the worker is pid 1 of a new PID namespace and enters
-    the rest of the boundary before any of its code runs."""
+    """Child subreaper: run the worker, then kill it and every orphan reparented to us. `worker_main`: we
+    are a fork of a zygote, and the worker a fork of us running it (no exec). `spec["confine"]` (a
+    kernel_boundary.confinement plan): the worker is pid 1 of a new PID namespace and enters the rest of
+    the boundary before any of its code runs."""
     _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     confine = spec.get("confine")
     if confine:
@@ -465,19 +502,15 @@ def supervise(spec: dict, worker_main=None) -> int:
             code = worker.wait(timeout=0.05)
         except subprocess.TimeoutExpired:
             continue
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(worker.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     quiet = 0
     while quiet < 3:  # orphans that called setsid are reparented to us: kill until none are left
         kids = children_of(os.getpid())
         for pid in kids:
             for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
         reap_children()
         quiet = quiet + 1 if not kids else 0
         time.sleep(0.02)
@@ -508,10 +541,9 @@ def resume() -> None:
 
 
 def stop_everything(zygotes: "Zygotes | None") -> None:
-    """An evaluation was interrupted (Ctrl-C, or an exception in the parent): stop every worker,
-    build and reference session now, without waiting for their phases. The supervisors kill their
-    worker's process group and its orphans on SIGTERM; a sweep by tag then kills whatever is left
-    (the supervisors themselves, a compiler a build started)."""
+    """An evaluation was interrupted (Ctrl-C, or an exception in the parent): stop every worker now. The
+    supervisors kill their worker's process group and its orphans on SIGTERM; a sweep by tag then kills
+    whatever is left (the supervisors themselves, a compiler a build started)."""
     with _LIVE_LOCK:
         _STOPPING.set()
         workers = list(_LIVE_WORKERS)
@@ -531,12 +563,11 @@ def stop_everything(zygotes: "Zygotes | None") -> None:
 
 
 class Worker:
-    """A worker process under its supervisor, with a framed channel to it: `python entry --_worker
-    MODE ... ARGS` (or its fork from a zygote), in `scratch`, with the allowlisted environment plus
-    `env_extra`. Limits: `fsize` bytes a file (RLIMIT_FSIZE), `as_bytes` of address space (0: none),
-    `output_bytes` of stdout + stderr kept (more kills it), `message_bytes` a message's payload,
-    `nice`, `cpus` (None: this process's). `confine`: a kernel_boundary.confinement plan, the
-    boundary it runs behind (None: none, as the trusted reference's worker)."""
+    """A worker process under its supervisor, with a framed channel to it: `python entry --_worker MODE ...
+    ARGS` (or its fork from a zygote), in `scratch`, with the allowlisted environment plus `env_extra`.
+    Limits: `fsize` bytes a file, `as_bytes` of address space (0: none), `output_bytes` of stdout + stderr
+    kept (more kills it), `message_bytes` a message, `nice`, `cpus` (None: this process's). `confine`: a
+    kernel_boundary.confinement plan (None: none, as the trusted reference's worker)."""
 
     def __init__(self, mode: str, args: list, scratch: str, env_extra: dict, *, entry: str, fsize: int,
                  output_bytes: int, message_bytes: int, as_bytes: int = 0, nice: int = 0, cpus: list | None = None,
@@ -600,17 +631,13 @@ class Worker:
                 os.kill(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=10)
             except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 self.proc.wait()
         kill_by_tag(self.tag)
         for fd in self.fds:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self.fds = ()
         self.fd_sock.close()
 
@@ -636,10 +663,8 @@ class Worker:
     def death_reason(self, phase: str, summarize=lambda tail: tail[-600:]) -> str:
         """How the worker ended, and `summarize` of its output's tail."""
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         code, flooded = self.exit_record()
         if flooded:
             how = f"wrote more than {self.output_bytes >> 20} MiB to stdout/stderr and was killed"
@@ -654,13 +679,45 @@ class Worker:
         return f"process {how} during {phase}" + (f":\n{tail}" if tail else "")
 
 
+def ask(worker: Worker, who: str, phase: str, timeout_s: float, msg: dict,
+        deadline: float | None = None, fds: tuple = (), limit_note: str = "") -> tuple:
+    """Send a command (and file descriptors), wait for the reply with the same nonce; failures become Failure.
+    An empty `msg`: wait for the worker's next message (its boot). `limit_note`: how timeout_s was derived."""
+    start = time.monotonic()
+    deadline = deadline or start + timeout_s
+    nonce = secrets.token_hex(8)
+    try:
+        if msg:
+            if fds:
+                worker.send_fds(list(fds))
+            worker.channel.send(dict(msg, nonce=nonce, fds=len(fds)), b"", deadline)
+        while True:
+            reply, data = worker.channel.recv(deadline)
+            if "error" in reply:
+                raise Failure("runtime_error", f"{who} failed during {phase}: {reply['error']}")
+            if not msg or reply.get("nonce") == nonce:
+                return reply, data
+    except ChannelTimeout as e:
+        note = f": {limit_note}" if limit_note else ""
+        raise Failure("timeout", f"{who} timed out during {phase} (limit {timeout_s:.3g} s{note})",
+                      waited_s=time.monotonic() - start) from e
+    except ChannelError as e:
+        if str(e) != "closed":
+            why = f"{who} wrote malformed data on the result channel during {phase} ({e})"
+            raise Failure("runtime_error", why) from e
+        raise Failure("runtime_error", f"{who} {death_reason(worker, phase)}") from e
+
+
+def death_reason(worker: Worker, phase: str) -> str:
+    return worker.death_reason(phase, summarize=lambda tail: trim_error(tail, max_lines=6, max_chars=600))
+
+
 # ----------------------------------------------------------------------------- zygotes
 
 def _retag_initial_environment(tag: str) -> None:
-    """Write `tag` over this process's KERNEL_EVAL_TAG value in its initial environment block, in
-    place (setproctitle rewrites argv the same way). /proc/<pid>/environ shows that block, so a
-    process forked from the zygote, and every fork of it, would otherwise carry the zygote's tag,
-    out of reach of its own evaluation's sweep (kill_by_tag)."""
+    """Write `tag` over this process's KERNEL_EVAL_TAG value in its initial environment block, in place
+    (as setproctitle rewrites argv): /proc/<pid>/environ shows that block, so a zygote's fork would
+    otherwise carry the zygote's tag, out of reach of its own evaluation's sweep (kill_by_tag)."""
     import ctypes
     with open("/proc/self/stat") as f:
         env_start = int(f.read().rsplit(")", 1)[1].split()[47])  # field 50, env_start (fields from 3)
@@ -687,8 +744,8 @@ def _prctl(option: int, value) -> None:
 
 
 def set_process_name(name: str) -> None:
-    """The name ps and /proc/<pid>/comm show (15 bytes): a forked process keeps its zygote's
-    command line, so this is how a reader (bench/cpu_by_process.py) tells a forked worker's role."""
+    """The name ps and /proc/<pid>/comm show (15 bytes): how a reader (bench/cpu_by_process.py) tells a
+    forked worker's role (it keeps its zygote's command line)."""
     _prctl(15, name.encode()[:15])  # PR_SET_NAME
 
 
@@ -739,17 +796,13 @@ def zygote_main(sock_fd: int, harness_pid: int, preload, worker_main) -> None:
 
 
 class _Zygote:
-    """A process that has imported torch once, under one worker environment, and forks workers
-    (each under its supervisor) on request, for as long as its Zygotes keeps it (one batch, or a
-    run): the same isolation as a spawned worker's (session, subreaper, process group, limits, tag),
-    and the same environment, so what glibc and torch read at start (MALLOC_PERTURB_, the heap
-    thresholds, CUDA_VISIBLE_DEVICES) is the same.
-    It never creates a CUDA context (each run worker creates its own) and its memory holds nothing
-    secret (the allowlisted environment, the requests it served); the candidate's code runs only in
-    a forked worker, never in the zygote (which an unconfined candidate can still ptrace or kill, as
-    any process of its uid; a confined one cannot see it). When it cannot serve, `fork` returns None
-    and the caller spawns; a supervisor the dying zygote had forked sees it has been reparented and
-    stops its worker."""
+    """A process that imported torch once, under one worker environment, and forks workers (each under
+    its supervisor) on request while its Zygotes keeps it: a spawned worker's isolation (session,
+    subreaper, process group, limits, tag) and environment (what glibc and torch read at start). It never
+    creates a CUDA context and holds nothing secret; a candidate's code runs only in a forked worker (an
+    unconfined candidate can still ptrace or kill it, as any process of its uid; a confined one cannot see
+    it). When it cannot serve, `fork` returns None and the caller spawns; a supervisor it had forked sees
+    itself reparented and stops its worker."""
 
     def __init__(self, env: dict, entry: str):
         self.env, self.entry = env, entry  # env without the tag, which is each worker's own
@@ -804,14 +857,10 @@ class _Zygote:
 
 
 class Zygotes:
-    """One _Zygote per distinct worker environment (and entry), started by the first worker that
-    needs it: kernel_eval on cuda has one for compile workers (CUDA hidden) and one for run workers;
-    on cpu both roles have the same environment and share one. A batch makes its own, or its caller
-    keeps one across batches (`with Zygotes() as zygotes:`), so that each turn of a training run does
-    not pay a zygote's start (its torch import) before its first build. Kept alive between batches,
-    a zygote holds no more than within one: no CUDA context, no candidate's code; a confined
-    candidate cannot see it, and an unconfined one could already write the build cache later
-    batches read."""
+    """One _Zygote per distinct worker environment (and entry), started by the first worker that needs it
+    (on cuda one for compile workers, CUDA hidden, and one for run workers; on cpu they share one). A batch
+    makes its own, or its caller keeps one across batches (`with Zygotes() as zygotes:`), so that a training
+    run's turns do not each pay a torch import; kept, a zygote holds no more than within one batch."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -831,9 +880,8 @@ class Zygotes:
             return list(self.by_env.values())
 
     def drop_out_of_service(self) -> None:
-        """Forget the zygotes that stopped serving (a fork failed: it died, or could not start), so that the
-        next fork starts a fresh one: a caller that keeps them calls this once a batch, which gives each
-        batch the one fresh try that zygotes of its own would have."""
+        """Forget the zygotes that stopped serving (a fork failed), so that the next fork starts a fresh one:
+        called once a batch, it gives each batch the one fresh try that zygotes of its own would have."""
         with self.lock:
             self.by_env = {key: z for key, z in self.by_env.items() if not z.out_of_service}
 

@@ -1,5 +1,6 @@
-"""kernel_verdict: what a verdict is. Statuses and EvalResult, the output comparison, the op check,
-run limits, the paired-timing verdict and finite speedups, and how messages are trimmed.
+"""kernel_verdict: what a verdict is. Statuses and EvalResult, the output comparison, the op check, run
+limits and the timed calls a side gets (block_calls), the paired-timing verdict (paired_verdict,
+timing_verdict) and finite speedups, and how messages are trimmed.
 
 For a candidate C against a reference R (kernel_eval.py runs them; these functions decide):
 
@@ -34,6 +35,15 @@ import kernel_gate
 
 STATUSES = ("format_error", "compile_error", "runtime_error", "timeout", "incorrect", "correct", "reference_error",
             "harness_error")
+
+
+class Failure(Exception):
+    """The end of one candidate's evaluation in a phase: its status (STATUSES) and message."""
+
+    def __init__(self, status: str, message: str, waited_s: float = 0.0):
+        super().__init__(message)
+        self.status, self.message = status, message
+        self.waited_s = waited_s  # a timeout: the seconds the phase was waited on (EvalResult.timeout_seconds)
 
 
 @dataclass
@@ -173,6 +183,23 @@ def run_limit(cfg, ref: tuple | None, ceiling_s: float) -> tuple:
     return derived, how
 
 
+def request_key(msg: dict) -> tuple | str:
+    """The reference's measured request (ReferenceSession.seconds) a candidate's matches: a timing request with
+    as many calls; time_outputs (writing the timed sets' outputs: less than a check) "check"."""
+    if msg["cmd"] == "time_outputs":
+        return "check"
+    return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
+
+
+def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
+    """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
+    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
+    wanted = math.ceil(trials / blocks)
+    if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
+        return wanted
+    return max(1, min(wanted, int(budget_ms / (blocks * per_call_ms))))
+
+
 def paired_verdict(ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) -> dict:
     """The speedup from reference and candidate blocks timed in one window, each block (claimed per-call
     times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's process tree,
@@ -227,6 +254,25 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) 
     return out
 
 
+def timing_verdict(result: EvalResult, ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) -> None:
+    """paired_verdict's speedup, times and message, written into `result` (the timing a check passed)."""
+    verdict = paired_verdict(ref_blocks, cand_blocks, cfg, cpu=cpu)
+    result.ref_ms, result.claimed_ms, result.speedup = verdict["ref_ms"], verdict["claimed_ms"], verdict["speedup"]
+    result.wall_ms = sum(wall for _, wall in cand_blocks)
+    result.blocks = {side: [[len(times), statistics.median(times), statistics.fmean(times), ms / len(times)]
+                            for times, ms in side_blocks]
+                     for side, side_blocks in (("reference", ref_blocks), ("candidate", cand_blocks))}
+    if verdict["problem"]:
+        result.timing_ok, result.speedup = False, 0.0
+        result.candidate_ms = verdict["parent_ms"]
+        result.message = verdict["problem"] + "; speedup not rewarded"
+    else:
+        result.candidate_ms = verdict["claimed_ms"]
+        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
+                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
+                          + (f" ({verdict['note']})" if verdict["note"] else ""))
+
+
 def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
     """(ref_ms / candidate_ms, None), or (0.0, reason) when either time or their ratio is not a
     positive finite number: a claimed 5e-324 ms is positive and finite, its speedup is not."""
@@ -240,6 +286,38 @@ def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:
 
 
 # ----------------------------------------------------------------------------- messages
+
+MAX_RECORDED_ERROR_LINES = 100  # a compile record keeps its .cu unit's errors by line (a probe's answers) up to this
+
+
+def compile_record(msg: dict, built: dict, message_chars: int) -> dict:
+    """A compile worker's last message as the compile's record: ok, compile_error (its build's diagnostics) or
+    deferred; `built`: its builds and profile."""
+    if msg.get("ok"):
+        # the last CUDA build's header tier (None: as written, or none)
+        record = {"status": "ok", "message": "", "header_tier": msg.get("header_tier"),
+                  "torch_preloaded": msg.get("torch_preloaded") is True, **built}
+    elif msg.get("kind") == "build":
+        record = {"status": "compile_error", "message": cut(str(msg.get("message", "")), message_chars),
+                  **built}
+        undefined = msg.get("undefined_names")  # all of the build's errors, when all are undefined names
+        if isinstance(undefined, list) and all(isinstance(n, str) for n in undefined):
+            record["undefined_names"] = undefined
+        errors = msg.get("cuda_errors")  # {line: [messages]} of the .cu unit, when those are all of them
+        if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
+                isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
+            record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
+    else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
+        record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
+    return record
+
+
+def cacheable(record: dict) -> bool:
+    """A compiler diagnostic is a property of the source; a killed compiler or a full disk is not."""
+    return record["status"] == "ok" or (
+        record["status"] == "compile_error" and "error:" in record["message"]
+        and not re.search(r"Killed|internal compiler error|No space left|\.gch|signal", record["message"]))
+
 
 def cut(text: str, n: int) -> str:
     """`text`, at most n characters (an ellipsis marks a cut)."""

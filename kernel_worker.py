@@ -9,20 +9,18 @@ is one of three, each a function here:
   kernel_build's patch when kernel_build.py is there, plain load_inline otherwise), and reports once:
   ok (how many builds, the header tier, a time profile), a build error (the compiler's diagnostics at
   the candidate's lines), or another import error (judged again at load).
-- ref (_reference_worker), trusted: the task's own code. It writes the model's init inputs, and the
-  inputs it draws from the parent's secret seeds, to memory files the parent seals, keeps the
-  reference outputs (they never leave this process) and compares a candidate's output file with
-  them (kernel_verdict.compare_outputs): it sends back the first difference, or None.
-- cand (_candidate_worker), untrusted: the candidate's code. It is given inputs only, runs the check
-  trials on clones of them under an aten operator recorder and writes each call's outputs to a memory
-  file of its own; it sends back which inputs each trial changed and the ops it saw, never a verdict.
+- ref (_reference_worker), trusted: the task's own code. It writes the model's init inputs and the
+  inputs it draws from the parent's secret seeds to memory files the parent seals, keeps the reference
+  outputs (they never leave this process) and compares a candidate's output file with them
+  (kernel_verdict.compare_outputs): it sends back the first difference, or None.
+- cand (_candidate_worker), untrusted: the candidate's code. It runs the check trials on clones of the
+  inputs under an aten operator recorder and writes each call's outputs to a memory file of its own; it
+  sends back which inputs each trial changed and the ops it saw, never a verdict.
 
-Both run workers boot before any code of their task loads (torch imported, the device's context
-created, load_inline patched: _TaskWorker) while the candidate compiles, and both are timed in the
-same loop (TimingLoop), each reporting its own per-call times, which the parent cross-checks with its
-own clock. Every output a forward returns must be a plain tensor with no torch mode left active
-(OutputCheck). A failure is sent back at the line of the task's code where it happened
-(describe_exception).
+Both run workers boot while the candidate compiles (_TaskWorker) and are timed in the same loop
+(TimingLoop), each reporting its own per-call times, which the parent cross-checks with its own clock.
+Every output must be a plain tensor with no torch mode left active (OutputCheck); a failure is sent
+back at the line of the task's code where it happened (describe_exception).
 """
 from __future__ import annotations
 
@@ -38,7 +36,7 @@ import kernel_sandbox as sandbox
 from kernel_memory import TRUSTED_FILE_MAX_BYTES, TensorFileWriter, read_tensor_sets, write_tensor_sets
 from kernel_verdict import compare_outputs, cut, trim_error
 
-try:  # per-hash build directories and -O3, header tiers, precompiled headers (kernel_eval's docstring, step 2)
+try:  # per-hash build directories and -O3, header tiers, precompiled headers (kernel_build.py's docstring)
     import kernel_build
 except ModuleNotFoundError as e:  # plain load_inline, in a directory of the source's own (_install_builder)
     if e.name != "kernel_build":

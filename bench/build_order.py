@@ -77,7 +77,8 @@ def main() -> None:
                             cache_root=os.path.join(root, f"{task.replace('/', '_')}-{label[:4]}-{first}-{i}"),
                             build=kernel_build.BuildConfig(device_unit_first=first))
                         t0 = time.monotonic()
-                        record = kernel_eval._compile(source, "cuda", a.arch, cfg, probes=False)
+                        record = kernel_eval._compile(source, kernel_eval.Context("cuda", a.arch, cfg),
+                                                      probes=False)
                         seconds[first].append(time.monotonic() - t0)
                         statuses[first].add(f"{record['status']} ({record.get('builds')} builds)")
                 print(f"| {task} | {label} | {' / '.join(f'{s:.1f}' for s in seconds[False])} "

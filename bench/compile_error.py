@@ -86,7 +86,7 @@ def main() -> None:
 
             def timed(source: str, cfg: kernel_eval.EvalConfig, probes: bool) -> tuple:
                 t0 = time.monotonic()
-                record = kernel_eval._compile(source, "cuda", a.arch, cfg, probes=probes)
+                record = kernel_eval._compile(source, kernel_eval.Context("cuda", a.arch, cfg), probes=probes)
                 return time.monotonic() - t0, record
 
             without, record = timed(broken, plain, probes=False)

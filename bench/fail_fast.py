@@ -74,7 +74,8 @@ def main() -> None:
                                              build=kernel_build.BuildConfig(**flags)) for side, flags in SIDES.items()}
         sources = kinds(solution, a.no_cublas)
         for side, cfg in cfgs.items():
-            kernel_eval._compile(sources["undefined name"], "cuda", a.arch, cfg)  # its probe answered
+            # its probe answered
+            kernel_eval._compile(sources["undefined name"], kernel_eval.Context("cuda", a.arch, cfg))
             # the host units' precompiled header from that slim build's flags (kernel_build.warm_host_pch
             # builds it from a slim build that imports, which a box without CUDA's libraries has none of)
             header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
@@ -89,7 +90,7 @@ def main() -> None:
                 for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                     new = source.replace("__global__", f"// bench {side} {i}\n__global__", 1)
                     t0 = time.monotonic()
-                    record = kernel_eval._compile(new, "cuda", a.arch, cfgs[side])
+                    record = kernel_eval._compile(new, kernel_eval.Context("cuda", a.arch, cfgs[side]))
                     seconds[kind, side].append(time.monotonic() - t0)
                     statuses[kind, side].add(f"{record['status']} ({record.get('builds')} builds)")
                     print(f"# {kind} {side} {i}: {seconds[kind, side][-1]:.1f} s {record['status']}", flush=True)

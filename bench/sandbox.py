@@ -34,9 +34,9 @@ def worker_start_seconds(device: str, arch: str, cfg: kernel_eval.EvalConfig, sr
     scratch = tempfile.mkdtemp(prefix="bench-sandbox-", dir=cfg.scratch_root)
     try:
         t0 = time.perf_counter()
-        worker = kernel_eval._spawn("cand", src, device, arch, cfg, scratch, zygotes)
+        worker = kernel_eval._spawn("cand", src, kernel_eval.Context(device, arch, cfg, zygotes), scratch)
         try:
-            kernel_eval._ask(worker, "candidate", "load", cfg.load_timeout_s, {})  # its boot message
+            kernel_sandbox.ask(worker, "candidate", "load", cfg.load_timeout_s, {})  # its boot message
             return time.perf_counter() - t0
         finally:
             worker.stop()
@@ -59,7 +59,7 @@ def main() -> None:
     reference = open(os.path.join(ROOT, "tests", "adversarial", "reference.py")).read()
     candidate = open(os.path.join(ROOT, "tests", "adversarial", language, "benign.py")).read()
     cfgs = {m: kernel_eval.EvalConfig(cache_root=cache_root, sandbox=m) for m in MODES}
-    arch = kernel_eval._device_arch(a.device, cfgs["off"])
+    arch = kernel_sandbox.device_arch(a.device, cfgs["off"].cuda_arch)
 
     starts = {m: [] for m in MODES}
     zygotes = kernel_sandbox.Zygotes()

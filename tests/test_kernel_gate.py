@@ -651,9 +651,11 @@ FLAGGED = {  # what the harness names for each refused row's calls (FORWARD_CALL
 }
 
 
-def test_imports_alone_with_only_the_standard_library(tmp_path):
-    """Copied alone into an empty folder, the gate judges without torch or another project module."""
-    shutil.copy(os.path.join(ROOT, "kernel_gate.py"), tmp_path)
+def test_imports_with_only_the_standard_library(tmp_path):
+    """Copied with its type inference (kernel_types.py) into an empty folder, the gate judges without
+    torch or another project module."""
+    for name in ("kernel_gate.py", "kernel_types.py"):
+        shutil.copy(os.path.join(ROOT, name), tmp_path)
     (tmp_path / "ok.py").write_text(summarize.EXAMPLE_CPP)
     (tmp_path / "torch_compute.py").write_text(candidate(forward="return torch.relu(x)"))
     out = subprocess.run([sys.executable, "-S", "-E", "-c",

@@ -221,10 +221,10 @@ def test_trim_error_without_error_lines_keeps_the_tail():
 
 
 def test_imports_alone_with_the_gate_and_no_process_machinery(tmp_path):
-    """Copied with kernel_gate.py (its one project import: the op list) into an empty folder, the
-    verdict module imports with the standard library only: no torch until outputs are compared, no
-    processes, no other module of the harness."""
-    for name in ("kernel_verdict.py", "kernel_gate.py"):
+    """Copied with kernel_gate.py (its one project import: the op list) and the gate's kernel_types.py
+    into an empty folder, the verdict module imports with the standard library only: no torch until
+    outputs are compared, no processes, no other module of the harness."""
+    for name in ("kernel_verdict.py", "kernel_gate.py", "kernel_types.py"):
         shutil.copy(os.path.join(ROOT, name), tmp_path)
     code = ("import sys, kernel_verdict as v; "
             "assert not {'torch', 'subprocess', 'multiprocessing', 'kernel_sandbox', 'kernel_eval'} & set(sys.modules); "
@@ -232,3 +232,12 @@ def test_imports_alone_with_the_gate_and_no_process_machinery(tmp_path):
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['aten::add'] ab..."
+
+
+def test_block_calls_keep_a_small_tasks_count_and_time_a_slow_one_within_the_budget():
+    # 100 trials over 4 blocks in a 1000 ms budget: 25 calls a block while they fit it, fewer when one
+    # call is long (20 ms: 12 a block, 0.96 s a side), never none (a call longer than the budget)
+    assert verdict.block_calls(100, 4, 1000.0, 0.5) == 25 == verdict.block_calls(100, 4, 1000.0, 10.0)
+    assert verdict.block_calls(100, 4, 1000.0, 20.0) == 12 and 12 * 4 * 20.0 <= 1000.0
+    assert verdict.block_calls(100, 4, 1000.0, 5000.0) == 1
+    assert verdict.block_calls(100, 4, 1000.0, 0.0) == 25  # unmeasured: as asked

@@ -220,7 +220,7 @@ def test_bad_arguments():
 
 
 def test_imports_with_only_the_standard_library_and_the_gate(tmp_path):
-    for name in ("summarize.py", "kernel_gate.py"):
+    for name in ("summarize.py", "kernel_gate.py", "kernel_types.py"):
         shutil.copy(os.path.join(ROOT, name), tmp_path)
     out = subprocess.run([sys.executable, "-S", "-E", "-c",
                           "import summarize, sys; assert 'Import only' in summarize.base_instruction('cuda'); "
