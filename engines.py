@@ -23,17 +23,10 @@ cannot report them (HTTP, oracle) give None; train.py computes its own old log-p
 A completion is cut right after the token that sampled an EOS or completed a stop string
 ("stop"), or at max_new_tokens ("length").
 
-The distribution is one function, `sampling_scores` (pi = softmax(sampling_scores(logits,
-temperature, top_p))), and both of HFEngine's decoders sample from it:
-- the fast decoder (fast_decoder.py, default on CUDA): a shared prefill per distinct prompt,
-  a static KV cache, a decoding step captured in a CUDA graph; its module docstring says how.
-  It is imported only when used: engines.py copied alone imports, and HFEngine then decodes
-  through generate (with a warning; `fast=True` raises instead);
-- plain transformers `generate` (`fast=False`; the default on CPU): left-padded batches,
-  sampling_scores as the last logits processor, a stopping criterion that records each
-  row's cut.
-Under FSDP2 either one runs inside `unsharded_for_generation`: the model is all-gathered once
-per generate call, not once per step.
+The distribution is one function, `sampling_scores`, and both of HFEngine's decoders sample from
+it: the fast decoder (fast_decoder.py, default on CUDA, imported only when used) and plain
+transformers `generate` (`fast=False`, the default on CPU). Under FSDP2 either runs inside
+`unsharded_for_generation`: the model is all-gathered once per generate call.
 """
 from __future__ import annotations
 

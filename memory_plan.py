@@ -27,10 +27,8 @@ at full length, the worst case). The phases: load, generation, log-probs (no gra
 phase's peak is the sum of what is alive in it. `offload_for_generation` moves the fp32 shards and
 the AdamW moments to host memory while the engine decodes (verl's offload for rollout).
 
-The layer temporaries per token are counted from the Qwen2 / Llama layer as transformers runs it
-(q, k, v, attention output, o_proj, two norms, gate, up, act(gate) x up, down; bf16); a model of
-another shape is counted the same way and may differ. tests/test_memory_plan.py compares the plan
-with allocations measured on the CPU; bench/rehearsal.py compares it on a GPU, phase by phase.
+Layer temporaries are counted from the Qwen2 / Llama layer as transformers runs it; the plan is
+checked against measured allocations by tests/test_memory_plan.py (CPU) and bench/rehearsal.py (GPU).
 """
 from __future__ import annotations
 
