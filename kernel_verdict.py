@@ -268,9 +268,13 @@ def timing_verdict(result: EvalResult, ref_blocks: list, cand_blocks: list, cfg,
         result.message = verdict["problem"] + "; speedup not rewarded"
     else:
         result.candidate_ms = verdict["claimed_ms"]
-        result.message = (f"correct; {result.ref_ms:.4g} ms reference vs {result.candidate_ms:.4g} ms "
-                          f"candidate ({result.speedup:.3g}x), timed in turn in one window"
-                          + (f" ({verdict['note']})" if verdict["note"] else ""))
+        result.message = correct_message(result.ref_ms, result.candidate_ms, result.speedup, verdict["note"])
+
+
+def correct_message(ref_ms: float, candidate_ms: float, speedup: float, note: str = "") -> str:
+    """A timed correct verdict's message."""
+    return (f"correct; {ref_ms:.4g} ms reference vs {candidate_ms:.4g} ms candidate ({speedup:.3g}x), "
+            "timed in turn in one window" + (f" ({note})" if note else ""))
 
 
 def finite_speedup(ref_ms: float, candidate_ms: float) -> tuple:

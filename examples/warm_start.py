@@ -47,13 +47,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import engines  # noqa: E402
+import kernel_verdict  # noqa: E402
 import rollout  # noqa: E402
 import summarize  # noqa: E402
 import tasks as tasks_module  # noqa: E402
 from train_log import code_id  # noqa: E402
 
 VARIANTS = ("fast", "slow", "wrong_values", "no_compile")
-CORRECT_VARIANTS = ("fast", "slow")
 DEFAULT_SHARES = "fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3"
 SLOW_PASSES = 8   # the slow variant does the solution's work this many times over
 DEFAULT_TASKS = "level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim"
@@ -86,8 +86,6 @@ MADE_UP_VERDICTS = {
                    "message": "compilation failed:\nError building extension '{name}'\nline {line} (cuda.cu:{line}): "
                               "error: identifier \"{var}\" is undefined"},
 }
-CORRECT_MESSAGE = ("correct; {ref_ms:.4f} ms reference vs {candidate_ms:.4f} ms candidate ({speedup:.3f}x), timed "
-                   "in turn in one window")
 
 # transformers' Qwen2Tokenizer pre-tokenisation regex (PRETOKENIZE_REGEX there)
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -206,7 +204,7 @@ def response_text(task, code: str, language: str, rng: random.Random) -> str:
 def made_up_feedback(solution: str, variant: str) -> str:
     verdict = dict(MADE_UP_VERDICTS[variant])
     if verdict["status"] == "correct":
-        verdict["message"] = CORRECT_MESSAGE.format(**verdict)
+        verdict["message"] = kernel_verdict.correct_message(verdict["ref_ms"], verdict["candidate_ms"], verdict["speedup"])
     elif variant == "no_compile":
         broken, var = drop_declaration(solution)
         name = re.search(r"name\s*=\s*[\"']([^\"']+)", solution)
