@@ -45,7 +45,7 @@ HELDOUT=${HELDOUT-level1/02_gelu_tanh,level2/06_bias_tanh_multiply}
 # schedule's length, so that lr has decayed when WS_SECONDS run out (a sampled policy at a high lr is
 # noisy: more kernels that are no variant, each a new build in step 1)
 HIDDEN=${HIDDEN:-384}; LAYERS=${LAYERS:-4}; HEADS=${HEADS:-6}
-WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-100}; WS_SECONDS=${WS_SECONDS:-110}; WS_LR=${WS_LR:-1e-3}
+WS_BATCH=${WS_BATCH:-64}; WS_STEPS=${WS_STEPS:-150}; WS_SECONDS=${WS_SECONDS:-150}; WS_LR=${WS_LR:-1e-3}
 WS_CHECK=${WS_CHECK:-0}    # samples per task in the final exact-variant check (0: RL's step 1 measures it)
 WS_EVAL=${WS_EVAL:-0}      # samples per task judged by the harness after the warm start (0: RL's step 1,
                            # sampled before any update, measures the warm start on G x T x tasks samples)
@@ -53,7 +53,9 @@ WS_EVAL=${WS_EVAL:-0}      # samples per task judged by the harness after the wa
 # variants; later-turn prompts (the earlier attempts with the harness's real feedback) and, of their
 # responses, the share that repeats the last attempt's code whatever its verdict
 SHARES=${SHARES:-fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3}
-LATER=${LATER:-0.4}; REPEAT=${REPEAT:-0.25}
+# STRAY: the share of those earlier attempts that are none of the variants (cut off, a line dropped), as
+# the sampled policy's often are: without them half of turn 2's answers were format errors
+LATER=${LATER:-0.4}; REPEAT=${REPEAT:-0.25}; STRAY=${STRAY:-0.3}
 TEMPERATURE=${TEMPERATURE:-0.6}
 GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64
 # G=8: at 16 the first step's cold nvcc builds (two seeds at once) took 100-180 s and each seed
@@ -88,7 +90,7 @@ task_ids=$(echo "$TASKS" | tr ',' '\n' | sed 's|^|builtin/|' | paste -sd,)
 n_tasks=$(echo "$TASKS" | tr ',' '\n' | wc -l)
 warmup_frac=$(awk -v w="$WARMUP" -v s="$STEPS" 'BEGIN { printf "%.6f", w / (2 * s) }')
 { date -u; nvidia-smi -L 2>/dev/null; git log --oneline -1 2>/dev/null; git status --short 2>/dev/null | head -20
-  for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL SHARES LATER REPEAT \
+  for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL SHARES LATER REPEAT STRAY \
            TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE ADV_GROUPS STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
       echo "$v=${!v}"; done
   # what an earlier run on this machine left in the harness's cache: a later call finds its builds and probes
@@ -109,7 +111,7 @@ fi
 timeout -s INT "${WS_TIMEOUT:-$(( WS_SECONDS + 120 ))}" "$PY" examples/warm_start.py --language "$LANGUAGE" \
     --device "$DEVICE" --tasks "$TASKS" --heldout "$HELDOUT" --out "$WORK/warm" --hidden "$HIDDEN" \
     --layers "$LAYERS" --heads "$HEADS" --batch-size "$WS_BATCH" --steps "$WS_STEPS" --lr "$WS_LR" \
-    --shares "$SHARES" --later-turn-share "$LATER" --repeat-share "$REPEAT" \
+    --shares "$SHARES" --later-turn-share "$LATER" --repeat-share "$REPEAT" --stray-share "$STRAY" \
     --max-seconds "$WS_SECONDS" --check-every 200 --check-samples "$WS_CHECK" --eval-temperature "$TEMPERATURE" \
     --target-on-distribution 0.85 --eval-samples "$WS_EVAL" --max-new-tokens "$MAX_NEW" > "$WORK/warm_start.log" 2>&1
 note "warm start exit $?"

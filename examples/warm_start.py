@@ -47,6 +47,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import engines  # noqa: E402
+import kernel_gate  # noqa: E402
 import kernel_verdict  # noqa: E402
 import rollout  # noqa: E402
 import summarize  # noqa: E402
@@ -219,6 +220,32 @@ def draw_variant(rng: random.Random, shares: dict) -> str:
     return rng.choices(list(shares), weights=list(shares.values()))[0]
 
 
+def stray_attempt(task, language: str, rng: random.Random, shares: dict) -> summarize.Attempt:
+    """An earlier attempt that is none of the variants, as a sampled policy writes many: a variant's
+    response cut off at a random point (the format error rollout records for it: the parser's or the
+    gate's own words), or its code with one line dropped (a compile error, its message made up in the
+    harness's shape). RL's later-turn prompts show such attempts; a warm start that never saw one
+    loses the answer format after them (half of turn 2's answers in an H100 run were format errors)."""
+    code = variant_code(task.solutions[language], draw_variant(rng, shares), language)
+    text = response_text(task, code, language, rng)
+    if rng.random() < 0.5:
+        parsed = summarize.parse_response(text[:rng.randrange(1, len(text))])
+        rejection = parsed.error or (None if parsed.code else "no code in the response")
+        rejection = rejection or kernel_gate.check_format(parsed.code, language)
+        if rejection is not None:
+            return summarize.Attempt(code=parsed.code or "", summary=parsed.summary or "",
+                                     feedback=summarize.feedback(rejection))
+    lines = code.split("\n")
+    dropped = rng.randrange(len(lines))
+    unit = f"cuda.cu:{dropped + 1}" if language == "cuda" else f"main.cpp:{dropped + 1}:1"
+    message = (f"compilation failed:\nError building extension 'ext'\nline {dropped + 1} ({unit}): "
+               "error: expected a \";\"")
+    words = dict(task_words(task), lang="CUDA" if language == "cuda" else "C++")
+    return summarize.Attempt(code="\n".join(lines[:dropped] + lines[dropped + 1:]),
+                             summary=rng.choice(SUMMARIES).format(**words),
+                             feedback=summarize.feedback({"status": "compile_error", "message": message}))
+
+
 class Feedback:
     """The feedback line an earlier attempt of each (task, variant) gets in a later-turn prompt: the
     harness's real one from variants.json once `--variants-only` (run beside the training) has written
@@ -256,6 +283,10 @@ def draw_example(task, tokenizer, rng: random.Random, args, feedback=None) -> Ex
     history, last = [], None
     if rng.random() < args.later_turn_share:
         for _ in range(rng.choice((1, 2))):
+            if rng.random() < args.stray_share:
+                last = None   # nothing a response could repeat
+                history.append(stray_attempt(task, args.language, rng, args.shares))
+                continue
             last = draw_variant(rng, args.shares)
             history.append(summarize.Attempt(
                 code=variant_code(solution, last, args.language),
@@ -506,6 +537,9 @@ def parse_args(argv=None):
                    help="share of training prompts that show earlier attempts (turns > 0)")
     p.add_argument("--repeat-share", type=float, default=0.25,
                    help="share of later-turn responses that repeat the last attempt's code, whatever its verdict")
+    p.add_argument("--stray-share", type=float, default=0.3,
+                   help="share of earlier attempts in later-turn prompts that are none of the variants "
+                        "(cut off, or a line dropped), as a sampled policy's are")
     p.add_argument("--max-prompt-tokens", type=int, default=3072)
     # tokenizer and model
     p.add_argument("--vocab-size", type=int, default=4096)
@@ -537,8 +571,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=1024)
     args = p.parse_args(argv)
     args.harness_device = args.harness_device or ("cuda" if args.language == "cuda" else "cpu")
-    if not 0.0 <= args.later_turn_share <= 1.0 or not 0.0 <= args.repeat_share <= 1.0:
-        p.error("--later-turn-share and --repeat-share must be in [0, 1]")
+    if not all(0.0 <= share <= 1.0 for share in (args.later_turn_share, args.repeat_share, args.stray_share)):
+        p.error("--later-turn-share, --repeat-share and --stray-share must be in [0, 1]")
     try:
         args.shares = parse_shares(args.shares)
     except ValueError as e:

@@ -116,7 +116,8 @@ def test_variant_mixture_follows_the_shares():
 
 
 def test_later_turn_prompts_show_earlier_attempts(tokenizer):
-    args = warm_start.parse_args(["--out", "unused", "--language", "cuda", "--later-turn-share", "1"])
+    args = warm_start.parse_args(["--out", "unused", "--language", "cuda", "--later-turn-share", "1",
+                                  "--stray-share", "0"])
     task = warm_start.select_tasks(ALL_TASKS, "level1/07_row_sum")[0]
     example = warm_start.draw_example(task, tokenizer, random.Random(3), args)
     text = tokenizer.decode(example.prompt_ids)
@@ -126,7 +127,7 @@ def test_later_turn_prompts_show_earlier_attempts(tokenizer):
 
 def test_a_repeat_response_is_the_last_attempts_code(tokenizer):
     args = warm_start.parse_args(["--out", "unused", "--language", "cpp", "--later-turn-share", "1",
-                                  "--repeat-share", "1"])
+                                  "--repeat-share", "1", "--stray-share", "0"])
     task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
     for seed in range(6):
         example = warm_start.draw_example(task, tokenizer, random.Random(seed), args)
@@ -134,6 +135,38 @@ def test_a_repeat_response_is_the_last_attempts_code(tokenizer):
         code = summarize.parse_response(tokenizer.decode(example.response_ids, skip_special_tokens=True)).code
         last_attempt = prompt[prompt.rindex(f"Attempt {example.n_attempts}:"):]
         assert code.strip() in last_attempt
+
+
+@pytest.mark.parametrize("language", ["cuda", "cpp"])
+def test_stray_attempts_are_none_of_the_variants_and_get_rollouts_feedback(language):
+    task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
+    shares = warm_start.parse_shares(warm_start.DEFAULT_SHARES)
+    raw = [warm_start.variant_code(task.solutions[language], v, language) for v in warm_start.VARIANTS]
+    variants = {code.strip() for code in raw}
+    kinds = set()
+    for seed in range(40):
+        attempt = warm_start.stray_attempt(task, language, random.Random(seed), shares)
+        assert attempt.code.strip() not in variants
+        if attempt.feedback.startswith("Your response broke a rule"):
+            kinds.add("format")   # what rollout would record for the same cut response: a rule it broke
+            assert attempt.code == "" or kernel_gate.check_format(attempt.code, language) is not None
+        else:
+            kinds.add("compile")
+            assert attempt.feedback.startswith("Your code failed to compile: compilation failed:")
+            # one line of a variant dropped
+            assert any(len(attempt.code.split("\n")) + 1 == len(code.split("\n")) for code in raw)
+    assert kinds == {"format", "compile"}
+
+
+def test_a_stray_last_attempt_is_never_repeated(tokenizer):
+    args = warm_start.parse_args(["--out", "unused", "--language", "cpp", "--later-turn-share", "1",
+                                  "--repeat-share", "1", "--stray-share", "1"])
+    task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
+    variants = {warm_start.variant_code(task.solutions["cpp"], v, "cpp").strip() for v in warm_start.VARIANTS}
+    for seed in range(6):
+        example = warm_start.draw_example(task, tokenizer, random.Random(seed), args)
+        code = summarize.parse_response(tokenizer.decode(example.response_ids, skip_special_tokens=True)).code
+        assert code.strip() in variants and example.n_attempts in (1, 2)
 
 
 def test_later_turns_show_the_harness_feedback_once_variants_json_is_there(tmp_path):
