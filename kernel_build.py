@@ -88,7 +88,7 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
     state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0, "probe_asked": False,
              "device_unit_first": False}
     base_key = (torch.__version__, sys.version_info[:2], arch)
-    host_header = write_host_header(cache_root, torch.__version__) if config.host_pch and cuda_header_tiers else None
+    host_header = write_host_header(cache_root) if config.host_pch and cuda_header_tiers else None
     inline, load = ce.load_inline, ce.load
 
     def fix_flags(args: dict, cuda: bool) -> None:
@@ -645,10 +645,15 @@ def write_lean_op_headers(names: list, ops_dir: str, root: str) -> str:
     return include_dir
 
 
-def write_host_header(cache_root: str, torch_version: str) -> str:
+def write_host_header(cache_root: str) -> str:
     """SLIM_HOST_HEADERS as a file of their own under cache_root, which the slim tier's host units
     include first: g++ then reads its precompiled form (<file>.gch, build_host_pch) where one is valid
-    for the unit's flags, and parses the headers where none is (same unit either way)."""
+    for the unit's flags, and parses the headers where none is (same unit either way). Its folder is
+    named by torch's installed metadata version, which the harness's process (no torch imported) and
+    its workers read alike; torch.__version__ can differ from it (2.11's CUDA 13 build), and a worker
+    that named another folder than the one bound for it could not write there."""
+    import importlib.metadata
+    torch_version = importlib.metadata.version("torch")
     path = os.path.join(cache_root, "host_pch", source_hash(SLIM_HOST_HEADERS, torch_version)[:24],
                         "kernel_eval_host.h")
     if not os.path.exists(path):
@@ -724,8 +729,7 @@ def warm_host_pch(cache_root: str, compile_harness_source) -> None:
     `compile_harness_source(HOST_PCH_SOURCE)` (kernel_eval's compile of the harness's own source,
     behind the same boundary, the only one that may write there) builds it; the header's directory
     is root's again after it."""
-    import torch
-    header = write_host_header(cache_root, torch.__version__)
+    header = write_host_header(cache_root)
     if os.path.exists(header + ".gch"):
         return
     directory, root = os.path.dirname(header), os.geteuid() == 0

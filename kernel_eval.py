@@ -771,7 +771,7 @@ def _confinement(ctx: Context, src_path: str, workdir: str, candidate_src: str, 
         binds.append((probes_dir, probes_dir, False))
     if _reads_host_pch(cfg):  # patch_load_inline writes it if missing
         # the header, written here: its directory is read-only there (warm_host_pch aside)
-        host_header = kernel_build.write_host_header(cfg.cache_root, _torch_version())
+        host_header = kernel_build.write_host_header(cfg.cache_root)
         binds.append((os.path.dirname(host_header), os.path.dirname(host_header), writes_host_pch))
     return kernel_boundary.candidate_confinement(cfg.cache_root, cfg.scratch_root, src_path, workdir, own,
                                                  writable=compiling or kernel_build is None, binds=binds)

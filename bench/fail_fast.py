@@ -35,7 +35,6 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import kernel_build  # noqa: E402
-import torch  # noqa: E402
 import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
 from compile_error import toolkit_for_cpu_torch  # noqa: E402
@@ -78,7 +77,7 @@ def main() -> None:
             kernel_eval._compile(sources["undefined name"], kernel_eval.Context("cuda", a.arch, cfg))
             # the host units' precompiled header from that slim build's flags (kernel_build.warm_host_pch
             # builds it from a slim build that imports, which a box without CUDA's libraries has none of)
-            header = kernel_build.write_host_header(cfg.cache_root, torch.__version__)
+            header = kernel_build.write_host_header(cfg.cache_root)
             for ninja in glob.glob(os.path.join(cfg.cache_root, "**", "build", "*", "build.ninja"), recursive=True):
                 if "op_headers" in open(ninja).read() and kernel_build.build_host_pch(header, os.path.dirname(ninja)):
                     break
