@@ -61,6 +61,12 @@ def variant_shares(row: dict, variants: dict) -> dict:
     return {name: names.count(name) / len(names) for name in sorted(set(names))} if names else {}
 
 
+def format_errors_per_turn(row: dict) -> list:
+    """Each turn's share of samples that are format errors (no code, or code the gate refused)."""
+    turns = sorted({s[1] for s in row.get("samples", [])})
+    return [_mean(float(s[2] == "format_error") for s in row["samples"] if s[1] == t) for t in turns]
+
+
 def done_when(rows: list, window: int = 5) -> dict:
     """Issue 61's lines on one run's rows; each value None where the rows cannot say."""
     last = rows[-window:]
@@ -92,7 +98,7 @@ def run_table(run: dict, variants: dict) -> str:
     rows = run["rows"]
     names = sorted({n for r in rows for n in variant_shares(r, variants)},
                    key=lambda n: (["fast", "slow", "wrong_values", "no_compile", "other", "no code"] + [n]).index(n))
-    head = ["step", "correct", "turn 1 / 2", "speedup (correct)", "turn 1 / 2", *names, "reward",
+    head = ["step", "correct", "turn 1 / 2", "speedup (correct)", "turn 1 / 2", *names, "format errors turn 1 / 2", "reward",
             "eval s", "compile error p50 s", "step s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for r in rows:
@@ -100,7 +106,8 @@ def run_table(run: dict, variants: dict) -> str:
         errors = r.get("latency_by_status", {}).get("compile_error", [])
         cells = [str(r["step"]), _pct(r["correct_rate"]), " / ".join(f"{100 * c:.0f}" for c in r["correct_rate_per_turn"]),
                  _x(r.get("speedup_correct_mean")), " / ".join(_x(s) for s in r.get("speedup_correct_mean_per_turn", [])),
-                 *[_pct(shares.get(n, 0.0)) for n in names], f"{r['reward_mean']:.3f}",
+                 *[_pct(shares.get(n, 0.0)) for n in names],
+                 " / ".join(f"{100 * f:.0f}" for f in format_errors_per_turn(r)), f"{r['reward_mean']:.3f}",
                  f"{r.get('seconds_evaluation', float('nan')):.0f}",
                  "-" if not errors else f"{statistics.median(errors):.1f} ({len(errors)})",
                  f"{r.get('seconds_step', float('nan')):.0f}"]

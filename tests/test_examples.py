@@ -59,7 +59,8 @@ def test_report_names_the_variants_and_the_compile_errors_latency(tmp_path):
     rows = [_row(s, 0.75, 0.5, samples=samples, latencies={"compile_error": [2.0 * s]}) for s in range(1, 11)]
     a = _write_run(str(tmp_path / "rl_seed0"), rows)
     text = learning_report.report([learning_report.load_run(a)], learning_report.load_variants(str(variants)))
-    assert "| fast | slow | no code |" in text and "| 25.0% | 50.0% | 25.0% |" in text
+    assert "| fast | slow | no code | format errors turn 1 / 2 |" in text
+    assert "| 25.0% | 50.0% | 25.0% | 0 / 50 |" in text   # turn 2: one of two samples
     # ten compile errors at 2, 4, ..., 20 s: p50 the 6th (12 s), p90 the 10th (20 s)
     assert "10 verdicts: p50 12.0 s, p90 20.0 s (goal p50 <= 8 s): **no**" in text
     png_dir = tmp_path / "png"
