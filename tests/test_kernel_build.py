@@ -455,6 +455,16 @@ def test_slim_host_units_include_the_shared_header_first(monkeypatch, tmp_path):
 
 
 
+def test_the_harness_and_its_workers_name_the_same_host_header(tmp_path, monkeypatch):
+    """The parent (no torch imported) binds the header's folder into a confined worker, which writes the
+    header there if missing: both must name one folder even where torch.__version__ carries a local suffix
+    its metadata lacks (torch 2.11's CUDA 13 build: "2.11.0+cu130" against "2.11.0")."""
+    import torch
+    parent = kb.write_host_header(str(tmp_path))
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + "+cu130")
+    assert kb.write_host_header(str(tmp_path)) == parent
+
+
 @pytest.mark.slow
 def test_host_pch_is_built_from_the_units_flags_and_used_by_another_extension(tmp_path):
     """build_host_pch reads the flags torch wrote for a build and precompiles the header with them;
