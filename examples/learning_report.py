@@ -76,7 +76,8 @@ def done_when(rows: list, window: int = 5) -> dict:
     evaluation = [r["seconds_evaluation"] for r in rows if "seconds_evaluation" in r]
     checks = {
         "steps": (len(rows), len(rows) >= 2 * window),
-        "correct rate": ((c1, cl), cl >= c1 + RATE_POINTS - 1e-9 or cl >= RATE_FACTOR * c1 - 1e-9),
+        # 2x of a zero start is zero: a run that never writes a correct kernel must not pass by the factor
+        "correct rate": ((c1, cl), cl >= c1 + RATE_POINTS - 1e-9 or (c1 > 0 and cl >= RATE_FACTOR * c1 - 1e-9)),
         "speedup of correct kernels": ((s1, sl), None if s1 is None or sl is None else sl >= SPEEDUP_FACTOR * s1),
         "turn 2 vs turn 1": (tuple(turns), None if None in turns else turns[1] >= turns[0] - 1e-9),
         "evaluation": ((statistics.median(evaluation), max(evaluation[1:], default=0.0)) if evaluation else (None, None),

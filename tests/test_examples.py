@@ -36,6 +36,9 @@ def test_done_when_by_hand():
     # +25 points and under 2x: the rate line fails; 2x of a low start passes it
     assert not learning_report.done_when([_row(1, 0.3, 0.4)] + [_row(s, 0.55, 0.7) for s in range(2, 11)])["met"]
     assert learning_report.done_when([_row(1, 0.1, 0.4)] + [_row(s, 0.2, 0.7) for s in range(2, 11)])["met"]
+    # nothing correct at the start nor at the end is not 2x of the start
+    never = learning_report.done_when([_row(s, 0.0, None) for s in range(1, 11)])
+    assert never["checks"]["correct rate"][1] is False
     # speedup up by only 1.4x
     assert not learning_report.done_when([_row(1, 0.2, 0.5)] + [_row(s, 0.9, 0.7) for s in range(2, 11)])["met"]
     # turn 2 below turn 1 in the last 5 steps
