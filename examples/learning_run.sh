@@ -31,7 +31,7 @@ if [ "$MODE" = cpu ]; then
     # learn yet: docs/learning/README.md): one task, a tiny model
     # (0.8M parameters, ~3 s a warm-start step of 8 examples), G=4 x T=2, Kevin's reward, no oracle.
     : "${LANGUAGE:=cpp}" "${DEVICE:=cpu}" "${TASKS:=level1/01_relu}" "${HELDOUT:=}" "${HIDDEN:=128}"
-    : "${LAYERS:=2}" "${HEADS:=4}" "${WS_BATCH:=8}" "${WS_STEPS:=150}" "${WS_SECONDS:=450}" "${WS_LR:=2e-3}"
+    : "${LAYERS:=2}" "${HEADS:=4}" "${WS_BATCH:=8}" "${WS_STEPS:=320}" "${WS_SECONDS:=750}" "${WS_LR:=2e-3}"
     : "${LATER:=0.3}" "${G:=4}" "${T:=2}" "${MAX_NEW:=400}" "${GEN_ROWS:=16}" "${RL_LR:=1e-4}" "${STEPS:=12}"
     : "${SEEDS:=0}" "${BUDGET:=1200}" "${WORK:=/tmp/learning_work_cpu}"
 fi

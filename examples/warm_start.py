@@ -412,7 +412,7 @@ def train(model, train_tasks, tokenizer, args, device, log) -> list[dict]:
     history = []
     t0 = time.monotonic()
     for step in range(args.steps):
-        if args.check_every and step and step % args.check_every == 0:
+        if args.check_every and args.check_samples and step and step % args.check_every == 0:
             check = dict(on_distribution(model, tokenizer, train_tasks, args), step=step,
                          seconds=time.monotonic() - t0)
             model.train()
@@ -558,7 +558,7 @@ def parse_args(argv=None):
     p.add_argument("--max-seconds", type=float, default=float("inf"), help="stop training after this long")
     p.add_argument("--check-every", type=int, default=0,
                    help="every this many steps, sample and stop once --target-on-distribution is met (0: never)")
-    p.add_argument("--check-samples", type=int, default=8, help="samples per task in each check")
+    p.add_argument("--check-samples", type=int, default=8, help="samples per task in each check (0: no check)")
     p.add_argument("--target-on-distribution", type=float, default=0.9,
                    help="share of samples whose code is exactly a trained variant")
     # measuring

@@ -214,3 +214,15 @@ def test_saved_checkpoint_loads_with_auto_classes(tokenizer, tmp_path):
     assert len(loaded_tok) == loaded.config.vocab_size  # no token the model cannot embed
     ids = torch.tensor([engines.render_prompt(tokenizer, text)[:50]])
     assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_no_check_samples_means_no_check(tokenizer, tmp_path):
+    # --check-samples 0 with --check-every set (the demo's setting) trains on past the check step
+    args = warm_start.parse_args(["--out", str(tmp_path), "--language", "cpp", "--tasks", "level1/01_relu",
+                                  "--hidden", "32", "--layers", "1", "--heads", "2", "--steps", "3",
+                                  "--batch-size", "2", "--check-every", "1", "--check-samples", "0",
+                                  "--log-every", "1"])
+    model = warm_start.build_model(tokenizer, args)
+    train_tasks = warm_start.select_tasks(ALL_TASKS, args.tasks)
+    history = warm_start.train(model, train_tasks, tokenizer, args, torch.device("cpu"), lambda line: None)
+    assert [h["step"] for h in history if "on_distribution" not in h] == [0, 1, 2]
