@@ -27,9 +27,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${MODE:-gpu}
 if [ "$MODE" = cpu ]; then
-    # The CPU size (2 cores, C++ kernels, the built-in tasks at their CPU sizes; on 2 cores it does not
-    # learn yet: docs/learning/README.md): one task, a tiny model
-    # (0.8M parameters, ~3 s a warm-start step of 8 examples), G=4 x T=2, Kevin's reward, no oracle.
+    # The CPU size (2 cores, C++ kernels, the built-in tasks at their CPU sizes; ~14 minutes, and it
+    # learns: docs/learning/README.md): one task, a tiny model (0.8M parameters, ~2.4 s a warm-start
+    # step of 8 examples; 450 s of it left every sample a format error), G=4 x T=2, Kevin's reward.
     : "${LANGUAGE:=cpp}" "${DEVICE:=cpu}" "${TASKS:=level1/01_relu}" "${HELDOUT:=}" "${HIDDEN:=128}"
     : "${LAYERS:=2}" "${HEADS:=4}" "${WS_BATCH:=8}" "${WS_STEPS:=320}" "${WS_SECONDS:=750}" "${WS_LR:=2e-3}"
     : "${LATER:=0.3}" "${G:=4}" "${T:=2}" "${MAX_NEW:=400}" "${GEN_ROWS:=16}" "${RL_LR:=1e-4}" "${STEPS:=12}"
