@@ -18,9 +18,8 @@ can be downloaded here, so this script makes one, small enough to train in a min
   feedback: the harness's real line for that variant once `variants.json` (`--variants-only`, run
   beside the training) exists, else a made-up one of the same shape; `--stray-share` of those attempts
   are none of the variants (cut off, or a line dropped), as a sampled policy's often are. The response
-  there is drawn from
-  the mixture too, or (`--repeat-share`) repeats the last attempt's code whatever its verdict: nothing
-  here teaches what to do after which feedback; RL must.
+  there is drawn from the mixture too, or (`--repeat-share`) repeats the last attempt's code whatever
+  its verdict: nothing here teaches what to do after which feedback; RL must.
 - loss: next-token cross-entropy on the response and its EOS (mask from the data, not the pad id);
   AdamW, linear warm-up, cosine decay to 10%.
 
