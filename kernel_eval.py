@@ -861,7 +861,7 @@ def main(argv=None) -> int:
         tasks = None
     if tasks is not None:
         try:
-            srcs[0] = tasks.sized_for(srcs[0], device.split(":")[0], a.reference)
+            srcs[0] = tasks.sized_for(srcs[0], device, a.reference)
         except tasks.TaskError as e:
             _usage_error(str(e))
     cfg = {"time_candidate": not a.no_time, "sandbox": a.sandbox}

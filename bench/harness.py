@@ -261,7 +261,7 @@ def main() -> None:
     trials = a.trials or (cfg.cpu_trials if a.device == "cpu" else cfg.gpu_trials)
     warmup = cfg.cpu_warmup if a.device == "cpu" else cfg.gpu_warmup
     cache_root = a.cache_root or tempfile.mkdtemp(prefix="bench-kernel-eval-")
-    builtin = tasks.load_builtin(os.path.join(ROOT, "tasks"), device=a.device.split(":")[0])   # the CPU sizes on cpu
+    builtin = tasks.load_builtin(os.path.join(ROOT, "tasks"), device=a.device)   # the CPU sizes on cpu
     chosen_tasks = builtin
     if a.tasks:
         wanted = [t for t in a.tasks.split(",") if t]

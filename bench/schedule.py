@@ -109,7 +109,7 @@ def main() -> None:
     unknown = set(a.scenarios.split(",")) - set(SCENARIOS)
     if unknown:
         raise SystemExit(f"bench/schedule.py: no scenario {sorted(unknown)[0]!r} (known: {', '.join(SCENARIOS)})")
-    by_id = {t.task_id: t for t in tasks.load_builtin(device=a.device.split(":")[0])}   # the CPU sizes on cpu
+    by_id = {t.task_id: t for t in tasks.load_builtin(device=a.device)}   # the CPU sizes on cpu
     language = "cpp" if a.device == "cpu" else "cuda"
     try:
         task_list = [Task(by_id["builtin/" + t], language) for t in a.tasks.split(",")]

@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--zygotes", choices=("run", "batch"), default="run",
                    help="run: one Zygotes kept across the turns (as train.py does); batch: each turn starts its own")
     a = p.parse_args()
-    by_id = {t.task_id: t for t in tasks.load_builtin(device=a.device.split(":")[0])}   # the CPU sizes on cpu
+    by_id = {t.task_id: t for t in tasks.load_builtin(device=a.device)}   # the CPU sizes on cpu
     try:
         task_list = [by_id["builtin/" + t] for t in a.tasks.split(",")]
     except KeyError as e:

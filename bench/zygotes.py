@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--task", default="level1/01_relu", help="a built-in task id without 'builtin/'")
     p.add_argument("--evals", type=int, default=4, help="batches per side")
     a = p.parse_args()
-    by_id = {t.task_id: t for t in tasks.load_builtin(device=a.device.split(":")[0])}   # the CPU sizes on cpu
+    by_id = {t.task_id: t for t in tasks.load_builtin(device=a.device)}   # the CPU sizes on cpu
     language = "cpp" if a.device == "cpu" else "cuda"
     task = by_id.get("builtin/" + a.task)
     if task is None or language not in task.solutions:
