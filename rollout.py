@@ -296,12 +296,18 @@ def _generate_turn(engine: Engine, prompt_ids, shared_prompt, config) -> list[Co
     return [group[0] for group in engine.generate(prompt_ids, n=1, **kwargs)]
 
 
-def _read(completion: Completion, task, thinking_open: bool, config) -> tuple:
-    """(parsed response, why it is a format error or None, the (reference, code) pair to judge or None)."""
-    parsed = summarize.parse_response(completion.text, thinking_open)
+def read_response(text: str, language: str, thinking_open: bool = False) -> tuple:
+    """(parsed response, why it is a format error or None): the parser's refusal, no code, or the gate's."""
+    parsed = summarize.parse_response(text, thinking_open)
     rejection = parsed.error or (None if parsed.code else "no code in the response")
     if rejection is None:
-        rejection = kernel_gate.check_format(parsed.code, config.language)
+        rejection = kernel_gate.check_format(parsed.code, language)
+    return parsed, rejection
+
+
+def _read(completion: Completion, task, thinking_open: bool, config) -> tuple:
+    """(parsed response, why it is a format error or None, the (reference, code) pair to judge or None)."""
+    parsed, rejection = read_response(completion.text, config.language, thinking_open)
     return parsed, rejection, (task.reference_src, parsed.code) if rejection is None else None
 
 

@@ -48,7 +48,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import engines  # noqa: E402
-import kernel_gate  # noqa: E402
 import kernel_verdict  # noqa: E402
 import rollout  # noqa: E402
 import summarize  # noqa: E402
@@ -186,18 +185,19 @@ def parse_shares(text: str) -> dict:
     return shares
 
 
-def task_words(task) -> dict:
-    """{name, what}: the task's short name ("relu") and the first line of Model's docstring."""
+def task_words(task, language: str) -> dict:
+    """{name, what, lang}: the task's short name ("relu"), the first line of Model's docstring, the
+    kernel language's name ("CUDA" or "C++"): what the templates' {fields} take."""
     name = task.task_id.rsplit("/", 1)[-1].split("_", 1)[-1].replace("_", " ")
     what = ""
     for node in ast.parse(task.reference_src).body:
         if isinstance(node, ast.ClassDef) and node.name == "Model":
             what = (ast.get_docstring(node) or "").strip().split("\n")[0]
-    return {"name": name, "what": what or f"{name}."}
+    return {"name": name, "what": what or f"{name}.", "lang": "CUDA" if language == "cuda" else "C++"}
 
 
 def response_text(task, code: str, language: str, rng: random.Random) -> str:
-    words = dict(task_words(task), lang="CUDA" if language == "cuda" else "C++")
+    words = task_words(task, language)
     thinking = rng.choice(THINKING).format(**words)
     summary = rng.choice(SUMMARIES).format(**words)
     return f"<think>\n{thinking}\n</think>\n```python\n{code.strip(chr(10))}\n```\n{summary}"
@@ -230,9 +230,7 @@ def stray_attempt(task, language: str, rng: random.Random, shares: dict) -> summ
     code = variant_code(task.solutions[language], draw_variant(rng, shares), language)
     text = response_text(task, code, language, rng)
     if rng.random() < 0.5:
-        parsed = summarize.parse_response(text[:rng.randrange(1, len(text))])
-        rejection = parsed.error or (None if parsed.code else "no code in the response")
-        rejection = rejection or kernel_gate.check_format(parsed.code, language)
+        parsed, rejection = rollout.read_response(text[:rng.randrange(1, len(text))], language)
         if rejection is not None:
             return summarize.Attempt(code=parsed.code or "", summary=parsed.summary or "",
                                      feedback=summarize.feedback(rejection))
@@ -241,7 +239,7 @@ def stray_attempt(task, language: str, rng: random.Random, shares: dict) -> summ
     unit = f"cuda.cu:{dropped + 1}" if language == "cuda" else f"main.cpp:{dropped + 1}:1"
     message = (f"compilation failed:\nError building extension 'ext'\nline {dropped + 1} ({unit}): "
                "error: expected a \";\"")
-    words = dict(task_words(task), lang="CUDA" if language == "cuda" else "C++")
+    words = task_words(task, language)
     return summarize.Attempt(code="\n".join(lines[:dropped] + lines[dropped + 1:]),
                              summary=rng.choice(SUMMARIES).format(**words),
                              feedback=summarize.feedback({"status": "compile_error", "message": message}))
@@ -280,7 +278,7 @@ def draw_example(task, tokenizer, rng: random.Random, args, feedback=None) -> Ex
     attempt's code, whatever its verdict, so that keeping a kernel is something the policy can do."""
     feedback = feedback or (lambda t, v, language: made_up_feedback(t.solutions[language], v))
     solution = task.solutions[args.language]
-    words = dict(task_words(task), lang="CUDA" if args.language == "cuda" else "C++")
+    words = task_words(task, args.language)
     history, last = [], None
     if rng.random() < args.later_turn_share:
         for _ in range(rng.choice((1, 2))):
