@@ -349,13 +349,13 @@ def verdict_line(status: str, message: str) -> str:
 
 
 def turn_stats(turn: int, turns: list[_Turn]) -> dict:
-    """What train.py logs per turn: status counts, mean score, best speedup, response
-    lengths, truncation, Kevin's "not okay" ratio, and where the harness's time went: the distinct
-    kernels compiled now and those whose build came from its cache (identical candidates share one
-    build, so both count distinct code), the verdicts reused rather than judged again, the seconds
-    waited on timed-out phases (a reused verdict's were spent when it was first judged) and the messages
-    that say which limit each broke, and the verdict the turn waited for last: its phases and its
-    status with its first diagnostic."""
+    """What train.py logs per turn: status counts, mean score, best speedup, response lengths,
+    truncation, Kevin's "not okay" ratio, why responses were format errors, and where the harness's
+    time went: the distinct kernels compiled now and those whose build came from its cache (identical
+    candidates share one build, so both count distinct code), the verdicts reused rather than judged
+    again, the seconds waited on timed-out phases (a reused verdict's were spent when it was first
+    judged) and the messages that say which limit each broke, and the verdict the turn waited for
+    last: its phases and its status with its first diagnostic."""
     lengths = [len(t.completion.token_ids) for t in turns]
     judged_now = [t for t in turns if not t.verdict_reused]
     last = max((t for t in judged_now if t.seconds), key=lambda t: t.seconds.get("since_batch_start", 0.0),
@@ -375,6 +375,9 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "timeout_seconds": sum(t.timeout_seconds for t in judged_now),
         # which limits they broke: "candidate timed out during check (limit 38 s: 30 x the reference's ...)"
         "timeout_messages": sorted({t.message[:STATS_MESSAGE_CHARS] for t in judged_now if t.status == "timeout"}),
+        # why responses were refused before the harness ("no code in the response", the gate's rule)
+        "format_error_reasons": dict(Counter(verdict_line("format_error", t.message) for t in turns
+                                             if t.status == "format_error")),
         "kernels_compiled": len({t.code for t in judged_now if t.build_reused is False}),
         "builds_reused": len({t.code for t in judged_now if t.build_reused is True}),
         "verdicts_reused": len(turns) - len(judged_now),

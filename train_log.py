@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+from collections import Counter
 import io
 import json
 import os
@@ -142,6 +143,9 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             # seconds the harness waited on candidates' phases that timed out (EvalResult.timeout_seconds)
             "timeout_seconds": sum(turn.get("timeout_seconds", 0.0) for turn in turns),
             "timeout_messages": sorted({m for turn in turns for m in turn.get("timeout_messages", [])}),
+            # per turn, over the ranks: each format error's reason and how many responses it refused
+            "format_error_reasons": [dict(sum((Counter(t.get("format_error_reasons", {})) for t in turns
+                                               if t.get("turn") == k), Counter())) for k in range(n_turns)],
             # where the rest of the evaluation went: builds run now, builds found in the cache (distinct
             # kernels, per turn and rank), candidates that got an earlier verdict instead of a new one
             **{k: sum(turn.get(k, 0) for turn in turns) for k in ("kernels_compiled", "builds_reused", "verdicts_reused")},

@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
 
 RATE_POINTS, RATE_FACTOR, SPEEDUP_FACTOR = 0.30, 2.0, 1.5
 EVAL_MEDIAN_S, EVAL_MAX_S, COMPILE_ERROR_P50_S = 20.0, 45.0, 8.0
@@ -65,6 +66,19 @@ def format_errors_per_turn(row: dict) -> list:
     """Each turn's share of samples that are format errors (no code, or code the gate refused)."""
     turns = sorted({s[1] for s in row.get("samples", [])})
     return [_mean(float(s[2] == "format_error") for s in row["samples"] if s[1] == t) for t in turns]
+
+
+def format_error_reasons(rows: list, top: int = 3) -> list[str]:
+    """Per turn, over all steps, the most frequent reasons responses were format errors (train.py's
+    metrics have them from the next runs on)."""
+    lines = []
+    for turn in range(max((len(r.get("format_error_reasons", [])) for r in rows), default=0)):
+        counts = Counter()
+        for r in rows:
+            counts.update(r["format_error_reasons"][turn] if turn < len(r.get("format_error_reasons", [])) else {})
+        if counts:
+            lines.append(f"- turn {turn + 1}: " + "; ".join(f"{n} x `{reason}`" for reason, n in counts.most_common(top)))
+    return lines
 
 
 def done_when(rows: list, window: int = 5) -> dict:
@@ -151,6 +165,9 @@ def report(runs: list, variants: dict, window: int = 5) -> str:
             f"of {len(runs)}.", ""]
     for run in runs:
         out += [f"## {run['label']}", "", run_table(run, variants), ""]
+        reasons = format_error_reasons(run["rows"])
+        if reasons:
+            out += ["Why responses were format errors (all steps):", "", *reasons, ""]
     return "\n".join(out)
 
 

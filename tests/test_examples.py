@@ -60,12 +60,17 @@ def test_report_names_the_variants_and_the_compile_errors_latency(tmp_path):
     samples = [("t", 0, "correct", 1.0, "f1"), ("t", 0, "correct", 0.25, "s1"), ("t", 1, "correct", 0.25, "s1"),
                ("t", 1, "format_error", 0.0, "")]
     rows = [_row(s, 0.75, 0.5, samples=samples, latencies={"compile_error": [2.0 * s]}) for s in range(1, 11)]
+    rows[0]["format_error_reasons"] = [{}, {"format_error: no code in the response": 1}]
+    rows[1]["format_error_reasons"] = [{}, {"format_error: no code in the response": 1, "format_error: gate": 1}]
     a = _write_run(str(tmp_path / "rl_seed0"), rows)
     text = learning_report.report([learning_report.load_run(a)], learning_report.load_variants(str(variants)))
     assert "| fast | slow | no code | format errors turn 1 / 2 |" in text
     assert "| 25.0% | 50.0% | 25.0% | 0 / 50 |" in text   # turn 2: one of two samples
     # ten compile errors at 2, 4, ..., 20 s: p50 the 6th (12 s), p90 the 10th (20 s)
     assert "10 verdicts: p50 12.0 s, p90 20.0 s (goal p50 <= 8 s): **no**" in text
+    # summed over the steps, most frequent first; a run without the field (older metrics) has no such lines
+    assert "- turn 2: 2 x `format_error: no code in the response`; 1 x `format_error: gate`" in text
+    assert "- turn 1" not in text
     png_dir = tmp_path / "png"
     assert learning_report.main([a, "--variants", str(variants), "--png-dir", str(png_dir)]) == 0
     assert (png_dir / "rl_seed0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -175,6 +175,10 @@ def test_rollout_samples_prompts_returns_and_stats(tokenizer):
     assert "task A" in prompt and "task B" not in prompt
     # Per-turn stats.
     assert stats[0]["status_counts"] == {"correct": 2, "format_error": 2}
+    # the parser's own refusal, as the policy's feedback gives it
+    assert stats[0]["format_error_reasons"] == {"format_error: no ```python code block found; after thinking, "
+                                                "give the complete code defining class ModelNew in one ```python block.": 2}
+    assert stats[1]["format_error_reasons"] == {}
     assert stats[0]["mean_score"] == pytest.approx(1.3 / 2)
     assert stats[0]["not_okay_ratio"] == pytest.approx(0.5)   # the "Hmm" responses
     assert stats[1]["not_okay_ratio"] == pytest.approx(0.5)   # the "SECRET" ones

@@ -15,14 +15,16 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     rank0 = _summary([("a", 0, "correct", 0.3, 1.5, 100, False, "k1"), ("a", 1, "format_error", 0.0, 0.0, 300, True, "")],
                      [0.25, -0.5], [0.1], [0.02], 1.0, {"generation": 5.0, "evaluation": 2.0, "training": 1.0,
                                                        "generation_calls": 3, "evaluation_calls": 1},
-                     [{"n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1},
+                     [{"turn": 1, "n": 2, "not_okay_ratio": 0.5, "status_counts": {"correct": 1, "format_error": 1},
                        "kernels_compiled": 1, "builds_reused": 0, "verdicts_reused": 0,
+                       "format_error_reasons": {"format_error: no code in the response": 1},
                        "latency_by_status": {"correct": [12.5]}}], 1e12)
     rank1 = _summary([("b", 0, "incorrect", 0.0, 0.0, 200, False, "k2"), ("b", 1, "correct", 0.9, 3.0, 200, False, "k3")],
                      [0.75, 0.5], [0.3], [0.04], 0.5, {"generation": 7.0, "evaluation": 1.0, "training": 1.5,
                                                        "generation_calls": 2, "evaluation_calls": 2},
                      # b's third candidate got no verdict (harness_error): no row, counted apart
-                     [{"n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"], "timeout_seconds": 8.5,
+                     [{"turn": 1, "n": 3, "not_okay_ratio": 0.0, "reference_error_tasks": ["c"], "timeout_seconds": 8.5,
+                       "format_error_reasons": {"format_error: no code in the response": 2, "format_error: gate": 1},
                        "status_counts": {"incorrect": 1, "correct": 1, "harness_error": 1},
                        "kernels_compiled": 1, "builds_reused": 1, "verdicts_reused": 1,
                        "slowest_seconds": {"compile": 9.5, "since_batch_start": 14.2},
@@ -43,6 +45,8 @@ def test_step_record_from_two_ranks_by_hand(tmp_path):
     assert record["not_okay_ratio"] == (0.5 * 2 + 0.0 * 3) / 5 and record["harness_errors"] == 1
     assert record["timeout_seconds"] == 8.5  # rank 0's turn stats name none: 0
     assert (record["kernels_compiled"], record["builds_reused"], record["verdicts_reused"]) == (2, 1, 1)
+    # summed over the ranks, per turn
+    assert record["format_error_reasons"] == [{}, {"format_error: no code in the response": 3, "format_error: gate": 1}]
     assert record["slowest_seconds"] == [{}, {"compile": 9.5, "since_batch_start": 14.2}]  # per turn and rank
     assert record["latency_by_status"] == {"correct": [12.5, 14.2], "incorrect": [9.0]}
     assert record["slowest_verdict"] == ["", "timeout: candidate timed out during check"]
