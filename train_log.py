@@ -27,11 +27,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-from collections import Counter
 import io
 import json
 import os
 import time
+from collections import Counter
 
 import checkpoint
 

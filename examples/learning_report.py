@@ -71,14 +71,12 @@ def format_errors_per_turn(row: dict) -> list:
 def format_error_reasons(rows: list, top: int = 3) -> list[str]:
     """Per turn, over all steps, the most frequent reasons responses were format errors (train.py's
     metrics have them from the next runs on)."""
-    lines = []
-    for turn in range(max((len(r.get("format_error_reasons", [])) for r in rows), default=0)):
-        counts = Counter()
-        for r in rows:
-            counts.update(r["format_error_reasons"][turn] if turn < len(r.get("format_error_reasons", [])) else {})
-        if counts:
-            lines.append(f"- turn {turn + 1}: " + "; ".join(f"{n} x `{reason}`" for reason, n in counts.most_common(top)))
-    return lines
+    by_turn = {}
+    for r in rows:
+        for turn, reasons in enumerate(r.get("format_error_reasons", [])):
+            by_turn.setdefault(turn, Counter()).update(reasons)
+    return [f"- turn {turn + 1}: " + "; ".join(f"{n} x `{reason}`" for reason, n in counts.most_common(top))
+            for turn, counts in sorted(by_turn.items()) if counts]
 
 
 def done_when(rows: list, window: int = 5) -> dict:
