@@ -56,6 +56,10 @@ SHARES=${SHARES:-fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3}
 # STRAY: the share of those earlier attempts that are none of the variants (cut off, a line dropped), as
 # the sampled policy's often are: without them half of turn 2's answers were format errors
 LATER=${LATER:-0.4}; REPEAT=${REPEAT:-0.25}; STRAY=${STRAY:-0.3}
+# HISTORY: the mixture of those earlier attempts. Drawn from SHARES, 7% of them were the fast kernel,
+# while after a few RL steps ~70% of turn 2's prompts show one (turn 1 learned it), and format errors
+# rose to up to 22% of turn 2's samples; here every variant is shown as often
+HISTORY=${HISTORY:-fast=0.25,slow=0.25,wrong_values=0.25,no_compile=0.25}
 TEMPERATURE=${TEMPERATURE:-0.6}
 GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64
 # G=8: at 16 the first step's cold nvcc builds (two seeds at once) took 100-180 s and each seed
@@ -90,7 +94,7 @@ task_ids=$(echo "$TASKS" | tr ',' '\n' | sed 's|^|builtin/|' | paste -sd,)
 n_tasks=$(echo "$TASKS" | tr ',' '\n' | wc -l)
 warmup_frac=$(awk -v w="$WARMUP" -v s="$STEPS" 'BEGIN { printf "%.6f", w / (2 * s) }')
 { date -u; nvidia-smi -L 2>/dev/null; git log --oneline -1 2>/dev/null; git status --short 2>/dev/null | head -20
-  for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL SHARES LATER REPEAT STRAY \
+  for v in MODE LANGUAGE DEVICE TASKS HELDOUT HIDDEN LAYERS HEADS WS_BATCH WS_STEPS WS_SECONDS WS_LR WS_CHECK WS_EVAL SHARES HISTORY LATER REPEAT STRAY \
            TEMPERATURE GEN_ROWS G T MAX_NEW MAX_PROMPT RL_LR WARMUP GRAD_CLIP ORACLE_SHARE ADV_GROUPS STEPS SAVE_EVERY SEEDS VERDICT_MEMO BUDGET TAIL; do
       echo "$v=${!v}"; done
   # what an earlier run on this machine left in the harness's cache: a later call finds its builds and probes
@@ -111,7 +115,7 @@ fi
 timeout -s INT "${WS_TIMEOUT:-$(( WS_SECONDS + 120 ))}" "$PY" examples/warm_start.py --language "$LANGUAGE" \
     --device "$DEVICE" --tasks "$TASKS" --heldout "$HELDOUT" --out "$WORK/warm" --hidden "$HIDDEN" \
     --layers "$LAYERS" --heads "$HEADS" --batch-size "$WS_BATCH" --steps "$WS_STEPS" --lr "$WS_LR" \
-    --shares "$SHARES" --later-turn-share "$LATER" --repeat-share "$REPEAT" --stray-share "$STRAY" \
+    --shares "$SHARES" --history-shares "$HISTORY" --later-turn-share "$LATER" --repeat-share "$REPEAT" --stray-share "$STRAY" \
     --max-seconds "$WS_SECONDS" --check-every 200 --check-samples "$WS_CHECK" --eval-temperature "$TEMPERATURE" \
     --target-on-distribution 0.85 --eval-samples "$WS_EVAL" --max-new-tokens "$MAX_NEW" > "$WORK/warm_start.log" 2>&1
 note "warm start exit $?"

@@ -14,7 +14,8 @@ can be downloaded here, so this script makes one, small enough to train in a min
   `no_compile` (a used declaration dropped). The thinking and summary come from templates that do not
   depend on the variant: the choice is made inside the code.
 - prompts: exactly the rollout's (summarize.build_prompt, engines.render_prompt). With
-  `--later-turn-share` the prompt shows one or two earlier attempts drawn from the mixture with their
+  `--later-turn-share` the prompt shows one or two earlier attempts drawn from `--history-shares` (every
+  variant as often: RL's turn 1 moves to the fast kernel, and turn 2 reads what turn 1 wrote) with their
   feedback: the harness's real line for that variant once `variants.json` (`--variants-only`, run
   beside the training) exists, else a made-up one of the same shape; `--stray-share` of those attempts
   are none of the variants (cut off, or a line dropped), as a sampled policy's often are. The response
@@ -56,6 +57,10 @@ from train_log import code_id  # noqa: E402
 
 VARIANTS = ("fast", "slow", "wrong_values", "no_compile")
 DEFAULT_SHARES = "fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3"
+# earlier attempts in later-turn prompts: every variant as often, since RL moves turn 1 towards one of
+# them (the fast kernel) and turn 2 then reads it; a prompt the warm start rarely showed is one the
+# policy loses its answer format after
+DEFAULT_HISTORY_SHARES = "fast=0.25,slow=0.25,wrong_values=0.25,no_compile=0.25"
 SLOW_PASSES = 8   # the slow variant does the solution's work this many times over
 DEFAULT_TASKS = "level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim"
 DEFAULT_HELDOUT = "level1/02_gelu_tanh,level2/06_bias_tanh_multiply"
@@ -172,16 +177,16 @@ def variant_code(solution: str, variant: str, language: str) -> str:
     raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
 
 
-def parse_shares(text: str) -> dict:
+def parse_shares(text: str, flag: str = "--shares") -> dict:
     """`fast=0.15,slow=0.25,...` -> {variant: share}; every variant named once, shares summing to 1."""
     shares = {}
     for item in filter(None, (i.strip() for i in text.split(","))):
         name, _, value = item.partition("=")
         if name not in VARIANTS or name in shares:
-            raise ValueError(f"--shares: {name!r} is not a variant or is named twice; variants: {VARIANTS}")
+            raise ValueError(f"{flag}: {name!r} is not a variant or is named twice; variants: {VARIANTS}")
         shares[name] = float(value)
     if set(shares) != set(VARIANTS) or min(shares.values()) < 0 or abs(sum(shares.values()) - 1) > 1e-6:
-        raise ValueError(f"--shares must give each of {VARIANTS} a share >= 0, summing to 1; got {text!r}")
+        raise ValueError(f"{flag} must give each of {VARIANTS} a share >= 0, summing to 1; got {text!r}")
     return shares
 
 
@@ -284,9 +289,9 @@ def draw_example(task, tokenizer, rng: random.Random, args, feedback=None) -> Ex
         for _ in range(rng.choice((1, 2))):
             if rng.random() < args.stray_share:
                 last = None   # nothing a response could repeat
-                history.append(stray_attempt(task, args.language, rng, args.shares))
+                history.append(stray_attempt(task, args.language, rng, args.history_shares))
                 continue
-            last = draw_variant(rng, args.shares)
+            last = draw_variant(rng, args.history_shares)
             history.append(summarize.Attempt(
                 code=variant_code(solution, last, args.language),
                 summary=rng.choice(SUMMARIES).format(**words), feedback=feedback(task, last, args.language)))
@@ -532,6 +537,9 @@ def parse_args(argv=None):
     p.add_argument("--shares", default=DEFAULT_SHARES,
                    help="the mixture of the responses' code: the solution (fast), the solution doing its work "
                         f"{SLOW_PASSES}x over (slow), wrong values, no compile")
+    p.add_argument("--history-shares", default=DEFAULT_HISTORY_SHARES,
+                   help="the mixture of the earlier attempts' code in later-turn prompts (the responses "
+                        "there follow --shares)")
     p.add_argument("--later-turn-share", type=float, default=0.3,
                    help="share of training prompts that show earlier attempts (turns > 0)")
     p.add_argument("--repeat-share", type=float, default=0.25,
@@ -574,6 +582,7 @@ def parse_args(argv=None):
         p.error("--later-turn-share, --repeat-share and --stray-share must be in [0, 1]")
     try:
         args.shares = parse_shares(args.shares)
+        args.history_shares = parse_shares(args.history_shares, "--history-shares")
     except ValueError as e:
         p.error(str(e))
     return args

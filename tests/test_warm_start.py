@@ -125,6 +125,25 @@ def test_later_turn_prompts_show_earlier_attempts(tokenizer):
     assert "Attempt 1:" in text and "Feedback: Your code" in text
 
 
+def test_earlier_attempts_follow_the_history_shares_and_responses_the_shares(tokenizer):
+    # every earlier attempt the fast kernel, every response the slow one: the two mixtures are apart
+    args = warm_start.parse_args(["--out", "unused", "--language", "cpp", "--later-turn-share", "1",
+                                  "--stray-share", "0", "--repeat-share", "0",
+                                  "--history-shares", "fast=1,slow=0,wrong_values=0,no_compile=0",
+                                  "--shares", "fast=0,slow=1,wrong_values=0,no_compile=0"])
+    task = warm_start.select_tasks(ALL_TASKS, "level1/01_relu")[0]
+    fast = warm_start.variant_code(task.solutions["cpp"], "fast", "cpp").strip()
+    slow = warm_start.variant_code(task.solutions["cpp"], "slow", "cpp").strip()
+    for seed in range(4):
+        example = warm_start.draw_example(task, tokenizer, random.Random(seed), args)
+        prompt = tokenizer.decode(example.prompt_ids)
+        code = summarize.parse_response(tokenizer.decode(example.response_ids, skip_special_tokens=True)).code
+        assert example.variant == "slow" and code.strip() == slow
+        assert prompt.count(fast) == example.n_attempts and slow not in prompt
+    with pytest.raises(SystemExit):
+        warm_start.parse_args(["--out", "unused", "--history-shares", "fast=1"])
+
+
 def test_a_repeat_response_is_the_last_attempts_code(tokenizer):
     args = warm_start.parse_args(["--out", "unused", "--language", "cpp", "--later-turn-share", "1",
                                   "--repeat-share", "1", "--stray-share", "0"])
