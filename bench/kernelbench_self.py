@@ -5,7 +5,8 @@ Each task's reference is also the candidate (the same source, `ModelNew = Model`
 speedup near 1.0; anything else is the harness's doing (its memory use, its timing) or a task that
 cannot run on the device at all (named in the table with its reason). Tasks are judged in batches,
 and each batch's verdicts are appended to --out (one JSON line a task), so an interrupted run, or one
-split over several calls, resumes where it stopped.
+split over several calls, resumes where it stopped. With timing on, a task whose record is correct but
+untimed (an earlier `--no-time` run) is judged again; its new line supersedes the old one.
 
     python bench/kernelbench_self.py --kernelbench PATH/TO/KernelBench --levels 1 2 3 --device cuda \
         --out runs/kb_self.jsonl                     # H200: chunk it with --limit, rerun to resume
@@ -52,6 +53,12 @@ def read_records(path: str) -> dict:
                     continue
                 records[record["task_id"]] = record
     return records
+
+
+def untimed(record: dict) -> bool:
+    """A correct verdict of a `--no-time` run: no reference time (a timed one whose speedup the
+    cross-check could not confirm has one, and is not judged again)."""
+    return record["status"] == "correct" and not record["ref_ms"] > 0
 
 
 def report(records: list) -> str:
@@ -110,7 +117,7 @@ def main(argv=None) -> int:
     except tasks.TaskError as e:
         raise SystemExit(f"kernelbench_self.py: {e}") from None
     device = kernel_eval.resolve_device(a.device, "kernelbench_self.py")
-    todo = [t for t in task_list if t.task_id not in done
+    todo = [t for t in task_list if (t.task_id not in done or not a.no_time and untimed(done[t.task_id]))
             and (a.only is None or any(text in t.task_id for text in a.only))][: a.limit]
     print(f"{len(task_list)} tasks, {len(done)} already judged in {a.out}, judging {len(todo)}", file=sys.stderr)
     cfg = {"op_check": False, "time_candidate": not a.no_time,

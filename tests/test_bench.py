@@ -61,20 +61,26 @@ def test_cpu_by_process_counts_a_forked_worker_by_the_role_it_names():
 
 @pytest.mark.slow
 def test_kernelbench_self_judges_the_chosen_tasks_correct_and_resumes(tmp_path):
-    """Identical code is `correct`; --only picks tasks; a second run over the same --out judges nothing
-    new (the records are the resume point) and --report-only prints the same table."""
+    """Identical code is `correct`; --only picks tasks; an untimed record is judged again once timing is
+    on (its new line supersedes it); then a run over the same --out judges nothing new (the records are
+    the resume point) and --report-only prints the same table."""
     out = tmp_path / "kb.jsonl"
     cmd = [sys.executable, os.path.join(ROOT, "bench", "kernelbench_self.py"), "--kernelbench",
            os.path.join(ROOT, "tests", "fixtures", "kernelbench"), "--levels", "1", "--device", "cpu",
            "--trials", "3", "--only", "19_ReLU", "--out", str(out), "--cache-root", str(tmp_path / "cache")]
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    first = subprocess.run(cmd + ["--no-time"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["task_id"] for r in records] == ["kernelbench/level1/19_ReLU"]
-    assert records[0]["status"] == "correct", records[0]
+    assert records[0]["status"] == "correct" and records[0]["ref_ms"] == 0, records[0]
+    timed = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert timed.returncode == 0 and "judging 1" in timed.stderr, timed.stderr[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    # timed (a reference time), though a kernel this small may be too fast for the CPU clock to confirm
+    assert len(records) == 2 and records[1]["status"] == "correct" and records[1]["ref_ms"] > 0, records
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "judging 0" in again.stderr, again.stderr[-2000:]
-    assert len(out.read_text().splitlines()) == 1
+    assert len(out.read_text().splitlines()) == 2
     report = subprocess.run(cmd[:2] + ["--out", str(out), "--report-only"], capture_output=True, text=True)
     assert "| correct | 1 |" in report.stdout, report.stdout
 
