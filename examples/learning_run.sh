@@ -56,9 +56,9 @@ SHARES=${SHARES:-fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3}
 # STRAY: the share of those earlier attempts that are none of the variants (cut off, a line dropped), as
 # the sampled policy's often are: without them half of turn 2's answers were format errors
 LATER=${LATER:-0.4}; REPEAT=${REPEAT:-0.25}; STRAY=${STRAY:-0.3}
-# HISTORY: the mixture of those earlier attempts. Drawn from SHARES, 7% of them were the fast kernel,
-# while after a few RL steps ~70% of turn 2's prompts show one (turn 1 learned it), and format errors
-# rose to up to 22% of turn 2's samples; here every variant is shown as often
+# HISTORY: the mixture of those earlier attempts, every variant as often: after a few RL steps ~70% of
+# turn 2's prompts show the fast kernel (turn 1 learned it), which SHARES would make 7% of them
+# (whether this narrows turn 2's gap to turn 1 is not settled: docs/learning/README.md)
 HISTORY=${HISTORY:-fast=0.25,slow=0.25,wrong_values=0.25,no_compile=0.25}
 TEMPERATURE=${TEMPERATURE:-0.6}
 GEN_ROWS=${GEN_ROWS:-128}  # one batch per turn: at 64 rows the second run generated two batches of 64

@@ -58,8 +58,7 @@ from train_log import code_id  # noqa: E402
 VARIANTS = ("fast", "slow", "wrong_values", "no_compile")
 DEFAULT_SHARES = "fast=0.1,slow=0.3,wrong_values=0.3,no_compile=0.3"
 # earlier attempts in later-turn prompts: every variant as often, since RL moves turn 1 towards one of
-# them (the fast kernel) and turn 2 then reads it; a prompt the warm start rarely showed is one the
-# policy loses its answer format after
+# them (the fast kernel) and turn 2 then reads it; drawn from DEFAULT_SHARES it would be 7% of them
 DEFAULT_HISTORY_SHARES = "fast=0.25,slow=0.25,wrong_values=0.25,no_compile=0.25"
 SLOW_PASSES = 8   # the slow variant does the solution's work this many times over
 DEFAULT_TASKS = "level1/01_relu,level1/03_silu,level1/07_row_sum,level1/08_max_over_dim"
