@@ -102,6 +102,9 @@ class EvalConfig:
     memory_fraction: float = 0.85
     context_bytes: int = 1 << 30
     memory_capacity_bytes: int | None = None
+    # the reference's outputs computed again from the sealed inputs when a candidate's are judged, never kept
+    # (host memory: the input files alone); False: only where keeping them would not fit the device (plan_copies)
+    recompute_outputs: bool = False
     cpu_memory_limit_gb: float = 16.0  # CPU workers' RLIMIT_AS beyond their task's planned copies
     max_file_bytes: int = 256 << 20  # stdout + stderr kept per worker; a worker that writes more is killed
     max_build_file_bytes: int = 4 << 30  # compile workers write objects and precompiled headers
@@ -396,7 +399,7 @@ class ReferenceSession:
         self.worker = self.scratch = self.failure = None
         self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
         self.generated = False
-        self.host_outputs = False  # plan_copies': the outputs wait in host memory (set by _ready)
+        self.host_outputs = self.recompute = False  # plan_copies' (set by _ready)
         # per request, for run_limit: (seconds of compute, seconds moving data); "check" on the worker's clock,
         # scaled to the bytes a candidate's check moves; timing requests (request_key) on the parent's
         self.seconds: dict = {}
@@ -469,11 +472,11 @@ class ReferenceSession:
         inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
         self.files.update(inputs)
         seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
-        self.host_outputs = plan["host_outputs"]
+        self.host_outputs, self.recompute = plan["host_outputs"], plan["recompute"]
         # a first forward off the clock, so that gen is timed warm (run_limit)
         self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
         reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds,
-                                                                  "host_outputs": self.host_outputs},
+                                                                  "keep_outputs": not self.recompute},
                               fds=(inputs["check"], inputs["time"]))
         # the reference drew and wrote the inputs; a candidate's check reads them and writes its outputs
         cost = reply["check_cost"]
@@ -512,14 +515,16 @@ class ReferenceSession:
         return 2 * sum(sum(sizes) for sizes in self.out_bytes[part]) + (16 << 20)
 
     def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
-        """The first difference between the candidate's outputs and the reference's, or None."""
+        """The first difference between the candidate's outputs and the reference's, or None (with
+        self.recompute, the reference's outputs computed again from the sealed inputs of `part`)."""
         cfg = self.cfg
         with self.lock:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
+            inputs = (self.files[part],) if self.recompute else ()
             try:
                 reply, _ = sandbox.ask(self.worker, "reference", "judge", cfg.check_timeout_s,
                                        {"cmd": "judge", "part": part, "max_bytes": max_bytes,
-                                        "tolerances": cfg.tolerances}, fds=(out_fd,))
+                                        "tolerances": cfg.tolerances}, fds=(out_fd, *inputs))
             except Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
                 raise Failure("runtime_error", "the candidate's outputs could not be compared (they "

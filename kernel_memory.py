@@ -19,7 +19,7 @@ output file a candidate writes.
 
 `cfg` is kernel_eval.EvalConfig, read by attribute (n_correct_trials, min_correct_trials,
 timing_input_sets, timing_buffers, timing_buffer_bytes, rotation_max_bytes, l2_flush_bytes,
-memory_fraction, context_bytes, memory_capacity_bytes, timing_cpus, build_jobs). Standard library
+memory_fraction, context_bytes, memory_capacity_bytes, recompute_outputs, timing_cpus, build_jobs). Standard library
 only (torch is imported inside the tensor-file functions, which run where torch is loaded).
 """
 from __future__ import annotations
@@ -87,8 +87,11 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
                         (n_check + n_time) x set (input files)                     on the host
         candidate     = max(check, timing window) on the device, max(n_check, n_time) x out on the host
     host_outputs: where the reference's outputs on the device would not let the task fit the device alone,
-    they wait in its worker's host memory (held moves to the host) and are compared chunk by chunk on the
-    device, and the candidate checks its inputs unchanged against the file, not a device copy."""
+    the candidate checks its inputs unchanged against the file, not a device copy, each window's last
+    outputs wait on the host, and the reference's outputs are not kept at all ("recompute", held = 0):
+    judging a candidate computes them again from the sealed input file, a set at a time, and compares
+    chunk by chunk on the device (a forward and one set's transfer per set judged, against a copy of
+    every output kept on the host). cfg.recompute_outputs True recomputes for every task."""
     s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
     rotate = s < cfg.rotation_max_bytes
     n_time = cfg.timing_input_sets if rotate else 1
@@ -100,13 +103,14 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
     timing = (n_time + buffers) * s + p + (cfg.l2_flush_bytes if cuda else 0)
     held = (n_check + n_time) * o
     work = max(s + p, timing, COMPARE_WORKSPACE_BYTES if cuda else 0)
+    forced = bool(cfg.recompute_outputs)
     if not cuda:  # one pool: the workers' tensors live beside the memory files; pristine inputs are the file's
         check, timing = s + p, timing + n_time * o
         work = max(work, timing)
-        session, candidate = {"host": held + work + (n_check + n_time) * s}, {"host": max(check, timing)
-                                                                              + max(n_check, n_time) * o}
+        session = {"host": (0 if forced else held) + work + (n_check + n_time) * s}
+        candidate = {"host": max(check, timing) + max(n_check, n_time) * o}
         return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": False,
-                "session": session, "candidate": candidate}
+                "recompute": forced, "session": session, "candidate": candidate}
     check = 2 * s + max(2 * o, p)
     host_outputs = held + max(work, timing + n_time * o) + max(check, timing + n_time * o) > capacity.get("device", 0)
     if host_outputs:
@@ -114,12 +118,13 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
     else:
         timing += n_time * o
         work = max(work, timing)
+    recompute = host_outputs or forced
     last = n_time * o if host_outputs else 0  # the window's last outputs, on the host
-    session = {"device": work + (0 if host_outputs else held) + cfg.context_bytes,
-               "host": (n_check + n_time) * s + (held + last if host_outputs else 0)}
+    session = {"device": work + (0 if recompute else held) + cfg.context_bytes,
+               "host": (n_check + n_time) * s + last}
     candidate = {"device": max(check, timing), "host": max(n_check, n_time) * o + last}
     return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": host_outputs,
-            "session": session, "candidate": candidate}
+            "recompute": recompute, "session": session, "candidate": candidate}
 
 
 class MemoryBudget:

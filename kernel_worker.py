@@ -209,10 +209,11 @@ class _TaskWorker:
 
 def _reference_worker(w: _TaskWorker) -> None:
     """The trusted side: the task's own code. It draws the inputs from the parent's secret seeds,
-    holds the reference outputs (they never leave this process) and compares candidates' outputs
-    with them."""
+    holds the reference outputs, or computes them again from the sealed inputs when told not to keep
+    them (they never leave this process), and compares candidates' outputs with them."""
     import torch
-    outputs = {}  # part -> per input set, the reference's outputs, on the device
+    outputs = {}  # part -> per input set, the reference's outputs, on the device (none if not kept)
+    out_sizes = {}  # part -> per input set, the byte size of each output
 
     def draw_inputs(seed):
         """The task's get_inputs under `seed`, drawn on the device when it runs there (CPU random
@@ -261,17 +262,11 @@ def _reference_worker(w: _TaskWorker) -> None:
 
     def gen(msg, fds, payload):
         """Inputs from the parent's secret seeds to the two input files, one set at a time (a large
-        task's sets are never all on the device at once); the outputs stay here. Also what the check
+        task's sets are never all on the device at once); the outputs stay here if kept. Also what the check
         sets cost (run_limit): the forwards' seconds, and the rest (drawing, moving, writing the inputs)."""
         check_cost = {}
-
-        def kept(o):  # a copy (an output may be a buffer the next forward reuses), on the host if told to
-            if not msg.get("host_outputs"):
-                return o.detach().clone()
-            return torch.empty(o.shape, dtype=o.dtype).copy_(o.detach())
-
         for fd, part in zip(fds, ("check", "time")):
-            writer, outputs[part] = TensorFileWriter(fd), []
+            writer, outputs[part], out_sizes[part] = TensorFileWriter(fd), [], []
             t_part, forward_s, in_bytes = time.perf_counter(), 0.0, 0
             for seed in msg["seeds"][part]:
                 xs = draw_inputs(seed)
@@ -282,7 +277,9 @@ def _reference_worker(w: _TaskWorker) -> None:
                     outs = _as_list(w.model(*on_dev))
                 w.sync()
                 forward_s += time.perf_counter() - t
-                outputs[part].append([kept(o) if isinstance(o, torch.Tensor) else o for o in outs])
+                out_sizes[part].append([o.nbytes for o in outs if isinstance(o, torch.Tensor)])
+                if msg["keep_outputs"]:  # copies: an output may be a buffer the next forward reuses
+                    outputs[part].append([o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outs])
                 writer.add(xs)
                 in_bytes += _tensor_bytes(xs)
                 del xs, on_dev, outs
@@ -292,23 +289,36 @@ def _reference_worker(w: _TaskWorker) -> None:
                               "in_bytes": in_bytes}
         if w.cuda:  # the inputs' and forwards' blocks: for the candidate's worker (plan_copies counts only the outputs)
             torch.cuda.empty_cache()
-        return {"out_bytes": {part: [[o.nbytes for o in outs if isinstance(o, torch.Tensor)] for outs in sets]
-                              for part, sets in outputs.items()},
-                "check_cost": check_cost}
+        return {"out_bytes": out_sizes, "check_cost": check_cost}
+
+    def recomputed(fd):
+        """The outputs of each input set of a sealed input file, one set on the device at a time
+        (gen did not keep them: a large task's outputs are most of the device)."""
+        for xs in read_tensor_sets(fd, TRUSTED_FILE_MAX_BYTES):
+            # copies: the file's mapping is read-only, and a forward may write its inputs
+            on_dev = [x.to(w.dev, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
+            with torch.no_grad():
+                outs = _as_list(w.model(*on_dev))
+            del on_dev
+            yield outs
+            del outs
 
     def judge(msg, fds, payload):
-        """The first difference between a candidate's output file and the reference's outputs."""
-        expected = outputs[msg["part"]]
+        """The first difference between a candidate's output file and the reference's outputs (the kept
+        ones, or with an input file beside the output file, computed again from it)."""
+        part = msg["part"]
         try:
             cand = read_tensor_sets(fds[0], msg["max_bytes"])
         except ValueError as e:  # the candidate wrote this file: its failure, not ours
             return {"unreadable": str(e)}
-        if len(cand) != len(expected):
-            return {"reason": f"expected {len(expected)} output sets, got {len(cand)}"}
+        n = len(out_sizes[part])
+        expected = recomputed(fds[1]) if fds[1:] else outputs[part]
+        if len(cand) != n:
+            return {"reason": f"expected {n} output sets, got {len(cand)}"}
         for t, (r, c) in enumerate(zip(expected, cand)):
             reason = compare_outputs(r, c, msg["tolerances"], device=w.dev)
             if reason:
-                return {"reason": (f"trial {t + 1}/{len(expected)}: " if msg["part"] == "check" else "") + reason}
+                return {"reason": (f"trial {t + 1}/{n}: " if part == "check" else "") + reason}
         return {"reason": None}
 
     w.serve({"load": lambda msg, fds, payload: w.load("Model", "reference_module"), "init": init,

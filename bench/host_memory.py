@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     p.add_argument("--interval", type=float, default=0.05, help="seconds between polls")
     p.add_argument("--root", default=None, help="the checkout whose harness runs (default: this one)")
     p.add_argument("--cache-root", default=None, help="a fresh, empty one (default: a new temp dir)")
+    p.add_argument("--recompute-outputs", action="store_true",
+                   help="kernel_eval's recompute_outputs: the reference's outputs computed when judged, for any task")
     a = p.parse_args(argv)
     root = a.root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
@@ -110,6 +112,8 @@ def main(argv=None) -> int:
     else:
         ref, name = L2NORM.format(rows=a.l2norm_rows, dim=a.l2norm_dim), f"L2Norm {a.l2norm_rows}x{a.l2norm_dim}"
     cfg = {"op_check": False, "time_candidate": not a.no_time}
+    if a.recompute_outputs:  # a checkout older than the option has no such field
+        cfg["recompute_outputs"] = True
     if a.trials:
         cfg["cpu_trials" if a.device == "cpu" else "gpu_trials"] = a.trials
     cache_root = cfg["cache_root"] = a.cache_root or tempfile.mkdtemp(prefix="host_memory-")
@@ -135,12 +139,13 @@ def main(argv=None) -> int:
     [fp] = [json.load(open(os.path.join(dirpath, f))) for dirpath, _, names in os.walk(cache_root)
             if dirpath.endswith("footprints") for f in names]
     in_bytes, out_bytes = fp["set_bytes"], fp["out_bytes"]
-    print("| task | device | harness | in GiB | out GiB | status | s | peak processes GiB | peak memory files GiB "
-          "| peak total GiB | total / (in + out) |")
-    print("|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
-    print(f"| {name} | {a.device} | {root} | {in_bytes / GiB:.2f} | {out_bytes / GiB:.2f} | {result.status} | "
-          f"{seconds:.0f} | {peak['procs'] / GiB:.2f} | {peak['files'] / GiB:.2f} | {peak['total'] / GiB:.2f} | "
-          f"{peak['total'] / (in_bytes + out_bytes):.2f} |")
+    print("| task | device | harness | reference outputs | in GiB | out GiB | status | s | peak processes GiB "
+          "| peak memory files GiB | peak total GiB | total / (in + out) |")
+    print("|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    kept = "recomputed (forced)" if a.recompute_outputs else "as planned"
+    print(f"| {name} | {a.device} | {root} | {kept} | {in_bytes / GiB:.2f} | {out_bytes / GiB:.2f} | "
+          f"{result.status} | {seconds:.0f} | {peak['procs'] / GiB:.2f} | {peak['files'] / GiB:.2f} | "
+          f"{peak['total'] / GiB:.2f} | {peak['total'] / (in_bytes + out_bytes):.2f} |")
     print(f"(before judging, this process alone: {base / GiB:.2f} GiB; {result.message.splitlines()[0][:160]})")
     return 0
 

@@ -224,10 +224,14 @@ def _reference_outputs(session, check_fd: int) -> list:
         return [[model(*xs)] for xs in kernel_memory.read_tensor_sets(check_fd, 1 << 30)]
 
 
-def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path):
-    cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2)
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
+def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path, recompute):
+    # recompute_outputs: the reference's outputs are not kept but computed again from the sealed inputs
+    # when judged (a large task's); every verdict below the same
+    cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2, recompute_outputs=recompute)
     session = ke.ReferenceSession(REFERENCE, ke.Context("cpu", "", cfg), users=1)
     files = session.ready()
+    assert session.recompute == recompute
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
     inputs_before = kernel_memory.read_tensor_sets(files["check"], 1 << 30)
     right = _reference_outputs(session, files["check"])
@@ -597,6 +601,26 @@ def test_outputs_that_compute_on_first_use_are_refused(cpp_results):
     mode = cpp_results["fill_on_first_use"]
     assert mode.status == "runtime_error" and "mode active" in mode.message, mode.message
     assert cpp_results["benign"].status == "correct", cpp_results["benign"].message
+
+
+# the cases that attack the outputs or their comparison, judged again with the reference's outputs not kept
+# but computed when judged (recompute_outputs: what a task whose outputs fill the device gets)
+OUTPUT_CASES = ["benign", "cached_by_pointer", "cached_output", "freed_reference_memory", "half_output",
+                "heap_search", "inplace_input", "lower_precision", "partial_write", "patch_comparison"]
+
+
+@pytest.fixture(scope="module")
+def cpp_results_recomputed(cache_root):
+    pairs = [(REFERENCE, open(CPP_CASES[n]).read()) for n in OUTPUT_CASES]
+    results = ke.evaluate_batch(pairs, device="cpu", cache_root=cache_root, sandbox="off", recompute_outputs=True,
+                                **FAST)
+    return dict(zip(OUTPUT_CASES, results))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", OUTPUT_CASES)
+def test_adversarial_cpp_with_the_reference_outputs_recomputed(name, cpp_results_recomputed):
+    check_expectation(name, expectation(CPP_CASES[name]), cpp_results_recomputed[name], ke.EvalConfig(**FAST))
 
 
 @pytest.mark.slow
@@ -1073,6 +1097,20 @@ def cuda_results(cache_root):
 @pytest.mark.parametrize("name", [n for n in CUDA_CASES if n not in CUDA_SEPARATE])
 def test_adversarial_cuda(name, cuda_results):
     check_expectation(name, expectation(CUDA_CASES[name]), cuda_results[name], ke.EvalConfig())
+
+
+@pytest.fixture(scope="module")
+def cuda_results_recomputed(cache_root):
+    pairs = [(REFERENCE, open(CUDA_CASES[n]).read()) for n in OUTPUT_CASES]
+    results = ke.evaluate_batch(pairs, device="cuda", cache_root=cache_root, recompute_outputs=True,
+                                check_timeout_s=30, load_timeout_s=180, gpu_trials=30)
+    return dict(zip(OUTPUT_CASES, results))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", OUTPUT_CASES)
+def test_adversarial_cuda_with_the_reference_outputs_recomputed(name, cuda_results_recomputed):
+    check_expectation(name, expectation(CUDA_CASES[name]), cuda_results_recomputed[name], ke.EvalConfig())
 
 
 @pytest.mark.gpu

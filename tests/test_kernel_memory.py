@@ -42,6 +42,13 @@ def test_plan_copies_keeps_every_copy_of_a_small_task_and_scales_a_large_one_dow
     assert roomy["n_check"] == cfg.n_correct_trials
     on_cpu = kernel_memory.plan_copies(relu, cfg, {"host": 100 << 30}, cuda=False)
     assert set(on_cpu["session"]) == {"host"} and on_cpu["session"]["host"] == 3 * o + (2 * s + 2 * o) + 3 * s
+    assert not big["recompute"] and not on_cpu["recompute"]
+    # recompute_outputs: the reference's outputs (held) are counted nowhere, on either kind of device
+    cfg.recompute_outputs = True
+    lean, lean_cpu = (kernel_memory.plan_copies(relu, cfg, c, cuda=cuda)
+                      for c, cuda in ((capacity, True), ({"host": 100 << 30}, False)))
+    assert lean["recompute"] and lean["session"]["device"] == big["session"]["device"] - 3 * o
+    assert lean_cpu["recompute"] and lean_cpu["session"]["host"] == on_cpu["session"]["host"] - 3 * o
 
 
 def test_plan_copies_fits_kernelbench_l2norm_on_an_80_gb_card():
@@ -57,15 +64,17 @@ def test_plan_copies_fits_kernelbench_l2norm_on_an_80_gb_card():
     # or its check (the input, two poisoned output blocks)
     assert plan["session"]["device"] == 24 * gib + cfg.l2_flush_bytes + cfg.context_bytes
     assert plan["candidate"]["device"] == 24 * gib + cfg.l2_flush_bytes
-    # host: three input sets in files, three reference outputs, the last timed one; the candidate's outputs
-    assert plan["session"]["host"] == (24 + 24 + 8) * gib and plan["candidate"]["host"] == (16 + 8) * gib
+    # host: three input sets in files and the last timed output; the reference's outputs are not kept
+    # (computed again when judged); the candidate's outputs and its last timed one
+    assert plan["recompute"]
+    assert plan["session"]["host"] == (24 + 8) * gib and plan["candidate"]["host"] == (16 + 8) * gib
     budget = kernel_memory.MemoryBudget(cfg, live_workers=14)
     budget.capacity = capacity
     assert budget.too_large(l2norm, cuda=True) == ""
     # the same task where it does not fit: one line, device and host apart, what there is, what to change
     budget.capacity = {"host": 64 * gib, "device": 40 * gib}
     why = budget.too_large(l2norm, cuda=True)
-    assert why.startswith("judging this task needs 49.5 GiB device memory (have 40.0) and 80.0 GiB host memory "
+    assert why.startswith("judging this task needs 49.5 GiB device memory (have 40.0) and 56.0 GiB host memory "
                           "(have 64.0): ") and "memory_fraction" in why and "\n" not in why
 
 
