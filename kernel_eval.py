@@ -404,6 +404,7 @@ class ReferenceSession:
         # scaled to the bytes a candidate's check moves; timing requests (request_key) on the parent's
         self.seconds: dict = {}
         self.out_bytes = {}  # part -> per input set, the byte size of each reference output
+        self.gen_check_s = 0.0
         self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
             "footprint", ref_src, device == "cpu", arch, _torch_version())[:32] + ".json")
         self.footprint = Footprint.read(self.footprint_path)
@@ -483,6 +484,7 @@ class ReferenceSession:
         moved = cost["in_bytes"] + sum(map(sum, reply["out_bytes"]["check"]))
         per_byte_scale = moved / cost["in_bytes"] if cost["in_bytes"] else 1.0
         self.seconds["check"] = (cost["forward_s"], cost["rest_s"] * per_byte_scale)
+        self.gen_check_s = cost["forward_s"] + cost["rest_s"]  # what recomputing the check sets' outputs repeats
         for fd in inputs.values():
             seal(fd)
         self.out_bytes, self.generated = reply["out_bytes"], True
@@ -521,14 +523,21 @@ class ReferenceSession:
         with self.lock:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
             inputs = (self.files[part],) if self.recompute else ()
+            # the reference's own forwards, when recomputed, are not the candidate's to pay for in time
+            limit_s = cfg.check_timeout_s + (cfg.run_timeout_multiple * self.gen_check_s if self.recompute else 0.0)
             try:
-                reply, _ = sandbox.ask(self.worker, "reference", "judge", cfg.check_timeout_s,
+                reply, _ = sandbox.ask(self.worker, "reference", "judge", limit_s,
                                        {"cmd": "judge", "part": part, "max_bytes": max_bytes,
                                         "tolerances": cfg.tolerances}, fds=(out_fd, *inputs))
             except Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
                 raise Failure("runtime_error", "the candidate's outputs could not be compared (they "
                               f"stopped the harness's reader: {cut(f.message, 200)})") from None
+            if reply.get("reference_failed"):  # its forward, computing its outputs again
+                self.failure = Failure("reference_error", "the task's fault, not the candidate's: "
+                                       + str(reply["reference_failed"]))
+                self._stop()
+                raise self.failure
             if reply.get("unreadable"):
                 raise Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
             return reply.get("reason")

@@ -541,6 +541,33 @@ def busy_processes(n: int = 2):
             p.wait()
 
 
+def test_a_reference_failing_when_its_outputs_are_computed_again_is_the_tasks_fault(tmp_path):
+    # with recompute_outputs the judge runs the reference's forward again: its failure there is a
+    # reference_error that fails the task, never a runtime_error charged to the candidate
+    flag = tmp_path / "broken"
+    ref = REFERENCE.replace("    def forward(self, x):\n",
+                            f"    def forward(self, x):\n        if __import__('os').path.exists({str(flag)!r}):\n"
+                            "            raise RuntimeError('the reference broke')\n")
+    assert ref != REFERENCE
+    cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"), cpu_trials=2, recompute_outputs=True)
+    session = ke.ReferenceSession(ref, ke.Context("cpu", "", cfg), users=1)
+    files = session.ready()
+    right = _reference_outputs(session, files["check"])
+    fd = _tensor_file(right)
+    try:
+        assert session.judge(fd, "check", 1 << 30) is None
+        flag.touch()
+        with pytest.raises(ke.Failure) as failed:
+            session.judge(fd, "check", 1 << 30)
+    finally:
+        os.close(fd)
+        for f in files.values():
+            os.close(f)
+        session.release()
+    assert failed.value.status == "reference_error", failed.value.message
+    assert "the task's fault" in failed.value.message and "the reference broke" in failed.value.message
+
+
 def judged_under_load(path: str, device: str, rounds: int = 3, **cfg) -> None:
     """An honest kernel judged beside two busy processes stays correct, and its median speedup over
     `rounds` fresh evaluations is confirmed and within 2x of the median of as many judged without
