@@ -12,7 +12,8 @@ For a candidate C against a reference R (Kevin-32B, KernelBench):
 
 The file reads in the order a candidate runs: evaluate_batch (precheck -> format_error), the compile (a
 worker imports the candidate, whose load_inline builds it; cached per source), the reference session (one
-trusted worker per task writes sealed inputs, keeps its outputs), the check (the candidate's worker runs
+trusted worker per task writes sealed inputs, keeps its outputs or, for a task whose outputs would
+not fit the device, computes them again when judging), the check (the candidate's worker runs
 every trial, its outputs are compared by the reference's worker), the timing (blocks R C C R ... with the
 device alone), the verdict. What decides is kernel_verdict.py (statuses, EvalResult, comparison, op check,
 run limits); what runs inside a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py
