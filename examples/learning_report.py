@@ -13,7 +13,9 @@ Done-when, per run (issue 61): at least 10 steps; the correct rate of the last 5
 1's + 30 points or 2x step 1's (step 1 samples the policy before any update); the mean speedup of
 correct kernels over the last 5 steps at least 1.5x step 1's; turn 2's correct rate over the last 5
 steps at least turn 1's; evaluation a step: median <= 20 s and no step after the first over 45 s.
-Beside it, the latency of every compile error's verdict in the run (p50, p90; goal: p50 <= 8 s).
+Beside it, the latency of every compile error's verdict in the run (p50, p90; goal: p50 <= 8 s), and
+where a later turn wins and loses: of the trajectories whose earlier turn was correct, how many stayed
+correct; of those whose earlier turn was not, how many the next turn fixed.
 """
 from __future__ import annotations
 
@@ -77,6 +79,33 @@ def format_error_reasons(rows: list, top: int = 3) -> list[str]:
             by_turn.setdefault(turn, Counter()).update(reasons)
     return [f"- turn {turn + 1}: " + "; ".join(f"{n} x `{reason}`" for reason, n in counts.most_common(top))
             for turn, counts in sorted(by_turn.items()) if counts]
+
+
+def turn_transitions(rows: list) -> Counter:
+    """Over all steps, each pair of consecutive turns of one trajectory: (earlier correct, later correct)
+    -> count. The samples are task-major, then trajectory, then turn (rollout.py's order), so a turn's
+    sample follows its trajectory's earlier turn."""
+    pairs = Counter()
+    for r in rows:
+        samples = r.get("samples", [])
+        for earlier, later in zip(samples, samples[1:]):
+            if later[0] == earlier[0] and later[1] == earlier[1] + 1:
+                pairs[earlier[2] == "correct", later[2] == "correct"] += 1
+    return pairs
+
+
+def transition_line(rows: list) -> str | None:
+    """Where a later turn wins and loses: correct kernels it kept, broken ones it fixed."""
+    pairs = turn_transitions(rows)
+    if not pairs:
+        return None
+
+    def share(earlier_correct: bool) -> str:
+        good, n = pairs[earlier_correct, True], pairs[earlier_correct, True] + pairs[earlier_correct, False]
+        return f"{good} / {n}" + (f" ({good / n:.0%})" if n else "")
+
+    return (f"A later turn after the turn before it (all steps): correct kept {share(True)}; "
+            f"wrong fixed {share(False)}.")
 
 
 def done_when(rows: list, window: int = 5) -> dict:
@@ -163,6 +192,9 @@ def report(runs: list, variants: dict, window: int = 5) -> str:
             f"of {len(runs)}.", ""]
     for run in runs:
         out += [f"## {run['label']}", "", run_table(run, variants), ""]
+        transitions = transition_line(run["rows"])
+        if transitions:
+            out += [transitions, ""]
         reasons = format_error_reasons(run["rows"])
         if reasons:
             out += ["Why responses were format errors (all steps):", "", *reasons, ""]
