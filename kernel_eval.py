@@ -415,9 +415,13 @@ class ReferenceSession:
         try:
             return sandbox.ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
         except Failure as f:
-            self.failure = Failure("reference_error", f"the task's fault, not the candidate's: {f.message}")
-            self._stop()
-            raise self.failure from None
+            raise self._task_failure(f.message) from None
+
+    def _task_failure(self, message: str) -> Failure:
+        """The reference failed on its own: the task's failure (every candidate's), its worker stopped."""
+        self.failure = Failure("reference_error", f"the task's fault, not the candidate's: {message}")
+        self._stop()
+        return self.failure
 
     def _boot(self) -> None:
         """Start the worker, load and build the reference model (no device lock needed)."""
@@ -535,10 +539,7 @@ class ReferenceSession:
                 raise Failure("runtime_error", "the candidate's outputs could not be compared (they "
                               f"stopped the harness's reader: {cut(f.message, 200)})") from None
             if reply.get("reference_failed"):  # its forward, computing its outputs again
-                self.failure = Failure("reference_error", "the task's fault, not the candidate's: "
-                                       + str(reply["reference_failed"]))
-                self._stop()
-                raise self.failure
+                raise self._task_failure(str(reply["reference_failed"]))
             if reply.get("unreadable"):
                 raise Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
             return reply.get("reason")
