@@ -517,13 +517,16 @@ class ReferenceSession:
             self.seconds[request_key(msg)] = (time.monotonic() - t, 0.0)
             return reply
 
-    def output_limit(self, part: str) -> int:
-        """Bytes a candidate's output file may hold: twice the reference's outputs, plus room for the file's own."""
-        return 2 * sum(sum(sizes) for sizes in self.out_bytes[part]) + (16 << 20)
+    def output_limit(self, part: str, trial: int | None = None) -> int:
+        """Bytes a candidate's output file may hold: twice the reference's outputs (of every set of `part`, or of
+        one check trial), plus room for the file's own."""
+        sets = self.out_bytes[part] if trial is None else [self.out_bytes[part][trial]]
+        return 2 * sum(sum(sizes) for sizes in sets) + (16 << 20)
 
-    def judge(self, out_fd: int, part: str, max_bytes: int) -> str | None:
+    def judge(self, out_fd: int, part: str, max_bytes: int, trial: int | None = None) -> str | None:
         """The first difference between the candidate's outputs and the reference's, or None (with
-        self.recompute, the reference's outputs computed again from the sealed inputs of `part`)."""
+        self.recompute, the reference's outputs computed again from the sealed inputs of `part`): of every input
+        set of `part`, or of one check `trial`."""
         cfg = self.cfg
         with self.lock:
             self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
@@ -532,7 +535,7 @@ class ReferenceSession:
             limit_s = cfg.check_timeout_s + (cfg.run_timeout_multiple * self.gen_check_s if self.recompute else 0.0)
             try:
                 reply, _ = sandbox.ask(self.worker, "reference", "judge", limit_s,
-                                       {"cmd": "judge", "part": part, "max_bytes": max_bytes,
+                                       {"cmd": "judge", "part": part, "trial": trial, "max_bytes": max_bytes,
                                         "tolerances": cfg.tolerances}, fds=(out_fd, *inputs))
             except Failure as f:
                 self._stop()  # the next candidate gets a fresh worker on the same seeds
@@ -606,31 +609,45 @@ def _run(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result: 
 
 def _check(session: ReferenceSession, cand: sandbox.Worker, cfg: EvalConfig, check_fd: int,
            result: EvalResult) -> tuple:
-    """The check on the sealed inputs, judged by the session: (inputs changed per trial, first difference or None)."""
-    check_limit = session.output_limit("check")
+    """The check on the sealed inputs, a trial at a time, each trial's outputs judged by the session before the
+    next runs (one trial's outputs in host memory): (inputs changed per trial, first difference or None). The
+    trials share one time limit, the candidate's calls only on its clock."""
     limit_s, limit_note = run_limit(cfg, session.seconds.get("check"), cfg.check_timeout_s)
-    out_fd = memfd("kernel_eval-candidate-outputs")
-    try:
-        reply, _ = sandbox.ask(cand, "candidate", "check", limit_s,
-                               {"cmd": "run", "op_check": cfg.op_check, "poison_bytes": session.out_bytes["check"][0],
-                                "host_inputs": session.host_outputs},
-                               fds=(check_fd, out_fd), limit_note=limit_note)
-        seal_output(out_fd, check_limit)
-        ops, changed = reply.get("ops", []), reply.get("changed")
-        if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
-                or not isinstance(changed, list) or len(changed) != len(session.out_bytes["check"])
-                or not all(isinstance(c, list) for c in changed)):
-            raise Failure("runtime_error", "candidate sent a malformed reply on the result channel")
-        flagged = flag_ops(ops) if cfg.op_check else []
-        if flagged:
-            result.ops = flagged
-            raise Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
-                          + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
-        result.trials = len(changed)
-        reason = session.judge(out_fd, "check", check_limit)
-    finally:
-        os.close(out_fd)
-    return changed, reason
+    changed, used_s = [], 0.0
+    for trial in range(len(session.out_bytes["check"])):
+        out_fd = memfd("kernel_eval-candidate-outputs")
+        try:
+            t = time.monotonic()
+            try:
+                reply, _ = sandbox.ask(cand, "candidate", "check", limit_s,
+                                       {"cmd": "run", "trial": trial, "op_check": cfg.op_check,
+                                        "poison_bytes": session.out_bytes["check"][trial],
+                                        "host_inputs": session.host_outputs},
+                                       deadline=t + max(limit_s - used_s, 0.0), fds=(check_fd, out_fd),
+                                       limit_note=limit_note)
+            except Failure as f:
+                f.waited_s += used_s  # a timeout: the check's whole time on the candidate's clock
+                raise
+            used_s += time.monotonic() - t
+            check_limit = session.output_limit("check", trial)
+            seal_output(out_fd, check_limit)
+            ops, trial_changed = reply.get("ops", []), reply.get("changed")
+            if (not isinstance(ops, list) or not all(isinstance(o, str) for o in ops)
+                    or not isinstance(trial_changed, list) or not all(isinstance(i, int) for i in trial_changed)):
+                raise Failure("runtime_error", "candidate sent a malformed reply on the result channel")
+            flagged = flag_ops(ops) if cfg.op_check else []
+            if flagged:
+                result.ops = flagged
+                raise Failure("incorrect", "forward ran torch compute operators instead of your kernel: "
+                              + ", ".join(flagged[:8]) + ". Do the computation in the compiled extension.")
+            changed.append(trial_changed)
+            result.trials = len(changed)
+            reason = session.judge(out_fd, "check", check_limit, trial=trial)
+        finally:
+            os.close(out_fd)
+        if reason:
+            return changed, reason
+    return changed, None
 
 
 # ----------------------------------------------------------------------------- the timing
@@ -649,7 +666,10 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
             time_fd = session.ready(("time",))["time"]
 
             def cand_ask(msg, fds=()):
-                """Within run_limit of the reference's same request (asked first) and the window's deadline."""
+                """Within run_limit of the reference's same request (asked first) and the window's deadline. The
+                candidate's window is given its output file (with host_outputs its kept outputs stream there)."""
+                if msg["cmd"] == "time_prepare":
+                    fds = (*fds, out_fd)
                 limit_s, note = run_limit(cfg, session.seconds.get(request_key(msg)), cfg.time_timeout_s)
                 left = deadline - time.monotonic()
                 if left < limit_s:
@@ -661,7 +681,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
                 lambda msg, fds=(): session.ask_time(msg, fds, deadline), cand_ask,
                 lambda: {"ref": session.worker.proc.pid, "cand": cand.proc.pid}, time_fd, ctx,
                 deadline, plan["buffers"], plan["host_outputs"])
-            cand_ask({"cmd": "time_outputs"}, (out_fd,))
+            cand_ask({"cmd": "time_outputs"})
             session.ask_time({"cmd": "time_release"}, (), deadline)  # its window's tensors: freed for the next job
         seal_output(out_fd, time_limit)
         with sandbox.device_lock(cfg.cache_root, ctx.device, exclusive=False):

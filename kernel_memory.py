@@ -78,21 +78,25 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
     ("device": the GPU on cuda; "host": memory files and the reference's outputs when they wait
     there, and everything on cpu), with held = (n_check + n_time) x out:
         timing window = (n_time + buffers) x set + peak + n_time x out + L2 flush   (either side: the sets,
-                        the refilled buffers, the call, each set's last output; host_outputs: on the host)
+                        the refilled buffers, the call, each set's last output; host_outputs: none kept there)
         check         = 2 x set + max(2 x out, peak)    (pristine and cloned inputs, poisoned output
                         blocks the forward then takes); host_inputs: set + max(2 x out, peak)
         session       = held + max(set + peak, timing window, compare workspace)   on the device,
                         + context_bytes on cuda (a resident session's worker; MemoryBudget keeps
                         room for the candidates' workers, which boot before they are admitted)
                         (n_check + n_time) x set (input files)                     on the host
-        candidate     = max(check, timing window) on the device, max(n_check, n_time) x out on the host
+        candidate     = max(check, timing window) on the device, n_time x out on the host (its output
+                        file: one check trial's outputs at a time, each judged before the next trial, or
+                        the timed sets' last outputs)
     host_outputs: where the reference's outputs on the device would not let the task fit the device alone,
-    the candidate checks its inputs unchanged against the file, not a device copy, each window's last
-    outputs wait on the host, and the reference's outputs are not kept at all ("recompute", held = 0):
-    judging a candidate computes them again from the sealed input file, a set at a time, and compares
-    chunk by chunk on the device (a forward and one set's transfer per set judged, against a copy of
-    every output kept on the host). cfg.recompute_outputs True recomputes for every task."""
+    the candidate checks its inputs unchanged against the file, not a device copy, the window times one
+    input set (outputs this large are far beyond any cache, so rotating sets buys nothing) and the
+    candidate's last timed outputs stream to its file as they are made; the reference keeps no
+    outputs at all ("recompute", held = 0): judging a candidate computes them again from the sealed
+    input file, a set at a time, and compares chunk by chunk on the device (a forward and one set's
+    transfer per set judged). cfg.recompute_outputs True recomputes for every task."""
     s, o, p = fp.set_bytes, fp.out_bytes, max(fp.peak_bytes, fp.out_bytes)
+    flush = cfg.l2_flush_bytes if cuda else 0
     rotate = s < cfg.rotation_max_bytes
     n_time = cfg.timing_input_sets if rotate else 1
     buffers = 1
@@ -100,7 +104,7 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
         buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers))
     keep = min(capacity.values()) // 4
     n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
-    timing = (n_time + buffers) * s + p + (cfg.l2_flush_bytes if cuda else 0)
+    timing = (n_time + buffers) * s + p + flush
     held = (n_check + n_time) * o
     work = max(s + p, timing, COMPARE_WORKSPACE_BYTES if cuda else 0)
     forced = bool(cfg.recompute_outputs)
@@ -108,21 +112,22 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
         check, timing = s + p, timing + n_time * o
         work = max(work, timing)
         session = {"host": (0 if forced else held) + work + (n_check + n_time) * s}
-        candidate = {"host": max(check, timing) + max(n_check, n_time) * o}
+        candidate = {"host": max(check, timing) + n_time * o}
         return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": False,
                 "recompute": forced, "session": session, "candidate": candidate}
     check = 2 * s + max(2 * o, p)
     host_outputs = held + max(work, timing + n_time * o) + max(check, timing + n_time * o) > capacity.get("device", 0)
     if host_outputs:
-        check = s + max(2 * o, p)
+        check, n_time = s + max(2 * o, p), 1
+        timing = (1 + buffers) * s + p + flush
+        work = max(s + p, timing, COMPARE_WORKSPACE_BYTES)
     else:
         timing += n_time * o
         work = max(work, timing)
     recompute = host_outputs or forced
-    last = n_time * o if host_outputs else 0  # the window's last outputs, on the host
     session = {"device": work + (0 if recompute else held) + cfg.context_bytes,
-               "host": (n_check + n_time) * s + last}
-    candidate = {"device": max(check, timing), "host": max(n_check, n_time) * o + last}
+               "host": (n_check + n_time) * s}
+    candidate = {"device": max(check, timing), "host": n_time * o}
     return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": host_outputs,
             "recompute": recompute, "session": session, "candidate": candidate}
 

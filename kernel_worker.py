@@ -181,9 +181,11 @@ class _TaskWorker:
             sets = [self.to_dev(xs) for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)]
             if self.cuda and self.flush is None:
                 self.flush = torch.empty(msg["l2_flush_bytes"] // 4, dtype=torch.float32, device=self.dev)
+            # the candidate's output file, where its kept outputs go (fds are closed after each reply)
+            last_file = TensorFileWriter(os.dup(fds[1])) if fds[1:] else None
             self.timing = TimingLoop(self.model, sets, self.flush, self.cuda, self.sync, msg["buffers"],
                                      msg["buffer_bytes"], self.output_problem, self.refuse_outputs,
-                                     last_on_host=bool(msg.get("host_outputs")))
+                                     last_file=last_file, host_outputs=bool(msg.get("host_outputs")))
             self.timing.keep = False
             self.timing.run(msg["warmup"])
             return {}
@@ -198,6 +200,8 @@ class _TaskWorker:
             return {"times": self.timing.run(msg["trials"])}
 
         def release(msg, fds, payload):  # the window is over: its sets, buffers and outputs go
+            if self.timing is not None:
+                self.timing.close()
             self.timing = None
             if self.cuda:
                 torch.cuda.empty_cache()
@@ -291,12 +295,13 @@ def _reference_worker(w: _TaskWorker) -> None:
             torch.cuda.empty_cache()
         return {"out_bytes": out_sizes, "check_cost": check_cost}
 
-    def recomputed(fd):
-        """The outputs of each input set of a sealed input file, one set on the device at a time
+    def recomputed(fd, trials):
+        """The outputs of the given input sets of a sealed input file, one set on the device at a time
         (gen did not keep them: a large task's outputs are most of the device)."""
-        for xs in read_tensor_sets(fd, TRUSTED_FILE_MAX_BYTES):
+        sets = read_tensor_sets(fd, TRUSTED_FILE_MAX_BYTES)
+        for t in trials:
             # copies: the file's mapping is read-only, and a forward may write its inputs
-            on_dev = [x.to(w.dev, copy=True) if isinstance(x, torch.Tensor) else x for x in xs]
+            on_dev = [x.to(w.dev, copy=True) if isinstance(x, torch.Tensor) else x for x in sets[t]]
             with torch.no_grad():
                 outs = _as_list(w.model(*on_dev))
             del on_dev
@@ -305,17 +310,19 @@ def _reference_worker(w: _TaskWorker) -> None:
 
     def judge(msg, fds, payload):
         """The first difference between a candidate's output file and the reference's outputs (the kept
-        ones, or with an input file beside the output file, computed again from it)."""
-        part = msg["part"]
+        ones, or with an input file beside the output file, computed again from it): of every input set
+        of the part, or of the one check trial msg["trial"]."""
+        part, trial = msg["part"], msg.get("trial")
         try:
             cand = read_tensor_sets(fds[0], msg["max_bytes"])
         except ValueError as e:  # the candidate wrote this file: its failure, not ours
             return {"unreadable": str(e)}
         n = len(out_sizes[part])
-        expected = recomputed(fds[1]) if fds[1:] else iter(outputs[part])
-        if len(cand) != n:
-            return {"reason": f"expected {n} output sets, got {len(cand)}"}
-        for t, c in enumerate(cand):
+        trials = range(n) if trial is None else [trial]
+        expected = recomputed(fds[1], trials) if fds[1:] else (outputs[part][t] for t in trials)
+        if len(cand) != len(trials):
+            return {"reason": f"expected {len(trials)} output set{'s' if len(trials) > 1 else ''}, got {len(cand)}"}
+        for t, c in zip(trials, cand):
             try:
                 r = next(expected)
             except Exception as e:  # noqa: BLE001 - the reference's own forward failed: the task's fault
@@ -361,33 +368,34 @@ def _candidate_worker(w: _TaskWorker) -> None:
         return {}
 
     def run(msg, fds, payload):
-        """The check trials: each call on clones of the inputs (compared with them after), its
-        outputs written before the next call (a buffer reused across calls is still checked per call)."""
-        outputs, changed, ops = TensorFileWriter(fds[1]), [], set()
-        for xs in read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES):
-            # host_inputs (a task too large for a device copy of them): compared with the sealed file's
-            pristine = xs if msg.get("host_inputs") else w.to_dev(xs)
-            call = [x.to(w.dev, copy=True) if isinstance(x, torch.Tensor) else x for x in pristine]
-            if w.cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
-                blocks = [torch.full(((n + 3) // 4,), float("nan"), device=w.dev)
-                          for n in msg.get("poison_bytes", []) for _ in range(2)]
-                del blocks
-            recorder = OpRecorder() if msg.get("op_check") else contextlib.nullcontext()
-            with torch.no_grad(), recorder:
-                out = _as_list(w.model(*call))
-            problem = w.output_problem(out)  # before anything touches the outputs (writing them would)
-            if problem:
-                raise sandbox.Refusal(problem)
-            ops |= getattr(recorder, "ops", set())
-            changed.append([i for i, (p, c) in enumerate(zip(pristine, call))
-                            if isinstance(p, torch.Tensor) and not _same(p, c)])
-            outputs.add(out)
-            del pristine, call, out  # before the next trial's copies: one trial's tensors at a time
-        outputs.close()
-        return {"changed": changed, "ops": sorted(ops)}
+        """One check trial, msg["trial"]: a call on clones of that input set (compared with it after),
+        its outputs written to the trial's output file (judged before the next trial runs, so a buffer
+        reused across calls is checked per call, and one trial's outputs are in host memory at a time)."""
+        trial = msg.get("trial")
+        sets = read_tensor_sets(fds[0], TRUSTED_FILE_MAX_BYTES)
+        if not isinstance(trial, int) or not 0 <= trial < len(sets):
+            raise ValueError(f"no check trial {trial!r} of {len(sets)}")
+        xs = sets[trial]
+        # host_inputs (a task too large for a device copy of them): compared with the sealed file's
+        pristine = xs if msg.get("host_inputs") else w.to_dev(xs)
+        call = [x.to(w.dev, copy=True) if isinstance(x, torch.Tensor) else x for x in pristine]
+        if w.cuda:  # hand NaN-filled blocks of each output's size to the next torch.empty
+            blocks = [torch.full(((n + 3) // 4,), float("nan"), device=w.dev)
+                      for n in msg.get("poison_bytes", []) for _ in range(2)]
+            del blocks
+        recorder = OpRecorder() if msg.get("op_check") else contextlib.nullcontext()
+        with torch.no_grad(), recorder:
+            out = _as_list(w.model(*call))
+        problem = w.output_problem(out)  # before anything touches the outputs (writing them would)
+        if problem:
+            raise sandbox.Refusal(problem)
+        changed = [i for i, (p, c) in enumerate(zip(pristine, call))
+                   if isinstance(p, torch.Tensor) and not _same(p, c)]
+        write_tensor_sets(fds[1], [out])
+        return {"changed": changed, "ops": sorted(getattr(recorder, "ops", set()))}
 
     def time_outputs(msg, fds, payload):  # each input set's last timed output, to be checked again
-        write_tensor_sets(fds[0], w.timing.last)
+        w.timing.write_last()
         return {}
 
     w.refuse_outputs = True
@@ -405,11 +413,15 @@ class TimingLoop:
     Every call's outputs, warm-up included, go through `output_problem` (OutputCheck) right after its
     timed interval, before anything touches them; with `refuse` (the candidate's side) a problem ends
     the run with a sandbox.Refusal. Both sides pay the check, so the loop costs the same on both.
-    `last_on_host` (a task whose outputs are most of the device): the last outputs are copied to host
-    memory, and only in a run told to `keep` them (each side's last block of the window)."""
+    Kept outputs are clones on the device, written to `last_file` (the candidate's output file) when
+    the window ends (`write_last`). `host_outputs` (a task whose outputs are most of the device): only
+    a run told to `keep` keeps its last outputs, streamed to `last_file` at once through a small pinned
+    buffer (no copy in host memory beside the file); a side with no file keeps none (the reference:
+    its outputs are computed again when judged). That side's last block is then the shorter one, which
+    the verdict's lower medians read past (kernel_verdict.paired_verdict)."""
 
     def __init__(self, model, sets: list, flush, cuda: bool, sync, buffers: int = 1, buffer_bytes: int = 0,
-                 output_problem=None, refuse: bool = False, last_on_host: bool = False):
+                 output_problem=None, refuse: bool = False, last_file=None, host_outputs: bool = False):
         import torch
         self.model, self.sets, self.flush, self.cuda, self.sync = model, sets, flush, cuda, sync
         self.output_problem, self.refuse = output_problem or OutputCheck(torch), refuse
@@ -418,8 +430,10 @@ class TimingLoop:
         self.bufs = [[x.clone() if isinstance(x, torch.Tensor) else x for x in sets[0]] for _ in range(copies)]
         self.last = [None] * len(sets)
         self.calls = 0
-        self.last_on_host = last_on_host
-        self.keep = True  # the next run's last outputs are kept (last_on_host: set per request by the worker)
+        self.last_file, self.host_outputs = last_file, host_outputs
+        if host_outputs and len(sets) != 1:  # a file is written in call order: one set keeps it in set order
+            raise ValueError("host_outputs times one input set")
+        self.keep = True  # the next run's last outputs are kept (host_outputs: set per request by the worker)
 
     def run(self, n: int) -> list:
         import torch
@@ -427,7 +441,8 @@ class TimingLoop:
         with torch.no_grad():
             for k in range(n):
                 i = self.calls % len(self.sets)
-                recorded = n - k <= len(self.sets) and (keep or not self.last_on_host)
+                recorded = n - k <= len(self.sets) and (
+                    not self.host_outputs or keep and self.last_file is not None)
                 out = None  # the previous call's outputs are gone before this call (as in a plain loop)
                 bufs = self.bufs[self.calls // len(self.sets) % len(self.bufs)]
                 self.calls += 1
@@ -452,11 +467,26 @@ class TimingLoop:
                 problem = self.output_problem(out)
                 if problem and self.refuse:
                     raise sandbox.Refusal(f"a timed call: {problem}")
-                if recorded:  # a run's last call of each set, copied at once (a clone per call is overhead)
-                    self.last[i] = [(torch.empty(o.shape, dtype=o.dtype).copy_(o) if self.last_on_host else o.clone())
-                                    if isinstance(o, torch.Tensor) else o for o in out]
+                if recorded and self.host_outputs:
+                    self.last_file.add(out)
+                elif recorded:  # a run's last call of each set, copied at once (a clone per call is overhead)
+                    self.last[i] = [o.clone() if isinstance(o, torch.Tensor) else o for o in out]
             self.sync()
         return times
+
+    def write_last(self) -> None:
+        """The kept outputs, each set's, into last_file (already there with host_outputs), which is then complete."""
+        if not self.host_outputs:
+            for outs in self.last:
+                self.last_file.add(outs)
+        self.last_file.close()
+        self.close()
+
+    def close(self) -> None:
+        if self.last_file is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.last_file.fd)
+            self.last_file = None
 
 
 class OutputCheck:

@@ -237,10 +237,10 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path, reco
     right = _reference_outputs(session, files["check"])
     assert len(right) == cfg.n_correct_trials
 
-    def judge(sets):
+    def judge(sets, trial=None):
         fd = _tensor_file(sets)
         try:
-            return session.judge(fd, "check", 1 << 30)
+            return session.judge(fd, "check", 1 << 30, trial=trial)
         finally:
             os.close(fd)
 
@@ -249,6 +249,11 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path, reco
     wrong[3][0][0, 0] += 1.0
     assert judge(wrong).startswith("trial 4/5: output: 1 of")
     assert "expected 5 output sets" in judge(right[:4])
+    # a check trial alone (a candidate's check: one trial's outputs judged before the next runs)
+    assert judge(right[3:4], trial=3) is None and judge(right[2:3], trial=2) is None
+    assert judge(wrong[3:4], trial=3).startswith("trial 4/5: output: 1 of")
+    assert judge(right[2:3], trial=3).startswith("trial 4/5: output:")  # another trial's outputs
+    assert judge(right[3:5], trial=3) == "expected 1 output set, got 2"
     fd = kernel_memory.memfd("garbage")
     os.write(fd, b"not a tensor file" * 10)
     with pytest.raises(ke.Failure, match="unreadable outputs"):
@@ -442,6 +447,32 @@ def test_a_hung_candidate_on_a_large_task_is_allowed_the_data_once_not_the_multi
     assert moving_s > 2 * forward_s, hung.message  # drawing 5 x 4M normals and writing them: more than 5 adds
     assert limit == pytest.approx(30 * forward_s + 3 * moving_s + 5, rel=0.06, abs=0.06), hung.message
     assert limit * 0.95 <= hung.timeout_seconds < limit + 5, (limit, hung.timeout_seconds)
+
+
+WRONG_THEN_HUNG_CANDIDATE = """
+import time
+import torch.nn as nn
+
+class ModelNew(nn.Module):
+    calls = 0
+
+    def forward(self, x):
+        ModelNew.calls += 1
+        while ModelNew.calls > 1:
+            time.sleep(1.0)
+        return x + 2.0
+"""
+
+
+def test_each_check_trial_is_judged_before_the_next_runs(tmp_path):
+    """The check runs one trial at a time, its outputs judged before the next trial runs (so one
+    trial's outputs are in host memory at a time): a candidate wrong in its first trial is incorrect
+    there, without waiting for a second trial that would hang until the time limit."""
+    t0 = time.monotonic()
+    [r] = ke.evaluate_batch([(ALONE_REFERENCE, WRONG_THEN_HUNG_CANDIDATE)], device="cpu", cache_root=str(tmp_path),
+                            op_check=False, time_candidate=False)
+    assert r.status == "incorrect" and re.match(r"trial 1/5: output: \d+ of 4096 values", r.message), r.message
+    assert r.trials == 1 and time.monotonic() - t0 < 60
 
 
 ALONE_REFERENCE = """

@@ -36,7 +36,8 @@ def test_plan_copies_keeps_every_copy_of_a_small_task_and_scales_a_large_one_dow
     timing = 2 * s + o + cfg.l2_flush_bytes + o  # sets + buffers, the call, its last output
     assert not big["host_outputs"]
     assert big["session"] == {"device": 3 * o + timing + ctx, "host": 3 * s}
-    assert big["candidate"] == {"device": max(2 * s + 2 * o, timing), "host": 2 * o}
+    # the candidate's host: its output file, one check trial's outputs at a time or the timed set's
+    assert big["candidate"] == {"device": max(2 * s + 2 * o, timing), "host": o}
     # more memory keeps more trials (a quarter of the capacity for the kept sets), never more than asked
     roomy = kernel_memory.plan_copies(relu, cfg, {"device": 1 << 40, "host": 1 << 40}, cuda=True)
     assert roomy["n_check"] == cfg.n_correct_trials
@@ -64,17 +65,18 @@ def test_plan_copies_fits_kernelbench_l2norm_on_an_80_gb_card():
     # or its check (the input, two poisoned output blocks)
     assert plan["session"]["device"] == 24 * gib + cfg.l2_flush_bytes + cfg.context_bytes
     assert plan["candidate"]["device"] == 24 * gib + cfg.l2_flush_bytes
-    # host: three input sets in files and the last timed output; the reference's outputs are not kept
-    # (computed again when judged); the candidate's outputs and its last timed one
+    # host: three input sets in files; the reference's outputs are not kept (computed again when judged);
+    # the candidate's output file, one check trial's outputs or its last timed ones streamed there:
+    # 32 GiB in all, twice the task's 8 GiB in and 8 GiB out
     assert plan["recompute"]
-    assert plan["session"]["host"] == (24 + 8) * gib and plan["candidate"]["host"] == (16 + 8) * gib
+    assert plan["session"]["host"] == 24 * gib and plan["candidate"]["host"] == 8 * gib
     budget = kernel_memory.MemoryBudget(cfg, live_workers=14)
     budget.capacity = capacity
     assert budget.too_large(l2norm, cuda=True) == ""
     # the same task where it does not fit: one line, device and host apart, what there is, what to change
     budget.capacity = {"host": 64 * gib, "device": 40 * gib}
     why = budget.too_large(l2norm, cuda=True)
-    assert why.startswith("judging this task needs 49.5 GiB device memory (have 40.0) and 56.0 GiB host memory "
+    assert why.startswith("judging this task needs 49.5 GiB device memory (have 40.0) and 32.0 GiB host memory "
                           "(have 64.0): ") and "memory_fraction" in why and "\n" not in why
 
 

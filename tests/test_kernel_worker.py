@@ -2,9 +2,12 @@
 the timing loop both sides are timed by, the check that a forward's outputs are plain tensors with
 no torch mode left active, and how a failure of the task's code or a build is described. The
 workers' commands are tested through kernel_eval's verdicts (tests/test_kernel_eval.py)."""
+import os
+
 import pytest
 import torch
 
+import kernel_memory
 import kernel_sandbox as sandbox
 import kernel_worker
 
@@ -33,6 +36,46 @@ def test_timing_loop_rotates_input_copies_each_holding_every_set():
     one = 4 * 8 * 4
     assert len(kernel_worker.TimingLoop(model, sets, None, False, lambda: None, 4, int(2.5 * one)).bufs) == 2
     assert len(kernel_worker.TimingLoop(model, sets, None, False, lambda: None, 4, 0).bufs) == 1
+
+
+def test_timing_loop_writes_kept_outputs_to_the_file_and_streams_them_with_host_outputs():
+    """The kept outputs reach the candidate's output file, each set's last in set order (written when
+    the window ends); with host_outputs only a run told to keep keeps anything, straight into the file
+    as it is made (no copy beside it), and a side with no file (the reference) keeps nothing."""
+    calls = []
+
+    def model(x):
+        calls.append(float(x[0, 0]))
+        return x + len(calls)
+
+    def loop_file(**kw):
+        fd = kernel_memory.memfd("timing-test")
+        sets = kw.pop("sets", [[torch.zeros(2, 3)], [torch.ones(2, 3)]])
+        return fd, kernel_worker.TimingLoop(model, sets, None, False, lambda: None,
+                                            last_file=kernel_memory.TensorFileWriter(os.dup(fd)), **kw)
+
+    fd, loop = loop_file()
+    loop.run(5)  # calls 1..5 on sets 0 1 0 1 0: set 0's last is call 5 (0 + 5), set 1's call 4 (1 + 4)
+    loop.write_last()
+    assert [float(s[0][0, 0]) for s in kernel_memory.read_tensor_sets(fd, 1 << 20)] == [5.0, 5.0]
+    os.close(fd)
+    calls.clear()
+    fd, loop = loop_file(sets=[[torch.zeros(2, 3)]], host_outputs=True)
+    loop.keep = False
+    loop.run(3)
+    assert loop.last == [None] and os.fstat(fd).st_size == 0  # nothing kept, nothing written
+    loop.keep = True
+    loop.run(2)  # calls 4 and 5: call 5's outputs, in the file before the window ends
+    assert os.fstat(fd).st_size >= 2 * 3 * 4 and loop.last == [None]
+    loop.write_last()
+    [[out]] = kernel_memory.read_tensor_sets(fd, 1 << 20)
+    assert torch.equal(out, torch.full((2, 3), 5.0))
+    os.close(fd)
+    reference = kernel_worker.TimingLoop(model, [[torch.zeros(2, 3)]], None, False, lambda: None, host_outputs=True)
+    reference.run(2)
+    assert reference.last == [None]
+    with pytest.raises(ValueError, match="one input set"):
+        loop_file(host_outputs=True)
 
 
 class _Deferred(torch.Tensor):
