@@ -14,7 +14,7 @@ The file reads in the order a candidate runs: evaluate_batch (precheck -> format
 worker imports the candidate, whose load_inline builds it; cached per source), the reference session (one
 trusted worker per task writes sealed inputs, keeps its outputs or, for a task whose outputs would
 not fit the device, computes them again when judging), the check (the candidate's worker runs
-every trial, its outputs are compared by the reference's worker), the timing (blocks R C C R ... with the
+one trial at a time, each trial's outputs compared by the reference's worker before the next runs), the timing (blocks R C C R ... with the
 device alone), the verdict. What decides is kernel_verdict.py (statuses, EvalResult, comparison, op check,
 run limits); what runs inside a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py
 behind kernel_boundary.py; memory and tensor files, kernel_memory.py; builds, kernel_build.py (optional).

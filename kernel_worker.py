@@ -13,9 +13,10 @@ is one of three, each a function here:
   inputs it draws from the parent's secret seeds to memory files the parent seals, keeps the reference
   outputs (they never leave this process) and compares a candidate's output file with them
   (kernel_verdict.compare_outputs): it sends back the first difference, or None.
-- cand (_candidate_worker), untrusted: the candidate's code. It runs the check trials on clones of the
-  inputs under an aten operator recorder and writes each call's outputs to a memory file of its own; it
-  sends back which inputs each trial changed and the ops it saw, never a verdict.
+- cand (_candidate_worker), untrusted: the candidate's code. It runs a check trial at a time, on clones
+  of the inputs under an aten operator recorder, and writes the call's outputs to a memory file of its
+  own (judged before the next trial); it sends back which inputs the trial changed and the ops it saw,
+  never a verdict.
 
 Both run workers boot while the candidate compiles (_TaskWorker) and are timed in the same loop
 (TimingLoop), each reporting its own per-call times, which the parent cross-checks with its own clock.
