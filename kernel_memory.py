@@ -104,26 +104,25 @@ def plan_copies(fp: Footprint, cfg, capacity: dict, cuda: bool) -> dict:
         buffers = max(1, min(cfg.timing_buffers, cfg.timing_buffer_bytes // s if s else cfg.timing_buffers))
     keep = min(capacity.values()) // 4
     n_check = max(cfg.min_correct_trials, min(cfg.n_correct_trials, keep // max(1, s + o)))
-    timing = (n_time + buffers) * s + p + flush
     held = (n_check + n_time) * o
-    work = max(s + p, timing, COMPARE_WORKSPACE_BYTES if cuda else 0)
     forced = bool(cfg.recompute_outputs)
+
+    def window(n_time: int, outputs_kept: bool) -> tuple:
+        """(timing window, the session's work): n_time sets, each set's last output kept there or not."""
+        timing = (n_time + buffers) * s + p + flush + (n_time * o if outputs_kept else 0)
+        return timing, max(s + p, timing, COMPARE_WORKSPACE_BYTES if cuda else 0)
+
+    timing, work = window(n_time, outputs_kept=True)
     if not cuda:  # one pool: the workers' tensors live beside the memory files; pristine inputs are the file's
-        check, timing = s + p, timing + n_time * o
-        work = max(work, timing)
         session = {"host": (0 if forced else held) + work + (n_check + n_time) * s}
-        candidate = {"host": max(check, timing) + n_time * o}
+        candidate = {"host": max(s + p, timing) + n_time * o}
         return {"n_check": n_check, "n_time": n_time, "buffers": buffers, "host_outputs": False,
                 "recompute": forced, "session": session, "candidate": candidate}
     check = 2 * s + max(2 * o, p)
-    host_outputs = held + max(work, timing + n_time * o) + max(check, timing + n_time * o) > capacity.get("device", 0)
+    host_outputs = held + work + max(check, timing) > capacity.get("device", 0)
     if host_outputs:
         check, n_time = s + max(2 * o, p), 1
-        timing = (1 + buffers) * s + p + flush
-        work = max(s + p, timing, COMPARE_WORKSPACE_BYTES)
-    else:
-        timing += n_time * o
-        work = max(work, timing)
+        timing, work = window(n_time, outputs_kept=False)
     recompute = host_outputs or forced
     session = {"device": work + (0 if recompute else held) + cfg.context_bytes,
                "host": (n_check + n_time) * s}
