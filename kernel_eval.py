@@ -16,8 +16,9 @@ trusted worker per task writes sealed inputs, keeps its outputs or, for a task w
 not fit the device, computes them again when judging), the check (the candidate's worker runs a trial
 at a time, each trial's outputs compared by the reference's worker before the next runs), the timing
 (blocks R C C R ... with the device alone), the verdict. What decides is kernel_verdict.py (statuses,
-EvalResult, comparison, op check, run limits); what runs inside a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py
-behind kernel_boundary.py; memory and tensor files, kernel_memory.py; builds, kernel_build.py (optional).
+EvalResult, comparison, op check, run limits); what runs inside a worker, kernel_worker.py; processes,
+confinement, locks, kernel_sandbox.py behind kernel_boundary.py; memory and tensor files,
+kernel_memory.py; builds, kernel_build.py (optional).
 Statuses: format_error, compile_error, timeout, runtime_error, incorrect, correct, reference_error (the
 task's own reference failed: no verdict), harness_error (the task does not fit even alone: no verdict).
 """
