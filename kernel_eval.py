@@ -16,9 +16,9 @@ trusted worker per task writes sealed inputs, keeps its outputs or, for a task w
 not fit the device, computes them again when judging), the check (the candidate's worker runs a trial
 at a time, each trial's outputs compared by the reference's worker before the next runs), the timing
 (blocks R C C R ... with the device alone), the verdict. What decides is kernel_verdict.py (statuses,
-EvalResult, comparison, op check, run limits); what runs inside a worker, kernel_worker.py; processes,
-confinement, locks, kernel_sandbox.py behind kernel_boundary.py; memory and tensor files,
-kernel_memory.py; builds, kernel_build.py (optional).
+EvalResult, comparison, op check, run limits); the reference's side, kernel_reference.py; what runs inside
+a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py behind kernel_boundary.py;
+memory and tensor files, kernel_memory.py; builds, kernel_build.py (optional).
 Statuses: format_error, compile_error, timeout, runtime_error, incorrect, correct, reference_error (the
 task's own reference failed: no verdict), harness_error (the task does not fit even alone: no verdict).
 """
@@ -30,18 +30,16 @@ import dataclasses
 import json
 import os
 import re
-import secrets
 import shutil
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import kernel_boundary
 import kernel_sandbox as sandbox
-from kernel_memory import (Footprint, MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd,
-                           plan_copies, seal, seal_output)
+from kernel_reference import ReferenceSession
+from kernel_memory import MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd, seal_output
 from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops, request_key,
                             run_limit, timing_verdict)
 
@@ -183,7 +181,7 @@ def evaluate_batch(pairs: list, *, device: str = "cuda", precheck=None, progress
     for i in todo:
         ref_src = pairs[i][0]
         if ref_src not in sessions:
-            sessions[ref_src] = ReferenceSession(ref_src, ctx, users=0, budget=budget)
+            sessions[ref_src] = reference_session(ref_src, ctx, users=0, budget=budget)
         sessions[ref_src].users += 1
     finished = False
     try:
@@ -384,190 +382,11 @@ def _reads_host_pch(cfg: EvalConfig) -> bool:
 
 # ----------------------------------------------------------------------------- the reference session
 
-class ReferenceSession:
-    """The parent's side of one task's trusted reference worker (kernel_worker): every candidate of the task is
-    judged on the same inputs, from seeds only the parent knows; its outputs never leave its process. A worker
-    that dies is started again on the same seeds; a reference that fails on its own fails every candidate of the
-    task (reference_error). `lock` serialises requests; callers take the device lock first."""
-
-    def __init__(self, ref_src: str, ctx: Context, users: int, budget: MemoryBudget | None = None):
-        self.ref_src, self.ctx, self.cfg = ref_src, ctx, ctx.cfg
-        cfg, device, arch = ctx.cfg, ctx.device, ctx.arch
-        self.budget = budget or MemoryBudget(cfg, live_workers=1)
-        self.users, self.lock = users, threading.Lock()
-        self.seeds = {"check": [secrets.randbits(62) for _ in range(cfg.n_correct_trials)],
-                      "time": [secrets.randbits(62) for _ in range(cfg.timing_input_sets)]}
-        self.init_seed = secrets.randbits(31)
-        self.worker = self.scratch = self.failure = None
-        self.files = {}  # sealed memory files: "init" (the model's constructor arguments), "check", "time"
-        self.generated = False
-        self.host_outputs = self.recompute = False  # plan_copies' (set by _ready)
-        # per request, for run_limit: (seconds of compute, seconds moving data); "check" on the worker's clock,
-        # scaled to the bytes a candidate's check moves; timing requests (request_key) on the parent's
-        self.seconds: dict = {}
-        self.out_bytes = {}  # part -> per input set, the byte size of each reference output
-        self.gen_check_s = 0.0
-        self.footprint_path = os.path.join(cfg.cache_root, "footprints", sandbox.source_hash(
-            "footprint", ref_src, device == "cpu", arch, _torch_version())[:32] + ".json")
-        self.footprint = Footprint.read(self.footprint_path)
-
-    def _call(self, phase: str, timeout_s: float, msg: dict, fds: tuple = (), deadline: float | None = None) -> tuple:
-        """A request to the worker; its failure is the task's (reference_error), and stops the worker."""
-        try:
-            return sandbox.ask(self.worker, "reference", phase, timeout_s, msg, fds=fds, deadline=deadline)
-        except Failure as f:
-            raise self._task_failure(f.message) from None
-
-    def _task_failure(self, message: str) -> Failure:
-        """The reference failed on its own: the task's failure (every candidate's), its worker stopped."""
-        self.failure = Failure("reference_error", f"the task's fault, not the candidate's: {message}")
-        self._stop()
-        return self.failure
-
-    def _boot(self) -> None:
-        """Start the worker, load and build the reference model (no device lock needed)."""
-        if self.failure or self.worker is not None:
-            return
-        cfg = self.cfg
-        self.scratch = sandbox.scratch_dir(cfg.scratch_root, "kevalref-")
-        self.worker = _spawn("ref", self.ref_src, self.ctx, self.scratch)
-        with contextlib.suppress(Failure):  # kept in self.failure
-            ready, _ = self._call("load", cfg.load_timeout_s, {})
-            free = ready.get("device_free")
-            self.budget.set_capacity(free if isinstance(free, int) else None)
-            self._call("load", cfg.load_timeout_s, {"cmd": "load"})
-            self.files["init"] = memfd("kernel_eval-init-inputs")  # the reference writes it, every candidate reads it
-            self._call("init", cfg.load_timeout_s, {"cmd": "init", "seed": self.init_seed}, fds=(self.files["init"],))
-            seal(self.files["init"])
-
-    def plan(self) -> dict:
-        """plan_copies for this task; a task seen for the first time is measured alone (the probe, cached)."""
-        with self.lock:
-            self._boot()
-            if self.failure:
-                raise self.failure
-        if self.footprint is None:
-            with self.budget.admit(self, None, exclusive=True), self.lock:
-                self._probe()
-        return plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.ctx.device != "cpu")
-
-    def _probe(self) -> None:
-        if self.footprint is not None:
-            return
-        self._boot()
-        if self.failure:
-            raise self.failure
-        reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "probe", "seed": secrets.randbits(62)})
-        self.footprint = Footprint(*(int(reply[k]) for k in ("set_bytes", "out_bytes", "peak_bytes")))
-        self.footprint.write(self.footprint_path)
-
-    def ready(self, parts=("init", "check")) -> dict:
-        """Inputs written and sealed, reference outputs held (hold the device lock and a memory admission).
-        Duplicates of the sealed files of `parts`, the caller's to close (this worker may be stopped meanwhile)."""
-        with self.lock:
-            self._ready()
-            return {part: os.dup(self.files[part]) for part in parts}
-
-    def _ready(self) -> None:
-        self._boot()
-        if self.failure:
-            raise self.failure
-        if self.generated:
-            return
-        self._probe()
-        plan = plan_copies(self.footprint, self.cfg, self.budget.capacity, cuda=self.ctx.device != "cpu")
-        inputs = {part: memfd(f"kernel_eval-{part}-inputs") for part in ("check", "time")}
-        self.files.update(inputs)
-        seeds = {"check": self.seeds["check"][:plan["n_check"]], "time": self.seeds["time"][:plan["n_time"]]}
-        self.host_outputs, self.recompute = plan["host_outputs"], plan["recompute"]
-        # a first forward off the clock, so that gen is timed warm (run_limit)
-        self._call("check", self.cfg.check_timeout_s, {"cmd": "rehearse", "seed": secrets.randbits(62)})
-        reply, _ = self._call("check", self.cfg.check_timeout_s, {"cmd": "gen", "seeds": seeds,
-                                                                  "keep_outputs": not self.recompute},
-                              fds=(inputs["check"], inputs["time"]))
-        # the reference drew and wrote the inputs; a candidate's check reads them and writes its outputs
-        cost = reply["check_cost"]
-        moved = cost["in_bytes"] + sum(map(sum, reply["out_bytes"]["check"]))
-        per_byte_scale = moved / cost["in_bytes"] if cost["in_bytes"] else 1.0
-        self.seconds["check"] = (cost["forward_s"], cost["rest_s"] * per_byte_scale)
-        self.gen_check_s = cost["forward_s"] + cost["rest_s"]  # what recomputing the check sets' outputs repeats
-        for fd in inputs.values():
-            seal(fd)
-        self.out_bytes, self.generated = reply["out_bytes"], True
-
-    def close(self) -> None:
-        """Stop the worker (the batch is done, or evict: its memory is wanted; a next job restarts it)."""
-        with self.lock:
-            self._stop()
-
-    evict = close  # MemoryBudget's name for it
-
-    def retry(self) -> None:
-        """Forget a failure that running out of memory beside other workers explains."""
-        with self.lock:
-            if self.failure and capacity_failure(self.failure.message):
-                self.failure = None
-                self._stop()
-
-    def ask_time(self, msg: dict, fds: tuple = (), deadline: float | None = None) -> dict:
-        """One timing request to the reference worker (hold the device lock, exclusive)."""
-        with self.lock:
-            self._ready()  # a judge may have stopped the worker since: back on the same seeds
-            t = time.monotonic()
-            reply = self._call("time", self.cfg.time_timeout_s, msg, fds, deadline)[0]
-            self.seconds[request_key(msg)] = (time.monotonic() - t, 0.0)
-            return reply
-
-    def output_limit(self, part: str, trial: int | None = None) -> int:
-        """Bytes a candidate's output file may hold: twice the reference's outputs (of every set of `part`, or of
-        one check trial), plus room for the file's own."""
-        sets = self.out_bytes[part] if trial is None else [self.out_bytes[part][trial]]
-        return 2 * sum(sum(sizes) for sizes in sets) + (16 << 20)
-
-    def judge(self, out_fd: int, part: str, max_bytes: int, trial: int | None = None) -> str | None:
-        """The first difference between the candidate's outputs and the reference's, or None (with
-        self.recompute, the reference's outputs computed again from the sealed inputs of `part`): of every input
-        set of `part`, or of one check `trial`."""
-        cfg = self.cfg
-        with self.lock:
-            self._ready()  # another candidate's outputs may have stopped it since: back on the same seeds
-            inputs = (self.files[part],) if self.recompute else ()
-            # the reference's own forwards, when recomputed, are not the candidate's to pay for in time
-            limit_s = cfg.check_timeout_s + (cfg.run_timeout_multiple * self.gen_check_s if self.recompute else 0.0)
-            try:
-                reply, _ = sandbox.ask(self.worker, "reference", "judge", limit_s,
-                                       {"cmd": "judge", "part": part, "trial": trial, "max_bytes": max_bytes,
-                                        "tolerances": cfg.tolerances}, fds=(out_fd, *inputs))
-            except Failure as f:
-                self._stop()  # the next candidate gets a fresh worker on the same seeds
-                raise Failure("runtime_error", "the candidate's outputs could not be compared (they "
-                              f"stopped the harness's reader: {cut(f.message, 200)})") from None
-            if reply.get("reference_failed"):  # its forward, computing its outputs again
-                raise self._task_failure(str(reply["reference_failed"]))
-            if reply.get("unreadable"):
-                raise Failure("runtime_error", f"candidate returned unreadable outputs: {reply['unreadable']}")
-            return reply.get("reason")
-
-    def _stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-            self.worker = None
-        self.generated = False
-        self.budget.forget(self)
-        for fd in self.files.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.files = {}
-        if self.scratch and not self.cfg.keep_scratch:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-        self.scratch = None
-
-    def release(self) -> None:
-        """One candidate of this reference is done; the last one stops the worker."""
-        with self.lock:
-            self.users -= 1
-            if self.users <= 0:
-                self._stop()
+def reference_session(ref_src: str, ctx: Context, users: int, budget: MemoryBudget | None = None) -> ReferenceSession:
+    """A task's trusted reference worker (kernel_reference), started as the harness starts every worker."""
+    key = sandbox.source_hash("footprint", ref_src, ctx.device == "cpu", ctx.arch, _torch_version())
+    return ReferenceSession(ref_src, ctx, users, spawn=lambda scratch: _spawn("ref", ref_src, ctx, scratch),
+                            footprint_key=key, budget=budget)
 
 
 # ----------------------------------------------------------------------------- the check

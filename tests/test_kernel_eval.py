@@ -229,7 +229,7 @@ def test_reference_session_judges_and_restarts_on_the_same_inputs(tmp_path, reco
     # recompute_outputs: the reference's outputs are not kept but computed again from the sealed inputs
     # when judged (a large task's); every verdict below the same
     cfg = ke.EvalConfig(cache_root=str(tmp_path), cpu_trials=2, recompute_outputs=recompute)
-    session = ke.ReferenceSession(REFERENCE, ke.Context("cpu", "", cfg), users=1)
+    session = ke.reference_session(REFERENCE, ke.Context("cpu", "", cfg), users=1)
     files = session.ready()
     assert session.recompute == recompute
     assert session.out_bytes["check"][0] == [64 * 4096 * 4]
@@ -512,8 +512,8 @@ class ModelNew(nn.Module):
 '''
 
 
-ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_gate.py", "kernel_memory.py", "kernel_sandbox.py",
-               "kernel_types.py", "kernel_verdict.py", "kernel_worker.py")
+ALONE_FILES = ("kernel_eval.py", "kernel_boundary.py", "kernel_gate.py", "kernel_memory.py", "kernel_reference.py",
+               "kernel_sandbox.py", "kernel_types.py", "kernel_verdict.py", "kernel_worker.py")
 
 
 @pytest.mark.slow
@@ -581,7 +581,7 @@ def test_a_reference_failing_when_its_outputs_are_computed_again_is_the_tasks_fa
                             "            raise RuntimeError('the reference broke')\n")
     assert ref != REFERENCE
     cfg = ke.EvalConfig(cache_root=str(tmp_path / "cache"), cpu_trials=2, recompute_outputs=True)
-    session = ke.ReferenceSession(ref, ke.Context("cpu", "", cfg), users=1)
+    session = ke.reference_session(ref, ke.Context("cpu", "", cfg), users=1)
     files = session.ready()
     right = _reference_outputs(session, files["check"])
     fd = _tensor_file(right)
