@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -535,17 +536,19 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
         ref_ask({"cmd": "warm", "calls": max(1, warmup)})
         cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # calls per block, doubled until one reference request lasts block_ms; a candidate never chooses them
+    # the reference's time a call, from one request doubled until it lasts half of block_ms; a block then holds
+    # enough calls for block_ms of it (not up to twice that, as the doubled count would). A candidate never chooses
     block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
     budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
     while True:
         t = time.monotonic()
         ref_ask({"cmd": "warm", "calls": calls})
         per_call_ms = (time.monotonic() - t) * 1e3 / calls
-        if per_call_ms * calls >= block_ms or time.monotonic() > deadline:
+        if per_call_ms * calls >= block_ms / 2 or time.monotonic() > deadline:
             break
         calls *= 2
-    calls = max(calls, block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
+    calls = max(math.ceil(block_ms / max(per_call_ms, 1e-6)), block_calls(trials, cfg.timing_blocks, budget_ms,
+                                                                          per_call_ms))
     blocks = {"ref": [], "cand": []}
     trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
     for b in range(2 * cfg.timing_blocks):
