@@ -8,7 +8,11 @@ many with `--no-time`, in turn, after one untimed run that fills the build cache
 and mode, the medians of: the command's wall seconds; `start` = wall - the JSON's latency (the
 interpreter, imports, the batch's setup before its first phase); the JSON's phases (load: the
 candidate's worker's import; reference: the reference worker's start, its run and the inputs;
-check; time); and the reference's and candidate's ms a call.
+check; time); and the reference's and candidate's ms a call. With --root (one or more checkouts), each run
+judges the task with each checkout's kernel_eval.py in turn: a side-by-side comparison in one run.
+The last line counts the tasks whose timed verdict's median wall is within --goal seconds.
+
+    python bench/cpu_verdict.py --tasks level1/04_log_softmax --runs 3 --root /tmp/before --root .
 """
 from __future__ import annotations
 
@@ -21,13 +25,13 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLUMNS = ("task", "mode", "wall s", "start s", "latency s", "load s", "reference s", "check s", "time s",
+COLUMNS = ("task", "checkout", "mode", "wall s", "start s", "latency s", "load s", "reference s", "check s", "time s",
            "ref ms", "cand ms", "status")
 
 
-def verdict(task: str, timed: bool, cache_root: str | None) -> tuple[float, dict]:
+def verdict(task: str, timed: bool, cache_root: str | None, root: str = ROOT) -> tuple[float, dict]:
     folder = os.path.join(ROOT, "tasks", task)
-    cmd = [sys.executable, os.path.join(ROOT, "kernel_eval.py"), os.path.join(folder, "reference.py"),
+    cmd = [sys.executable, os.path.join(root, "kernel_eval.py"), os.path.join(folder, "reference.py"),
            os.path.join(folder, "solution_cpp.py"), "--device", "cpu", "--json"]
     cmd += [] if timed else ["--no-time"]
     cmd += ["--cache-root", cache_root] if cache_root else []
@@ -45,28 +49,40 @@ def main() -> None:
     p.add_argument("--tasks", default="level1/01_relu", help="comma-separated built-in tasks, e.g. level1/01_relu")
     p.add_argument("--runs", type=int, default=3, help="verdicts per task and mode")
     p.add_argument("--cache-root", default=None, help="kernel_eval's build cache (default: its own)")
+    p.add_argument("--root", action="append", default=None,
+                   help="a checkout whose kernel_eval.py judges (repeat it: side by side; default: this one)")
+    p.add_argument("--goal", type=float, default=3.0, help="seconds a cached timed verdict should take at most")
     args = p.parse_args()
+    roots = [os.path.abspath(r) for r in (args.root or [ROOT])]
     if args.runs < 1:
         raise SystemExit(f"bench/cpu_verdict.py: --runs {args.runs}: must be at least 1")
+    for root in roots:
+        if not os.path.isfile(os.path.join(root, "kernel_eval.py")):
+            raise SystemExit(f"bench/cpu_verdict.py: --root {root}: no kernel_eval.py there")
     for task in args.tasks.split(","):
         if not os.path.isfile(os.path.join(ROOT, "tasks", task, "solution_cpp.py")):
             raise SystemExit(f"bench/cpu_verdict.py: no built-in cpp solution for {task}")
     print(" | ".join(COLUMNS))
+    within = {root: 0 for root in roots}
     for task in args.tasks.split(","):
-        verdict(task, False, args.cache_root)  # fills the build cache: every row below is cached
-        runs = {"timed": [], "no-time": []}
+        verdict(task, False, args.cache_root, roots[0])  # fills the build cache: every row below is cached
+        runs = {(root, mode): [] for root in roots for mode in ("timed", "no-time")}
         for _ in range(args.runs):
-            for mode in runs:
-                runs[mode].append(verdict(task, mode == "timed", args.cache_root))
-        for mode, rows in runs.items():
+            for root, mode in runs:
+                runs[root, mode].append(verdict(task, mode == "timed", args.cache_root, root))
+        for (root, mode), rows in runs.items():
             def med(get):
                 return statistics.median(get(wall, v) for wall, v in rows)
-            cells = [task, mode, f"{med(lambda w, v: w):.2f}", f"{med(lambda w, v: w - v['seconds']['latency']):.2f}",
+            if mode == "timed" and med(lambda w, v: w) <= args.goal:
+                within[root] += 1
+            cells = [task, root, mode, f"{med(lambda w, v: w):.2f}", f"{med(lambda w, v: w - v['seconds']['latency']):.2f}",
                      f"{med(lambda w, v: v['seconds']['latency']):.2f}"]
             cells += [f"{med(lambda w, v, k=k: v['seconds'].get(k, 0.0)):.2f}" for k in ("load", "reference", "check", "time")]
             cells += [f"{med(lambda w, v: v['ref_ms']):.3f}", f"{med(lambda w, v: v['candidate_ms']):.3f}",
                       ",".join(sorted({v["status"] for _, v in rows}))]
             print(" | ".join(cells), flush=True)
+    n = len(args.tasks.split(","))
+    print("timed verdicts within {:.1f} s: {}".format(args.goal, ", ".join(f"{root}: {k}/{n}" for root, k in within.items())))
 
 
 if __name__ == "__main__":
