@@ -154,6 +154,13 @@ def test_cpu_verdict_bench_refuses_a_task_without_a_solution_in_one_line():
     assert out.stderr.strip() == "bench/cpu_verdict.py: no built-in cpp solution for level1/no_such_task"
 
 
+def test_cpu_verdict_bench_refuses_a_checkout_without_the_harness_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "bench/cpu_verdict.py", "--root", ".", "--root", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"bench/cpu_verdict.py: --root {tmp_path}: no kernel_eval.py there"
+
+
 def test_timeout_limit_bench_refuses_an_unknown_task_in_one_line():
     out = subprocess.run([sys.executable, "bench/timeout_limit.py", "--device", "cpu",
                           "--tasks", "level1/01_relu,level1/no_such_task"],
