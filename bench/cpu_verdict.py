@@ -59,13 +59,15 @@ def main() -> None:
     for root in roots:
         if not os.path.isfile(os.path.join(root, "kernel_eval.py")):
             raise SystemExit(f"bench/cpu_verdict.py: --root {root}: no kernel_eval.py there")
-    for task in args.tasks.split(","):
+    task_ids = args.tasks.split(",")
+    for task in task_ids:
         if not os.path.isfile(os.path.join(ROOT, "tasks", task, "solution_cpp.py")):
             raise SystemExit(f"bench/cpu_verdict.py: no built-in cpp solution for {task}")
     print(" | ".join(COLUMNS))
     within = {root: 0 for root in roots}
-    for task in args.tasks.split(","):
-        verdict(task, False, args.cache_root, roots[0])  # fills the build cache: every row below is cached
+    for task in task_ids:
+        for root in roots:  # fills the build cache (each checkout's build options may key it apart): rows are cached
+            verdict(task, False, args.cache_root, root)
         runs = {(root, mode): [] for root in roots for mode in ("timed", "no-time")}
         for _ in range(args.runs):
             for root, mode in runs:
@@ -81,8 +83,8 @@ def main() -> None:
             cells += [f"{med(lambda w, v: v['ref_ms']):.3f}", f"{med(lambda w, v: v['candidate_ms']):.3f}",
                       ",".join(sorted({v["status"] for _, v in rows}))]
             print(" | ".join(cells), flush=True)
-    n = len(args.tasks.split(","))
-    print("timed verdicts within {:.1f} s: {}".format(args.goal, ", ".join(f"{root}: {k}/{n}" for root, k in within.items())))
+    print("timed verdicts within {:.1f} s: {}".format(
+        args.goal, ", ".join(f"{root}: {k}/{len(task_ids)}" for root, k in within.items())))
 
 
 if __name__ == "__main__":
