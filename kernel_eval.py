@@ -537,7 +537,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
         ref_ask({"cmd": "warm", "calls": max(1, warmup)})
         cand_ask({"cmd": "warm", "calls": max(1, warmup)})
     # the reference's time a call, from one request doubled until it lasts half of block_ms; a block then holds
-    # enough calls for block_ms of it (not up to twice that, as the doubled count would). A candidate never chooses
+    # enough calls for block_ms of it (not up to twice that, as the doubled count would); a candidate never
+    # chooses them
     block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
     budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
     while True:
