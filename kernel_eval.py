@@ -41,8 +41,8 @@ import kernel_boundary
 import kernel_sandbox as sandbox
 from kernel_reference import ReferenceSession
 from kernel_memory import MemoryBudget, capacity_failure, cpu_split, default_parallel_compiles, memfd, seal_output
-from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops, request_key,
-                            run_limit, timing_verdict)
+from kernel_verdict import (EvalResult, Failure, block_calls, cacheable, compile_record, cut, flag_ops,
+                            reference_seconds, run_limit, timing_verdict)
 
 try:  # per-hash build directories and -O3 (fairness), header tiers and precompiled headers (speed)
     import kernel_build
@@ -491,7 +491,7 @@ def _time(session: ReferenceSession, cand: sandbox.Worker, ctx: Context, result:
                 candidate's window is given its output file (with host_outputs its kept outputs stream there)."""
                 if msg["cmd"] == "time_prepare":
                     fds = (*fds, out_fd)
-                limit_s, note = run_limit(cfg, session.seconds.get(request_key(msg)), cfg.time_timeout_s)
+                limit_s, note = run_limit(cfg, reference_seconds(session.seconds, msg), cfg.time_timeout_s)
                 left = deadline - time.monotonic()
                 if left < limit_s:
                     limit_s, note = max(left, 0.0), f"what was left of the timing window's {cfg.time_timeout_s:g} s"
@@ -523,7 +523,8 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
     """(reference blocks, candidate blocks), each (claimed per-call times, the parent's ms), timed in one window
     in the order R C C R R C C R ... (linear drift cancels) on the same inputs, loop and flushes. `*_ask(msg,
     fds)`: a request to that side; `pids()`: each side's supervisor, whose tree's CPU time is the parent's clock
-    on CPU. Calls per block: enough for block_ms of the reference, then block_calls within the time budget."""
+    on CPU. Calls per block, per side: enough for block_ms of that side, at least block_calls within the time
+    budget; a candidate's at most the reference's (a slower candidate's blocks last as long as the reference's)."""
     device, cfg = ctx.device, ctx.cfg
     warmup, trials, warmup_ms = ((cfg.cpu_warmup, cfg.cpu_trials, cfg.cpu_warmup_ms) if device == "cpu"
                                  else (cfg.gpu_warmup, cfg.gpu_trials, cfg.gpu_warmup_ms))
@@ -536,32 +537,41 @@ def _paired_timing(ref_ask, cand_ask, pids, time_file: int, ctx: Context, deadli
     while (time.monotonic() - warm_start) * 1e3 < warmup_ms:
         ref_ask({"cmd": "warm", "calls": max(1, warmup)})
         cand_ask({"cmd": "warm", "calls": max(1, warmup)})
-    # the reference's time a call, from one request doubled until it lasts half of block_ms; a block then holds
-    # enough calls for block_ms of it (not up to twice that, as the doubled count would); a candidate never
-    # chooses them
-    block_ms, calls = (cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms), 1
+    # each side's time a call, from one request doubled until it lasts half of block_ms (the candidate's up to the
+    # reference's count); a block then holds enough calls for block_ms of it: a slower candidate fewer than the
+    # reference (its blocks as long, not its slowdown times as long), never more
+    block_ms = cfg.cpu_block_ms if device == "cpu" else cfg.gpu_block_ms
     budget_ms = cfg.cpu_time_budget_ms if device == "cpu" else cfg.gpu_time_budget_ms
-    while True:
-        t = time.monotonic()
-        ref_ask({"cmd": "warm", "calls": calls})
-        per_call_ms = (time.monotonic() - t) * 1e3 / calls
-        if per_call_ms * calls >= block_ms / 2 or time.monotonic() > deadline:
-            break
-        calls *= 2
-    calls = max(math.ceil(block_ms / max(per_call_ms, 1e-6)), block_calls(trials, cfg.timing_blocks, budget_ms,
-                                                                          per_call_ms))
+
+    def block_length(ask, most: int | None = None) -> tuple:
+        """(calls a block, the last probe's count) for the side `ask` asks."""
+        calls = 1
+        while True:
+            t = time.monotonic()
+            ask({"cmd": "warm", "calls": calls})
+            per_call_ms = (time.monotonic() - t) * 1e3 / calls
+            if per_call_ms * calls >= block_ms / 2 or time.monotonic() > deadline or calls == most:
+                break
+            calls *= 2
+        wanted = max(math.ceil(block_ms / max(per_call_ms, 1e-6)),
+                     block_calls(trials, cfg.timing_blocks, budget_ms, per_call_ms))
+        return wanted, calls
+
+    ref_calls, probed = block_length(ref_ask)
+    calls = {"ref": ref_calls, "cand": min(ref_calls, block_length(cand_ask, probed)[0])}
     blocks = {"ref": [], "cand": []}
     trees = {side: sandbox.descendants(pid) for side, pid in pids().items()} if device == "cpu" else {}
     for b in range(2 * cfg.timing_blocks):
         side = "ref" if b % 4 in (0, 3) else "cand"
         t, cpu0 = time.monotonic(), sandbox.cpu_ms(trees.get(side, []))
         last = b >= 2 * cfg.timing_blocks - 2  # each side's last block: its outputs are kept (checked again)
-        times = (ref_ask if side == "ref" else cand_ask)({"cmd": "time", "trials": calls, "keep": last}).get("times")
+        ask = ref_ask if side == "ref" else cand_ask
+        times = ask({"cmd": "time", "trials": calls[side], "keep": last}).get("times")
         wall = (time.monotonic() - t) * 1e3
         if trees:  # the CPU clock the worker times itself by, of its whole tree; a process that exits
             cpu1 = sandbox.cpu_ms(trees[side])  # takes its CPU time with it: counted as none (refused)
             wall = cpu1 - cpu0 if cpu1 is not None and cpu0 is not None else 0.0
-        if (not isinstance(times, list) or len(times) != calls  # and no int that float() cannot hold
+        if (not isinstance(times, list) or len(times) != calls[side]  # and no int that float() cannot hold
                 or not all(isinstance(x, float) or type(x) is int and abs(x) < 1e300 for x in times)):
             raise Failure("runtime_error", "candidate returned a malformed timing reply")
         blocks[side].append(([float(x) for x in times], wall))

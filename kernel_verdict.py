@@ -191,6 +191,20 @@ def request_key(msg: dict) -> tuple | str:
     return (msg["cmd"], msg.get("calls", msg.get("trials", msg.get("warmup"))))
 
 
+def reference_seconds(seconds: dict, msg: dict) -> tuple | None:
+    """The reference's (compute, moving) seconds for the request a candidate's `msg` matches (request_key); for a
+    timing request with fewer calls than the reference's (a slower candidate's block), the per-call share of the
+    reference's nearest larger one of that kind; None when unknown."""
+    key = request_key(msg)
+    if key in seconds or not isinstance(key, tuple) or key[0] not in ("warm", "time") or type(key[1]) is not int:
+        return seconds.get(key)
+    larger = [k[1] for k in seconds if isinstance(k, tuple) and k[0] == key[0] and type(k[1]) is int and k[1] > key[1]]
+    if not larger:
+        return None
+    compute_s, moving_s = seconds[(key[0], min(larger))]
+    return compute_s * key[1] / min(larger), moving_s
+
+
 def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
     """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
     one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
@@ -204,13 +218,14 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) 
     """The speedup from reference and candidate blocks timed in one window, each block (claimed per-call
     times, the parent's ms over the block: wall on GPU; on CPU the CPU time of the worker's process tree,
     which load does not inflate): {"speedup", "ref_ms" (the reference's time paid), "claimed_ms",
-    "parent_ms", "problem", "note"}. Per call (the same loop runs on both sides):
+    "parent_ms", "problem", "note"}. Per call (the same loop runs on both sides; a candidate slower than the
+    reference has fewer calls in its blocks, _paired_timing):
 
         speedup    = median(reference times) / median(candidate times)   (the reference's capped on GPU)
-        overhead   = parent's ms / calls - mean(reference times), per reference block (refills,
-                     flushes, syncs, the request: trusted, it runs the task's own code)
-        parent_ms  = low(candidate blocks' parent's ms / calls) - low(overheads)
-        resolution = noise x (low(overheads) - min(overheads)) + abs
+        overhead   = parent's ms - sum(reference times), per reference block: a request's cost beyond its
+                     calls (refills, flushes, syncs, the request: trusted, it runs the task's own code)
+        parent_ms  = low((candidate block's parent's ms - low(overheads)) / its calls)
+        resolution = noise x (low(overheads) - min(overheads)) / candidate's calls + abs
         low        = the lower median (the 2nd smallest of 4 blocks)
 
     A stall (a worker or the parent's timing thread descheduled, another thread holding the GIL) only
@@ -231,12 +246,12 @@ def paired_verdict(ref_blocks: list, cand_blocks: list, cfg, cpu: bool = False) 
     if not cand_times or not all(math.isfinite(t) and t > 0 for t in cand_times):
         out["problem"] = "timing cross-check failed: the candidate's clock reported non-positive or non-finite times"
         return out
-    overheads = [ms / len(times) - statistics.fmean(times) for times, ms in ref_blocks]
+    overheads = [ms - math.fsum(times) for times, ms in ref_blocks]
     claimed = out["claimed_ms"] = statistics.median(cand_times)
     overhead = statistics.median_low(overheads)
-    parent = statistics.median_low([ms / len(times) for times, ms in cand_blocks]) - overhead
+    parent = statistics.median_low([(ms - overhead) / len(times) for times, ms in cand_blocks])
     out["parent_ms"] = max(parent, 0.0)
-    resolution = cfg.cross_check_noise * (overhead - min(overheads)) + (
+    resolution = cfg.cross_check_noise * (overhead - min(overheads)) / min(len(t) for t, _ in cand_blocks) + (
         cfg.cpu_cross_check_abs_ms if cpu else cfg.cross_check_abs_ms)
     if not parent <= (1 + cfg.cross_check_rel) * claimed + resolution:
         out["problem"] = (f"timing cross-check failed: claimed {claimed:.4g} ms/call but the harness's clock saw "
