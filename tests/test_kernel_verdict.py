@@ -241,3 +241,34 @@ def test_block_calls_keep_a_small_tasks_count_and_time_a_slow_one_within_the_bud
     assert verdict.block_calls(100, 4, 1000.0, 20.0) == 12 and 12 * 4 * 20.0 <= 1000.0
     assert verdict.block_calls(100, 4, 1000.0, 5000.0) == 1
     assert verdict.block_calls(100, 4, 1000.0, 0.0) == 25  # unmeasured: as asked
+
+
+def test_paired_verdict_takes_the_overhead_out_per_request_when_the_candidate_has_fewer_calls():
+    """A candidate slower than the reference has fewer calls a block (kernel_eval._paired_timing): a request's
+    cost beyond its calls (10 ms a block here) is taken out once per block, not per call at the reference's
+    count, so the honest slow kernel is confirmed and a lying one still refused."""
+    cfg = EvalConfig()
+    ref = [([0.1] * 50, 50 * 0.1 + o) for o in (10.0, 10.1, 9.9, 10.0)]
+    honest = verdict.paired_verdict(ref, [([1.0] * 5, 5 * 1.0 + 10.0)] * 4, cfg)
+    assert honest["problem"] is None and honest["parent_ms"] == pytest.approx(1.0)
+    assert honest["speedup"] == pytest.approx(0.1)
+    # read per call at the reference's count (10 ms / 50 calls), the same blocks saw 2.8 ms a call: refused
+    assert (5 * 1.0 + 10.0) / 5 - 10.0 / 50 > (1 + cfg.cross_check_rel) * 1.0 + cfg.cross_check_noise * 0.1 / 50
+    liar = verdict.paired_verdict(ref, [([0.1] * 5, 5 * 1.0 + 10.0)] * 4, cfg)
+    assert liar["speedup"] == 0.0 and "cross-check failed: claimed" in liar["problem"]
+    # the resolution is the overheads' spread per candidate call: 0.1 ms over 5 calls, by hand
+    allowed = cfg.cross_check_rel * 1.0 + cfg.cross_check_noise * 0.1 / 5 + cfg.cross_check_abs_ms
+    inside = verdict.paired_verdict(ref, [([1.0] * 5, 5 * (1.0 + allowed - 1e-4) + 10.0)] * 4, cfg)
+    outside = verdict.paired_verdict(ref, [([1.0] * 5, 5 * (1.0 + allowed + 1e-4) + 10.0)] * 4, cfg)
+    assert inside["problem"] is None and "cross-check failed: claimed" in outside["problem"]
+
+
+def test_reference_seconds_scales_a_timing_request_with_fewer_calls_per_call():
+    seconds = {("time", 40): (2.0, 0.0), ("warm", 1): (0.1, 0.0), ("warm", 4): (0.4, 0.0), "check": (1.0, 0.5)}
+    assert verdict.reference_seconds(seconds, {"cmd": "time", "trials": 40}) == (2.0, 0.0)
+    assert verdict.reference_seconds(seconds, {"cmd": "time", "trials": 10}) == (0.5, 0.0)
+    assert verdict.reference_seconds(seconds, {"cmd": "warm", "calls": 2}) == (0.2, 0.0)  # from 4, the nearest larger
+    assert verdict.reference_seconds(seconds, {"cmd": "time", "trials": 80}) is None  # more calls than the reference's
+    assert verdict.reference_seconds(seconds, {"cmd": "warm", "calls": 8}) is None
+    assert verdict.reference_seconds(seconds, {"cmd": "time_outputs"}) == (1.0, 0.5)
+    assert verdict.reference_seconds(seconds, {"cmd": "time_prepare", "warmup": 3}) is None
