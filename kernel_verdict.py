@@ -198,16 +198,17 @@ def reference_seconds(seconds: dict, msg: dict) -> tuple | None:
     key = request_key(msg)
     if key in seconds or not isinstance(key, tuple) or key[0] not in ("warm", "time") or type(key[1]) is not int:
         return seconds.get(key)
-    larger = [k[1] for k in seconds if isinstance(k, tuple) and k[0] == key[0] and type(k[1]) is int and k[1] > key[1]]
-    if not larger:
+    nearest = min((k[1] for k in seconds if isinstance(k, tuple) and k[0] == key[0] and type(k[1]) is int
+                   and k[1] > key[1]), default=None)
+    if nearest is None:
         return None
-    compute_s, moving_s = seconds[(key[0], min(larger))]
-    return compute_s * key[1] / min(larger), moving_s
+    compute_s, moving_s = seconds[(key[0], nearest)]
+    return compute_s * key[1] / nearest, moving_s
 
 
 def block_calls(trials: int, blocks: int, budget_ms: float, per_call_ms: float) -> int:
     """Timed calls per block for `trials` calls a side over `blocks` blocks, within `budget_ms` a side when
-    one call takes per_call_ms (the reference's, on the parent's clock); at least one."""
+    one call takes per_call_ms (that side's, on the parent's clock); at least one."""
     wanted = math.ceil(trials / blocks)
     if per_call_ms <= 0 or wanted * blocks * per_call_ms <= budget_ms:
         return wanted
