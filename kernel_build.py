@@ -15,8 +15,10 @@ Speed (BuildConfig; a build's result is the same either way)
   stream headers, lean copies of the headers of the ops the source names) and "light" (all of ATen)
   instead of torch/extension.h. A source that fails on a tier falls back to the next, then to the
   source as written: a tier costs a failed attempt, never a verdict. The exception is a failure the full
-  headers cannot rescue: every error an undefined identifier the headers as written do not declare, as
-  the harness's name probes answer (probed first, with the source's other identifiers).
+  headers cannot rescue: brackets that do not pair up, a name no header spells used before the source
+  declares it, a variable declared twice in one block (early_verdict: read from the unit as written
+  preprocessed, not compiled), or every error an undefined identifier the headers as written do not
+  declare, as the harness's name probes answer (probed first, with the source's other identifiers).
 - a build ends at its first failed unit (run_ninja_until_failure); after a tier failed in its .cu unit
   alone, a build as written compiles its host unit only once the .cu unit has built.
 - the slim tier's host units read a precompiled header built once per cache (host_pch); C++-only
@@ -24,6 +26,7 @@ Speed (BuildConfig; a build's result is the same either way)
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
@@ -64,6 +67,10 @@ class BuildConfig:
     # their end, and a load_inline build's host unit (all of torch/extension.h) outlasts a failing .cu unit
     stop_at_first_failure: bool = True
     ninja_stop_wait_s: float = 10.0  # after that, ninja is killed (SIGKILL) instead of stopping its units
+    # a tier's failure the headers as written cannot rescue is the verdict, read from the build as written
+    # preprocessed instead of compiled (early_verdict); False: every such source is built as written
+    early_verdicts: bool = True
+    early_verdict_timeout_s: float = 60.0  # the two preprocessor runs (nvcc -E); past it, built as written
 
     def __post_init__(self):
         tiers = self.cuda_header_tiers
@@ -86,7 +93,7 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
 
     default_cflags, use_pch, cuda_header_tiers = config.default_cflags, config.use_pch, config.cuda_header_tiers
     state = {"builds": 0, "build_error": None, "header_tier": None, "build_s": 0.0, "probe_asked": False,
-             "device_unit_first": False}
+             "device_unit_first": False, "early_verdict": None}
     base_key = (torch.__version__, sys.version_info[:2], arch)
     host_header = write_host_header(cache_root) if config.host_pch and cuda_header_tiers else None
     inline, load = ce.load_inline, ce.load
@@ -133,6 +140,15 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                     tier_error, state["build_error"] = state["build_error"], None  # a heavier tier may build it
             lookups = name_lookups(args, tier_error or "", default_cflags)
             answer = read_name_probe(cache_root, lookups["context"], lookups["names"]) if lookups else None
+            if answer is None and config.early_verdicts and not fast_load:
+                lean_ops = tier_args["extra_include_paths"][0] if tier == "slim" else None
+                t0 = _perf_counter()
+                state["early_verdict"] = early_verdict(args, tier, tier_args, tier_error, lean_ops,
+                                                       config.early_verdict_timeout_s)
+                state["build_s"] += _perf_counter() - t0
+                if state["early_verdict"]:
+                    state["build_error"] = tier_error  # the build as written fails too (early_verdict's rules)
+                    raise RuntimeError(tier_error)
             if lookups and answer is None and await_name_probe and not state["probe_asked"]:
                 state["probe_asked"] = True  # kernel_eval answers one request a worker
                 await_name_probe({key: lookups[key] for key in ("names", "also", "directives", "namespaces")})
@@ -544,6 +560,194 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
     return {name: "undeclared" if (macro_line not in errors
                                    and errors.get(lookup_line) == [f'identifier "{name}" is undefined'])
             else "declared" for name, (macro_line, lookup_line) in where.items()}
+
+
+# Early verdicts. A tier's failure the headers as written cannot rescue is the verdict at once: the build
+# as written is read preprocessed (nvcc -E: its first device pass, a second or two) instead of compiled
+# (cudafe++ parsing all of torch's headers, 10-15 s). Preprocessing expands every macro, so the candidate's
+# own lines, preprocessed under the tier's headers and under the headers as written, hold the same tokens
+# unless a macro or a conditional of theirs differs (then only "unbalanced" may apply). Rules:
+# - "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
+#   and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
+# - "undefined": an identifier the tier called undefined that no token of the headers as written spells,
+#   and that the candidate's own lines first spell at that use, never called nor given template arguments:
+#   nothing in the unit declares it before that use, so its lookup fails as written too.
+# - "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
+#   the second time with `=`, `;`, `[`, `{` or `,` after it: the two declarations are the candidate's
+#   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
+#   an error of its own (a name that stops naming a type leaves `T x` ill-formed).
+# "undefined" and "redeclared" need every one of the tier's .cu errors explained, so the tier's
+# diagnostics, the verdict's message, say nothing the build as written would not.
+AS_WRITTEN_LINES = AS_WRITTEN_CUDA_PREFIX.rstrip("\n").split("\n")  # load_inline's first lines of a .cu unit
+_LINE_MARKER = re.compile(r'#\s*(?:line\s+)?(\d+)\s+"((?:\\.|[^"\\])*)"')
+_LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s"]{0,16})\((?:.|\n)*?\)\1"|[A-Za-z_]\w*'
+                              r'|(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|\.?\d(?:[eEpP][+-]|[\'\w.])*'
+                              r"|(?:u8|[uUL])?'(?:\\.|[^'\\\n])*'|^[ \t]*#[^\n]*", re.M)
+_TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\'\\\n])*\'|[A-Za-z_]\w*'
+                    r"|\.?\d(?:[eEpP][+-]|['\w.])*|::|->|\+\+|--|<<=?|>>=?|&&|\|\||[<>=!+\-*/%&|^]=|\S")
+_DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
+_REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
+
+
+def preprocess_cuda_unit(build_directory: str, text: str, drop_include: str | None, timeout_s: float) -> str | None:
+    """`text` as a .cu unit preprocessed by the command the tier's build ran (its build.ninja: nvcc, cuda
+    flags), less the include path `drop_include` (the tier's lean op headers); None when that fails."""
+    flags = {}
+    try:
+        with open(os.path.join(build_directory, "build.ninja")) as f:
+            for line in f:
+                key, _, value = line.partition(" = ")
+                if key in ("nvcc", "cuda_cflags", "cuda_post_cflags"):
+                    flags[key] = value.strip()
+    except OSError:
+        return None
+    if "nvcc" not in flags or "$" in "".join(flags.values()):  # ninja's escapes: not worth reading
+        return None
+    command = shlex.split(flags["nvcc"]) + [a for a in shlex.split(flags.get("cuda_cflags", ""))
+                                           + shlex.split(flags.get("cuda_post_cflags", ""))
+                                           if a != f"-I{drop_include}"]
+    # a folder of its own, named cuda.cu and given by that name: __FILE__ reads alike in every unit
+    folder = os.path.join(build_directory, "early", hashlib.sha256(text.encode()).hexdigest()[:16])
+    os.makedirs(folder, exist_ok=True)
+    atomic_write(os.path.join(folder, "cuda.cu"), text)
+    try:  # to stdout: a unit preprocessed writes no object file for ninja or a log to count
+        done = subprocess.run(command + ["-E", "cuda.cu"], cwd=folder, capture_output=True, text=True,
+                              errors="replace", timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def split_preprocessed(text: str, unit: str, own_lines: dict) -> tuple[list, str] | None:
+    """(the candidate's tokens as [(its line, token)], the rest of the unit's text) of a preprocessed unit:
+    a token is the candidate's when its line marker names `unit` at a line of `own_lines` ({unit's line:
+    the candidate's line}); None for a raw string literal in those lines (one may span lines)."""
+    own, rest, where, line = [], [], None, 0
+    for content in text.split("\n"):
+        if content.startswith("#"):
+            if match := _LINE_MARKER.match(content):
+                where, line = match.group(2), int(match.group(1))
+                continue
+            line += 1  # a #pragma: kept, not the grammar's tokens
+            continue
+        mine = own_lines.get(line) if where == unit else None
+        if mine is None:
+            rest.append(content)
+        elif 'R"' in content:
+            return None
+        else:
+            own.extend((mine, token) for token in _TOKEN.findall(content))
+        line += 1
+    return own, "\n".join(rest)
+
+
+def brackets_unbalanced(text: str) -> str | None:
+    """How a preprocessed unit's brackets fail to pair up ("1 more '(' than ')'"), outside literals and
+    directive lines; None when they pair up or a digraph (<: for [) makes the count unsure."""
+    code = _LITERAL_OR_NAME.sub(" ", text)
+    if _DIGRAPH.search(code):
+        return None
+    for opening, closing in ("()", "[]", "{}"):
+        more = code.count(opening) - code.count(closing)
+        if more:
+            return f"{abs(more)} more '{opening if more > 0 else closing}' than '{closing if more > 0 else opening}'"
+    return None
+
+
+def in_a_block(tokens: list, at: int) -> bool:
+    """Whether token `at` of the candidate's [(line, token)] stands in a block: its innermost open "{"
+    follows ")", ";", "{", "}", else, do or try (a body, or a brace no namespace scope accepts)."""
+    opened = []
+    for k, (_, token) in enumerate(tokens[:at]):
+        if token == "{":
+            opened.append(k)
+        elif token == "}" and opened:
+            opened.pop()
+    return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
+
+
+def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> str | None:
+    """"undefined", "redeclared" or "redeclared+undefined" when every error of the tier's .cu unit
+    ({the candidate's line: [messages]}) is one of those rules' (above), the candidate's tokens the same
+    under both header sets (`own`, `tier_own`; `headers`: the rest of the unit as written); else None."""
+    if not errors or own != tier_own:
+        return None
+    rules = set()
+    for line, messages in errors.items():
+        for message in messages:
+            if match := _UNDEFINED.fullmatch(message):
+                name = match.group(1)
+                uses = [k for k, (_, token) in enumerate(own) if token == name]
+                if (not uses or own[uses[0]][0] != line or re.search(rf"\b{re.escape(name)}\b", headers)
+                        or any(k + 1 < len(own) and own[k + 1][1] in ("(", "<", "<<") for k in uses)):
+                    return None
+                rules.add("undefined")
+            elif match := _REDECLARED.fullmatch(message):
+                name = match.group(1)
+                if not any(token == name and where == line and k + 1 < len(own)
+                           and own[k + 1][1] in ("=", ";", "[", "{", ",") and in_a_block(own, k)
+                           for k, (where, token) in enumerate(own)):
+                    return None
+                rules.add("redeclared")
+            else:
+                return None
+    return "+".join(sorted(rules))
+
+
+def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_ops_dir: str | None,
+                  timeout_s: float) -> str | None:
+    """The rule (above) by which a CUDA source that failed on `tier` fails as written too, or None. `args`:
+    the load_inline call as written; `tier_args`: the tier's (its build directory holds its build.ninja)."""
+    errors = cuda_unit_errors(tier_error or "")
+    build_directory = tier_args.get("build_directory")
+    if errors is None or not build_directory:
+        return None
+
+    def sources(call):
+        value = call.get("cuda_sources") or []
+        return [value] if isinstance(value, str) else list(value)
+    written, tier_sources = sources(args), sources(tier_args)
+    if re.search(r"^\s*#\s*line\b", "\n".join(written), re.M):
+        return None  # the candidate renumbers its own lines: which tokens are its own is no longer known
+    explainable = all(_UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
+    if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", "\n".join(written))):
+        return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs
+    # the candidate's line k: line k + 3 of the unit as written; of the tier's, after its headers, each line
+    # as header_tier_args rewrote it (a line that became several is the tier's, not the candidate's). The
+    # tier's unit is preprocessed numbered as the unit as written (#line), so that __LINE__ reads alike.
+    user_text, first = "\n".join(written), len(AS_WRITTEN_LINES)
+    written_lines = {k + first: k for k in range(1, user_text.count("\n") + 2)}
+    tier_lines, at, renumbered = {}, tier_sources[0].count("\n") + 2, ['#line 1 "tier"', tier_sources[0], f'#line {first + 1} "cuda.cu"']
+    for k, text in enumerate(user_text.split("\n"), start=1):
+        text = text.replace(FULL_HEADER, "").replace(TYPES_HEADER, "")
+        if tier == "slim" and CUDA_CONTEXT_HEADER in text:
+            head, _, tail = text.partition(CUDA_CONTEXT_HEADER)
+            text = head + SLIM_CUDA_CONTEXT + tail
+            renumbered.append(f'{head}\n#line 1 "tier"\n{SLIM_CUDA_CONTEXT}#line {k + first} "cuda.cu"\n{tail}')
+        else:
+            renumbered.append(text)
+        if "\n" not in text:
+            tier_lines[at] = k
+        at += text.count("\n") + 1
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        full = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(AS_WRITTEN_LINES + written),
+                           lean_ops_dir, timeout_s)
+        light = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(renumbered), None, timeout_s)
+        full, light = full.result(), light.result()
+    if full is None:
+        return None
+    split_full = split_preprocessed(full, "cuda.cu", written_lines)
+    split_tier = split_preprocessed(light, "cuda.cu", written_lines) if light else None
+    if split_full and split_tier and all(line in tier_lines for line in errors):
+        own_errors = {}
+        for line, messages in errors.items():
+            own_errors.setdefault(tier_lines[line], []).extend(messages)
+        rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1])
+        if rule:
+            return rule
+    return "unbalanced" if brackets_unbalanced(full) else None
 
 
 PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)

@@ -327,6 +327,8 @@ def compile_record(msg: dict, built: dict, message_chars: int) -> dict:
         if isinstance(errors, dict) and len(errors) <= MAX_RECORDED_ERROR_LINES and all(
                 isinstance(ms, list) and all(isinstance(m, str) for m in ms) for ms in errors.values()):
             record["cuda_errors"] = {str(line): [m[:300] for m in ms] for line, ms in errors.items()}
+        if msg.get("early_verdict") in ("unbalanced", "undefined", "redeclared", "redeclared+undefined"):
+            record["early_verdict"] = msg["early_verdict"]  # judged without the build as written (kernel_build)
     else:  # the source failed outside a build (its run worker gives the verdict); what it built, if anything
         record = {"status": "deferred", "message": str(msg.get("message", "")), **built}
     return record

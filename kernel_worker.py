@@ -83,7 +83,8 @@ def _compile_worker(a, job: dict) -> None:
             with open(job["source"]) as f:
                 build_error = kernel_build.point_at_source(build_error, f.read())
         sandbox.child_send(a.reply_fd, {"ok": False, "kind": "build", "message": trim_error(build_error),
-                                        "undefined_names": undefined, "cuda_errors": errors, **built()})
+                                        "undefined_names": undefined, "cuda_errors": errors,
+                                        "early_verdict": state.get("early_verdict"), **built()})
 
 
 def _name_prober(a):

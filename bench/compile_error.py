@@ -12,6 +12,13 @@ compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_c
 
     python bench/compile_error.py --tasks level1/01_relu,level1/07_row_sum
 
+`--early`: errors the headers as written cannot rescue (kernel_build.py, "early verdicts"), each judged
+with early verdicts off (the slim tier, then the build as written or a name probe) and on (the slim tier,
+then the unit as written preprocessed), fresh caches each: the kernel's first `(` unclosed ("unbalanced"),
+a use of a variable misspelt ("undefined"), a declaration repeated ("redeclared").
+
+    python bench/compile_error.py --early --tasks level1/01_relu,level1/07_row_sum
+
 Needs nvcc. With a CPU build of torch (no CUDA_HOME of its own), the workers get nvcc's toolkit
 through a sitecustomize.py this script writes; put cuBLAS, cuSPARSE and cuSOLVER headers on CPATH,
 outside the temp dir, which the workers' view hides (docs/PERFORMANCE.md says how it ran on the CPU box).
@@ -33,7 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import kernel_eval  # noqa: E402
 import tasks  # noqa: E402
-from warm_start import DEFAULT_TASKS, drop_declaration  # noqa: E402
+from warm_start import _DECLARATION, DEFAULT_TASKS, drop_declaration  # noqa: E402
 
 SITECUSTOMIZE = """import os
 import torch.utils.cpp_extension as ce
@@ -60,10 +67,43 @@ def toolkit_for_cpu_torch(root: str) -> None:
     sys.path.append(site)
 
 
+def early_variants(solution: str) -> dict:
+    """{rule: the solution broken as that early-verdict rule reads it}; raises if it has no declaration."""
+    lines = solution.split("\n")
+    at = next(k for k, line in enumerate(lines) if _DECLARATION.match(line)
+              and re.search(rf"\b{_DECLARATION.match(line).group(1)}\b", "\n".join(lines[k + 1:])))
+    name = _DECLARATION.match(lines[at]).group(1)
+    rest = "\n".join(lines[at + 1:])
+    kernel = solution.index("__global__")
+    return {"unbalanced": solution[:kernel] + solution[kernel:].replace(")", "", 1),
+            "undefined": "\n".join(lines[:at + 1]) + "\n" + re.sub(rf"\b{name}\b", name + "_typo", rest, count=1),
+            "redeclared": "\n".join(lines[:at + 1] + [lines[at]] + lines[at + 1:])}
+
+
+def early_table(solutions: list, arch: str, root: str) -> None:
+    print("| task | error | early verdicts off: s, builds | on: s, builds | rule | message |\n|---|---|---:|---:|---|---|",
+          flush=True)
+    for task, solution in solutions:
+        for rule, source in early_variants(solution).items():
+            row = []
+            for early in (False, True):
+                cfg = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), rule, str(early)),
+                                             build=kernel_eval.kernel_build.BuildConfig(early_verdicts=early))
+                t0 = time.monotonic()
+                record = kernel_eval._compile(source, kernel_eval.Context("cuda", arch, cfg), probes=True)
+                row.append((time.monotonic() - t0, record))
+            (off, r_off), (on, r_on) = row
+            message = re.search(r"error: ([^\n]*)", r_on["message"])
+            print(f"| {task} | {rule} | {off:.1f}, {r_off.get('builds')} | {on:.1f}, {r_on.get('builds')} "
+                  f"| {r_on.get('early_verdict', '-')} | {message.group(1)[:60] if message else r_on['status']} |",
+                  flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in task ids without 'builtin/', comma-separated")
     p.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0"))
+    p.add_argument("--early", action="store_true", help="the early-verdict table instead of the name probes'")
     a = p.parse_args()
     by_id = {t.task_id: t for t in tasks.load_builtin()}
     try:
@@ -73,6 +113,9 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="bench-compile-")
     try:
         toolkit_for_cpu_torch(root)
+        if a.early:
+            early_table(solutions, a.arch, root)
+            return
         print("| task | undefined names | no probes s (slim + as written) | first s (slim + probe) "
               "| again s (slim) | other names | other s | answers |\n|---|---|---:|---:|---:|---|---:|---|", flush=True)
         for task, solution in solutions:

@@ -589,7 +589,9 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
     source's other identifiers), and it is a compile error without a build as written; a new kernel with the
     same name, or with another of those identifiers undefined, is then a compile error after the slim build
     alone. A name the full headers declare (Python's PyType_Type, which torch/extension.h brings) is probed
-    "declared" and its kernel built as written."""
+    "declared" and its kernel built as written. Early verdicts off: they would judge the first kernel
+    without a probe (its name spelled by no header, and by the kernel first at that use)."""
+    no_early = kb.BuildConfig(early_verdicts=False)
     benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
     broken = benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
     assert broken != benign
@@ -608,14 +610,14 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
         return builds_of("kernel_eval_name_probe")
 
     first = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_first"'), device="cuda",
-                                 cache_root=cache, gpu_trials=30)
+                                 cache_root=cache, gpu_trials=30, build=no_early)
     assert first.status == "compile_error" and "kernel_eval_undeclared" in first.message, first.message
     assert answers("kernel_eval_undeclared") == ["undeclared"] and builds_of("ext_first") == 1  # slim, then probe
     assert 0.0 < first.seconds["compile.probe"] < first.seconds["compile"], first.seconds  # the probe's wait, reported
     assert answers("spin_cycles") == ["undeclared"] and answers("cudaStream_t") == ["declared"]  # looked up too
     assert probes() == 1
     second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
-                                  cache_root=cache, gpu_trials=30)
+                                  cache_root=cache, gpu_trials=30, build=no_early)
     assert second.status == "compile_error" and "kernel_eval_undeclared" in second.message, second.message
     assert builds_of("ext_second") == 1 and probes() == 1  # the slim tier alone
     assert "compile.probe" not in second.seconds and second.seconds["compile.build"] > 0, second.seconds
@@ -623,13 +625,145 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
         "long long spin_cycles)", "long long spin)").replace("if (spin_cycles > 0)", "if (spin > 0)").replace(
         "clock64() - start < spin_cycles", "clock64() - start < spin")
     result = kernel_eval.evaluate(REFERENCE, other.replace('name="ext"', 'name="ext_other"'), device="cuda",
-                                  cache_root=cache, gpu_trials=30)
+                                  cache_root=cache, gpu_trials=30, build=no_early)
     assert result.status == "compile_error" and "spin_cycles" in result.message, result.message
     assert builds_of("ext_other") == 1 and probes() == 1  # another name, answered by the first probe
-    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
+    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30, build=no_early)
     assert result.status == "correct", result.message  # probed "declared" (the probe built or failed otherwise)
     assert answers("PyType_Type") == ["declared"] and builds_of("ext_rescued") == 2  # the slim tier, as written
     both = rescued.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
     result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
-                                  cache_root=cache, gpu_trials=30)
+                                  cache_root=cache, gpu_trials=30, build=no_early)
     assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message  # one name declared
+
+
+def test_brackets_unbalanced_counts_the_grammars_brackets_only():
+    """Brackets in string and character literals, raw strings, digit separators and directive lines are no
+    tokens of the grammar's; a digraph (<: is [) makes the count unsure."""
+    balanced = ('# 1 "cuda.cu"\n#pragma unroll (4\nint f(int a) { const char* s = "(]{"; char c = \'(\';\n'
+                'auto r = R"x(a) ")x"; long n = 1\'000\'000; return a[0] + n; }\n')
+    assert kb.brackets_unbalanced(balanced) is None
+    assert kb.brackets_unbalanced(balanced.replace("a[0]", "a[0")) == "1 more '[' than ']'"
+    assert kb.brackets_unbalanced(balanced.replace("int a)", "int a))")) == "1 more ')' than '('"
+    assert kb.brackets_unbalanced(balanced.replace("return", "{ return")) == "1 more '{' than '}'"
+    assert kb.brackets_unbalanced(balanced.replace("a[0]", "a<:0]")) is None  # <: is [ : balanced, unsure
+    assert kb.brackets_unbalanced("std::vector<::x> v;(") == "1 more '(' than ')'"  # <:: is < ::
+
+
+def _unit(own: list, headers: str = "int declared_by_headers;\n") -> str:
+    """A preprocessed unit: `headers` (another file), then the candidate's lines 4.. of cuda.cu."""
+    return (f'# 1 "/usr/include/h.h"\n{headers}# 4 "cuda.cu"\n' + "\n".join(own) + "\n")
+
+
+def test_split_preprocessed_keeps_the_candidates_lines_apart_from_the_headers():
+    text = ('# 1 "cuda.cu"\n#include-free line 1\n# 1 "/h.h" 1\nint h;\n# 5 "cuda.cu" 2\nint a = 1;\n'
+            '#pragma unroll\nint b;\n')
+    own, rest = kb.split_preprocessed(text, "cuda.cu", {5: 2, 7: 4})
+    assert own == [(2, "int"), (2, "a"), (2, "="), (2, "1"), (2, ";"), (4, "int"), (4, "b"), (4, ";")]
+    assert "int h;" in rest and "int a" not in rest
+    assert kb.split_preprocessed('# 5 "cuda.cu"\nauto s = R"(x)";\n', "cuda.cu", {5: 1}) is None
+
+
+def _explain(errors: dict, lines: list, headers: str = "int declared_by_headers;\n", tier_lines=None) -> str | None:
+    where = {k + 3: k for k in range(1, len(lines) + 1)}
+    own, rest = kb.split_preprocessed(_unit(lines, headers), "cuda.cu", where)
+    tier_own = own if tier_lines is None else kb.split_preprocessed(_unit(tier_lines), "cuda.cu", where)[0]
+    return kb.explained_errors(errors, own, tier_own, rest)
+
+
+def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
+    kernel = ["__global__ void k(float* y, int n) {",      # 1
+              "    int i = threadIdx.x;",                   # 2
+              "    int i = 0;",                             # 3
+              "    y[i] = y_typo[i];",                      # 4
+              "}"]                                          # 5
+    undefined, redeclared = 'identifier "y_typo" is undefined', '"i" has already been declared in the current scope'
+    assert _explain({4: [undefined]}, kernel) == "undefined"
+    assert _explain({3: [redeclared]}, kernel) == "redeclared"
+    assert _explain({3: [redeclared], 4: [undefined]}, kernel) == "redeclared+undefined"
+    # undefined: the headers spell it (they may declare it), or the candidate spelled it before that use
+    # (it may declare it), or calls it (argument-dependent lookup): the build as written decides
+    assert _explain({4: [undefined]}, kernel, headers="namespace at { int y_typo; }\n") is None
+    assert _explain({4: [undefined]}, ["int y_typo;"] + kernel) is None
+    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo(i)") for line in kernel]) is None
+    assert _explain({5: [undefined]}, kernel) is None  # not where the candidate first spells it
+    # redeclared: only in a block, and only a declaration that cannot read as a function's (`i(a)`)
+    assert _explain({2: ['"n" has already been declared in the current scope']},
+                    ["namespace m {", "int n = 1;", "int n = 2;", "}"]) is None
+    assert _explain({3: [redeclared]}, [line.replace("int i = 0;", "int i(0);") for line in kernel]) is None
+    assert _explain({1: ['"i" has already been declared in the current scope']},
+                    ["void f() { for (int i = 0; i < 2; ++i) { int i = 1; } }"]) == "redeclared"
+    # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
+    assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
+    assert _explain({3: [redeclared]}, kernel, tier_lines=[kernel[0].replace("float", "MACRO")] + kernel[1:]) is None
+    assert _explain({}, kernel) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
+def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
+    """nvcc -E of the unit as written (torch/types.h first, as load_inline writes it) and of a tier's (here
+    cuda_runtime.h alone), with a build.ninja's flags as torch writes them: each rule on a source it applies
+    to, and no rule where a macro of torch's headers makes the candidate's tokens differ or the headers
+    spell the undefined name."""
+    import torch.utils.cpp_extension as ce
+    flags = ["-std=c++17", "--expt-relaxed-constexpr", "-DTORCH_API_INCLUDE_EXTENSION_H"] + [
+        f"-isystem {p}" for p in ce.include_paths()] + [f"-isystem {sysconfig.get_paths()['include']}"]
+    (tmp_path / "build.ninja").write_text(f"nvcc = {shutil.which('nvcc')}\ncuda_cflags = {' '.join(flags)}\n"
+                                          "cuda_post_cflags = \n")
+    kernel = ("__global__ void k(float* y, int n) {\n    int i = threadIdx.x;\n    if (i < n) y[i] = 2.f * y[i];\n}\n")
+
+    def verdict(source: str, errors: str) -> str | None:
+        args = {"cuda_sources": [source]}
+        tier_args = {"cuda_sources": ["#include <cuda_runtime.h>\n", source], "build_directory": str(tmp_path)}
+        first_line = 3  # of the candidate's in the tier's unit: its header line, the line join() adds
+        dump = "".join(f"/b/cuda.cu({line + first_line - 1}): error: {m}\n" for line, m in errors)
+        dump += f"{len(errors)} errors detected in the compilation of \"/b/cuda.cu\".\n"
+        return kb.early_verdict(args, "light", tier_args, dump, None, 120)
+
+    assert verdict(kernel.replace("if (i < n)", "if (i < n"), [(3, 'expected a ")"')]) == "unbalanced"
+    assert verdict(kernel.replace("y[i];", "y_typo[i];"), [(3, 'identifier "y_typo" is undefined')]) == "undefined"
+    assert verdict(kernel.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
+                   [(3, '"i" has already been declared in the current scope')]) == "redeclared"
+    # torch's headers declare at::Tensor: a tier without them calls `Tensor` undefined, as written it is not
+    with_tensor = "using namespace at;\n" + kernel.replace("int n)", "int n, Tensor* t)")
+    assert verdict(with_tensor, [(2, 'identifier "Tensor" is undefined')]) is None
+    # C10_HOST_DEVICE is torch's macro: the tier sees the name, the unit as written its expansion
+    with_macro = kernel.replace("__global__ void k", "C10_HOST_DEVICE int i_macro = 1;\n__global__ void k")
+    assert verdict(with_macro.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
+                   [(4, '"i" has already been declared in the current scope')]) is None
+    # a source that renumbers its own lines (#line): no rule
+    assert verdict("#line 40\n" + kernel.replace("y[i];", "y_typo[i];"),
+                   [(4, 'identifier "y_typo" is undefined')]) is None
+
+
+@pytest.mark.gpu
+def test_cuda_compile_errors_the_headers_cannot_rescue_cost_only_the_slim_build(tmp_path):
+    """Through evaluate: a kernel whose brackets do not pair up, one that uses a name no header spells, and
+    one that declares a variable twice in its body are compile errors after the slim tier's build alone
+    (no probe, no build as written), with the tier's diagnostics; a kernel the slim tier cannot build but
+    the headers as written can (Python's PyType_Type) is still built as written and correct."""
+    benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
+    cache = str(tmp_path / "cache")
+
+    def builds_of(extension: str) -> int:
+        return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
+                   for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
+    broken = {
+        "unbalanced": (benign.replace("    float v = in[i];", "    float v = (in[i];", 1), 'expected a ")"'),
+        "undefined": (benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_typo;", 1),
+                      'identifier "kernel_eval_typo" is undefined'),
+        "redeclared": (benign.replace("    float v = in[i];", "    float v = in[i];\n    float v = 0.f;", 1),
+                       'has already been declared in the current scope'),
+    }
+    for rule, (source, diagnostic) in broken.items():
+        assert source != benign
+        result = kernel_eval.evaluate(REFERENCE, source.replace('name="ext"', f'name="ext_{rule}"'),
+                                      device="cuda", cache_root=cache, gpu_trials=30)
+        assert result.status == "compile_error" and diagnostic in result.message, (rule, result.message)
+        assert builds_of(f"ext_{rule}") == 1 and "compile.probe" not in result.seconds, (rule, result.seconds)
+    assert not glob.glob(os.path.join(cache, "name_probes", "*", "*"))
+    rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&PyType_Type != nullptr);\n"
+                             "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
+    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
+    assert result.status == "correct" and builds_of("ext_rescued") == 2, result.message

@@ -272,3 +272,14 @@ def test_reference_seconds_scales_a_timing_request_with_fewer_calls_per_call():
     assert verdict.reference_seconds(seconds, {"cmd": "warm", "calls": 8}) is None
     assert verdict.reference_seconds(seconds, {"cmd": "time_outputs"}) == (1.0, 0.5)
     assert verdict.reference_seconds(seconds, {"cmd": "time_prepare", "warmup": 3}) is None
+
+
+def test_compile_record_keeps_a_known_early_verdict_rule_only():
+    """A compile worker's build failure becomes a compile_error record; the early-verdict rule it names
+    (kernel_build.early_verdict) is kept when it is one of the rules, dropped otherwise (a worker's word)."""
+    built = {"builds": 1, "profile": {}}
+    msg = {"ok": False, "kind": "build", "message": "cuda.cu(3): error: expected a \")\"", "early_verdict": "unbalanced"}
+    record = verdict.compile_record(msg, built, 2000)
+    assert record["status"] == "compile_error" and record["early_verdict"] == "unbalanced" and record["builds"] == 1
+    assert "early_verdict" not in verdict.compile_record(dict(msg, early_verdict="correct"), built, 2000)
+    assert "early_verdict" not in verdict.compile_record(dict(msg, early_verdict=None), built, 2000)
