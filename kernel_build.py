@@ -577,7 +577,10 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 #   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
 #   an error of its own (a name that stops naming a type leaves `T x` ill-formed).
 # "undefined" and "redeclared" need every one of the tier's .cu errors explained, so the tier's
-# diagnostics, the verdict's message, say nothing the build as written would not.
+# diagnostics, the verdict's message, say nothing the build as written would not. What is read is the
+# first device pass; a source that names __CUDA_ARCH__ gets no rule. What the rules cannot see: a macro
+# of torch's headers that gives the candidate's line other tokens in the host pass; only a source written
+# for it would meet one, and an early verdict is a compile error, so it would cost that source alone.
 AS_WRITTEN_LINES = AS_WRITTEN_CUDA_PREFIX.rstrip("\n").split("\n")  # load_inline's first lines of a .cu unit
 _LINE_MARKER = re.compile(r'#\s*(?:line\s+)?(\d+)\s+"((?:\\.|[^"\\])*)"')
 _LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s"]{0,16})\((?:.|\n)*?\)\1"|[A-Za-z_]\w*'
@@ -709,8 +712,8 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
         value = call.get("cuda_sources") or []
         return [value] if isinstance(value, str) else list(value)
     written, tier_sources = sources(args), sources(tier_args)
-    if re.search(r"^\s*#\s*line\b", "\n".join(written), re.M):
-        return None  # the candidate renumbers its own lines: which tokens are its own is no longer known
+    if re.search(r"^\s*#\s*line\b|__CUDA_ARCH", "\n".join(written), re.M):
+        return None  # the candidate renumbers its lines, or writes other tokens for the host pass (unread)
     explainable = all(_UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
     if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", "\n".join(written))):
         return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs

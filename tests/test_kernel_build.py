@@ -732,9 +732,11 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
     with_macro = kernel.replace("__global__ void k", "C10_HOST_DEVICE int i_macro = 1;\n__global__ void k")
     assert verdict(with_macro.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
                    [(4, '"i" has already been declared in the current scope')]) is None
-    # a source that renumbers its own lines (#line): no rule
+    # a source that renumbers its own lines (#line) or writes other tokens for the host pass: no rule
     assert verdict("#line 40\n" + kernel.replace("y[i];", "y_typo[i];"),
                    [(4, 'identifier "y_typo" is undefined')]) is None
+    assert verdict("#ifdef __CUDA_ARCH__\n#endif\n" + kernel.replace("y[i];", "y_typo[i];"),
+                   [(5, 'identifier "y_typo" is undefined')]) is None
 
 
 @pytest.mark.gpu
