@@ -735,14 +735,14 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
             tier_lines[at] = k
         at += text.count("\n") + 1
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        full = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(AS_WRITTEN_LINES + written),
-                           lean_ops_dir, timeout_s)
-        light = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(renumbered), None, timeout_s)
-        full, light = full.result(), light.result()
-    if full is None:
+        as_written = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(AS_WRITTEN_LINES + written),
+                                 lean_ops_dir, timeout_s)
+        in_tier = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(renumbered), None, timeout_s)
+        as_written, in_tier = as_written.result(), in_tier.result()
+    if as_written is None:
         return None
-    split_full = split_preprocessed(full, "cuda.cu", written_lines)
-    split_tier = split_preprocessed(light, "cuda.cu", written_lines) if light else None
+    split_full = split_preprocessed(as_written, "cuda.cu", written_lines)
+    split_tier = split_preprocessed(in_tier, "cuda.cu", written_lines) if in_tier else None
     if split_full and split_tier and all(line in tier_lines for line in errors):
         own_errors = {}
         for line, messages in errors.items():
@@ -750,7 +750,7 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
         rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1])
         if rule:
             return rule
-    return "unbalanced" if brackets_unbalanced(full) else None
+    return "unbalanced" if brackets_unbalanced(as_written) else None
 
 
 PCH_LOCK_DIR = None  # None: the system temp dir (the lock must be shared by every kernel_eval user)
