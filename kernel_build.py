@@ -577,10 +577,13 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 #   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
 #   an error of its own (a name that stops naming a type leaves `T x` ill-formed).
 # "undefined" and "redeclared" need every one of the tier's .cu errors explained, so the tier's
-# diagnostics, the verdict's message, say nothing the build as written would not. What is read is the
-# first device pass; a source that names __CUDA_ARCH__ gets no rule. What the rules cannot see: a macro
-# of torch's headers that gives the candidate's line other tokens in the host pass; only a source written
-# for it would meet one, and an early verdict is a compile error, so it would cost that source alone.
+# diagnostics, the verdict's message, say nothing the build as written would not; and no declaration
+# only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
+# declaration into a product: no namespace the candidate opens, no class of its own a header names.
+# What is read is the first device pass (_NOT_READ_EARLY: sources that may read otherwise get no rule).
+# What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
+# the host pass, or a class of the tier's headers that a global of the other headers hides; only a source
+# written for it would meet one, and an early verdict is a compile error: it would cost that source alone.
 AS_WRITTEN_LINES = AS_WRITTEN_CUDA_PREFIX.rstrip("\n").split("\n")  # load_inline's first lines of a .cu unit
 _LINE_MARKER = re.compile(r'#\s*(?:line\s+)?(\d+)\s+"((?:\\.|[^"\\])*)"')
 _LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s"]{0,16})\((?:.|\n)*?\)\1"|[A-Za-z_]\w*'
@@ -591,6 +594,11 @@ _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\
 _DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
 _REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# sources no rule reads: they renumber their lines (#line, # 40), read their folder (__has_include, a quoted
+# include: the unit preprocessed in another folder would find other files), name __FILE__, or may give the
+# host pass (unread) other tokens than the device pass (a conditional, token pasting, __CUDA_ARCH__)
+_NOT_READ_EARLY = re.compile(r'^\s*#\s*(?:line\b|\d|if|elif|else|endif)|__has_include|^\s*#\s*include\s*"'
+                             r"|__FILE__|__CUDA_ARCH|##", re.M)
 _BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
 
 
@@ -677,6 +685,14 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
     under both header sets (`own`, `tier_own`; `headers`: the rest of the unit as written); else None."""
     if not errors or own != tier_own:
         return None
+    # a declaration only the headers as written add can change how the candidate's tokens parse (`N * x;`
+    # a declaration or a product) by hiding the name the tier found: inside a namespace the candidate
+    # opens (torch's own, or std), or where a header's variable or function hides a class of the candidate's
+    tokens = [token for _, token in own]
+    if "namespace" in tokens or any(
+            tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)
+            and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens))):
+        return None
     rules = set()
     for line, messages in errors.items():
         for message in messages:
@@ -712,8 +728,8 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
         value = call.get("cuda_sources") or []
         return [value] if isinstance(value, str) else list(value)
     written, tier_sources = sources(args), sources(tier_args)
-    if re.search(r"^\s*#\s*line\b|__CUDA_ARCH", "\n".join(written), re.M):
-        return None  # the candidate renumbers its lines, or writes other tokens for the host pass (unread)
+    if not tier_sources or _NOT_READ_EARLY.search("\n".join(written)):
+        return None
     explainable = all(_UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
     if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", "\n".join(written))):
         return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs

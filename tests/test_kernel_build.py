@@ -693,6 +693,13 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     assert _explain({3: [redeclared]}, [line.replace("int i = 0;", "int i(0);") for line in kernel]) is None
     assert _explain({1: ['"i" has already been declared in the current scope']},
                     ["void f() { for (int i = 0; i < 2; ++i) { int i = 1; } }"]) == "redeclared"
+    # a declaration only the headers add could hide a name the tier found, so that `N * x;` stops declaring:
+    # no rule inside a namespace the candidate opens, nor with a class of its own that the headers name
+    in_torch = ["namespace at {"] + kernel + ["}"]
+    assert _explain({5: [undefined]}, in_torch) is None and _explain({4: [redeclared]}, in_torch) is None
+    own_class = ["struct declared_by_headers {};"] + kernel
+    assert _explain({4: [redeclared]}, own_class) is None
+    assert _explain({4: [redeclared]}, ["struct own_type {};"] + kernel) == "redeclared"
     # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
     assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
     assert _explain({3: [redeclared]}, kernel, tier_lines=[kernel[0].replace("float", "MACRO")] + kernel[1:]) is None
@@ -732,6 +739,16 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
     with_macro = kernel.replace("__global__ void k", "C10_HOST_DEVICE int i_macro = 1;\n__global__ void k")
     assert verdict(with_macro.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
                    [(4, '"i" has already been declared in the current scope')]) is None
+    # found by review: each fired before the rules looked for hiding and for sources that read their folder,
+    # and each builds as written. torch's headers declare at::indexing::INDEX_MAX (a variable) and at::Context
+    # (a class): inside those namespaces `N * x;` means another thing than under the tier's headers
+    hidden = ("struct INDEX_MAX {};\nnamespace at { namespace indexing {\ninline void kev_fn() {\n"
+              "    int kev_x = 0;\n    INDEX_MAX * kev_x;\n}\n}}\n" + kernel)
+    assert verdict(hidden, [(5, '"kev_x" has already been declared in the current scope')]) is None
+    context = "int Context = 2;\nnamespace at {\ninline void kev_fn() {\n    Context * kev_q;\n}\n}\n" + kernel
+    assert verdict(context, [(4, 'identifier "kev_q" is undefined')]) is None
+    folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
+    assert verdict(folder, [(6, 'expected a ")"')]) is None  # the real build's folder holds build.ninja
     # a source that renumbers its own lines (#line) or writes other tokens for the host pass: no rule
     assert verdict("#line 40\n" + kernel.replace("y[i];", "y_typo[i];"),
                    [(4, 'identifier "y_typo" is undefined')]) is None
