@@ -579,14 +579,15 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # "undefined" and "redeclared" need every one of the tier's .cu errors explained, so the tier's
 # diagnostics, the verdict's message, say nothing the build as written would not; and no declaration
 # only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
-# declaration into a product: no namespace the candidate opens, no class of its own a header names.
+# declaration into a product: no namespace the candidate opens, no class of its own a header names; nor
+# may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`).
 # What is read is the first device pass (_NOT_READ_EARLY: sources that may read otherwise get no rule).
 # What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
 # the host pass, or a class of the tier's headers that a global of the other headers hides; only a source
 # written for it would meet one, and an early verdict is a compile error: it would cost that source alone.
 AS_WRITTEN_LINES = AS_WRITTEN_CUDA_PREFIX.rstrip("\n").split("\n")  # load_inline's first lines of a .cu unit
 _LINE_MARKER = re.compile(r'#\s*(?:line\s+)?(\d+)\s+"((?:\\.|[^"\\])*)"')
-_LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s"]{0,16})\((?:.|\n)*?\)\1"|[A-Za-z_]\w*'
+_LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s]{0,16})\((?:.|\n)*?\)\1"|[A-Za-z_]\w*'
                               r'|(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|\.?\d(?:[eEpP][+-]|[\'\w.])*'
                               r"|(?:u8|[uUL])?'(?:\\.|[^'\\\n])*'|^[ \t]*#[^\n]*", re.M)
 _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\'\\\n])*\'|[A-Za-z_]\w*'
@@ -656,9 +657,10 @@ def split_preprocessed(text: str, unit: str, own_lines: dict) -> tuple[list, str
 
 def brackets_unbalanced(text: str) -> str | None:
     """How a preprocessed unit's brackets fail to pair up ("1 more '(' than ')'"), outside literals and
-    directive lines; None when they pair up or a digraph (<: for [) makes the count unsure."""
+    directive lines; None when they pair up, or a digraph (<: for [) or a quote outside any literal the
+    lexer read makes the count unsure."""
     code = _LITERAL_OR_NAME.sub(" ", text)
-    if _DIGRAPH.search(code):
+    if _DIGRAPH.search(code) or '"' in code or "'" in code:  # a literal the lexer did not read
         return None
     for opening, closing in ("()", "[]", "{}"):
         more = code.count(opening) - code.count(closing)
@@ -688,9 +690,19 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
     # a declaration only the headers as written add can change how the candidate's tokens parse (`N * x;`
     # a declaration or a product) by hiding the name the tier found: inside a namespace the candidate
     # opens (torch's own, or std), or where a header's variable or function hides a class of the candidate's
+    # Nor where overload resolution, which the headers as written change (torch's functions and tensor
+    # operators, found by argument-dependent lookup), picks what a name means: `S<decltype(f(t))>::m * x;`
+    # reads m in the specialization f's return type selects, a type in one and a value in the other.
     tokens = [token for _, token in own]
+    in_template_head, depth = set(), 0
+    for k, token in enumerate(tokens):
+        if depth or (token == "<" and k and tokens[k - 1] == "template"):
+            depth += {"<": 1, ">": -1, ">>": -2}.get(token, 0)
+            in_template_head.add(k)
+            depth = max(depth, 0)
     if "namespace" in tokens or any(
-            tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)
+            token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens)) or any(
+            tokens[k] in ("struct", "class", "union", "enum") and k not in in_template_head and k + 1 < len(tokens)
             and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens))):
         return None
     rules = set()

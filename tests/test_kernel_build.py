@@ -648,6 +648,8 @@ def test_brackets_unbalanced_counts_the_grammars_brackets_only():
     assert kb.brackets_unbalanced(balanced.replace("return", "{ return")) == "1 more '{' than '}'"
     assert kb.brackets_unbalanced(balanced.replace("a[0]", "a<:0]")) is None  # <: is [ : balanced, unsure
     assert kb.brackets_unbalanced("std::vector<::x> v;(") == "1 more '(' than ')'"  # <:: is < ::
+    assert kb.brackets_unbalanced('auto s = R"x"( ( )x"";') is None  # a raw string's delimiter may hold a quote
+    assert kb.brackets_unbalanced("int a = 1 ' (;") is None  # a quote outside any literal read: unsure
 
 
 def _unit(own: list, headers: str = "int declared_by_headers;\n") -> str:
@@ -700,6 +702,10 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     own_class = ["struct declared_by_headers {};"] + kernel
     assert _explain({4: [redeclared]}, own_class) is None
     assert _explain({4: [redeclared]}, ["struct own_type {};"] + kernel) == "redeclared"
+    # nor where overload resolution (which the headers change) picks what a name means
+    chosen = kernel[:3] + ["    S<decltype(f(y))>::m * y_typo;"] + kernel[4:]
+    assert _explain({4: [undefined]}, chosen) is None
+    assert _explain({4: [redeclared]}, ["template <class T> struct own_type {};"] + kernel) == "redeclared"
     # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
     assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
     assert _explain({3: [redeclared]}, kernel, tier_lines=[kernel[0].replace("float", "MACRO")] + kernel[1:]) is None
@@ -747,6 +753,13 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
     assert verdict(hidden, [(5, '"kev_x" has already been declared in the current scope')]) is None
     context = "int Context = 2;\nnamespace at {\ninline void kev_fn() {\n    Context * kev_q;\n}\n}\n" + kernel
     assert verdict(context, [(4, 'identifier "kev_q" is undefined')]) is None
+    # found by a second review: which specialization a name is read in depends on at::relu, which only the
+    # headers as written declare (argument-dependent lookup): a type under one header set, a value under the other
+    adl = ("struct KevY {};\ntemplate <typename T> struct KevSel { static const int x = 0; };\n"
+           "template <> struct KevSel<at::Tensor> { typedef int x; };\n"
+           "template <typename T> KevY relu(const T&);\nvoid kev_host(const at::Tensor& t) {\n"
+           "    KevSel<decltype(relu(t))>::x * kev_q;\n}\n" + kernel)
+    assert verdict(adl, [(6, 'identifier "kev_q" is undefined')]) is None
     folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
     assert verdict(folder, [(6, 'expected a ")"')]) is None  # the real build's folder holds build.ninja
     # a source that renumbers its own lines (#line) or writes other tokens for the host pass: no rule
