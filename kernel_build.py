@@ -580,7 +580,8 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # diagnostics, the verdict's message, say nothing the build as written would not; and no declaration
 # only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
 # declaration into a product: no namespace the candidate opens, no class of its own a header names; nor
-# may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`).
+# may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
+# decltype, typedef or alias, through which `T::m` could read a type chosen so).
 # What is read is the first device pass (_NOT_READ_EARLY: sources that may read otherwise get no rule).
 # What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
 # the host pass, or a class of the tier's headers that a global of the other headers hides; only a source
@@ -600,6 +601,8 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # host pass (unread) other tokens than the device pass (a conditional, token pasting, __CUDA_ARCH__)
 _NOT_READ_EARLY = re.compile(r'^\s*#\s*(?:line\b|\d|if|elif|else|endif)|__has_include|^\s*#\s*include\s*"'
                              r"|__FILE__|__CUDA_ARCH|##", re.M)
+# names a type or an alias may take from an expression (then from overload resolution): no rule reads past them
+_TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef"})
 _BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
 
 
@@ -700,10 +703,11 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
             depth += {"<": 1, ">": -1, ">>": -2}.get(token, 0)
             in_template_head.add(k)
             depth = max(depth, 0)
-    if "namespace" in tokens or any(
+    if ("namespace" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
             token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens)) or any(
+            token == "using" and tokens[k + 2:k + 3] == ["="] for k, token in enumerate(tokens)) or any(
             tokens[k] in ("struct", "class", "union", "enum") and k not in in_template_head and k + 1 < len(tokens)
-            and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens))):
+            and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
         return None
     rules = set()
     for line, messages in errors.items():

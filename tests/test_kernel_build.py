@@ -705,6 +705,10 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     # nor where overload resolution (which the headers change) picks what a name means
     chosen = kernel[:3] + ["    S<decltype(f(y))>::m * y_typo;"] + kernel[4:]
     assert _explain({4: [undefined]}, chosen) is None
+    aliased = ["using T = decltype(f(0));"] + kernel[:3] + ["    T::m * y_typo;"] + kernel[4:]
+    assert _explain({5: [undefined]}, aliased) is None
+    assert _explain({5: [undefined]}, [line.replace("using T = decltype(f(0));", "using T = S<int>;")
+                                       for line in aliased]) is None
     assert _explain({4: [redeclared]}, ["template <class T> struct own_type {};"] + kernel) == "redeclared"
     # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
     assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
