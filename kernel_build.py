@@ -581,7 +581,8 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
 # declaration into a product: no namespace the candidate opens, no class of its own a header names; nor
 # may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
-# decltype, typedef or alias, through which `T::m` could read a type chosen so).
+# decltype, typedef or alias, through which `T::m` could read a type chosen so, and no class whose base
+# is a template-id, through which a member could be found in a base chosen so).
 # What is read is the first device pass (_NOT_READ_EARLY: sources that may read otherwise get no rule).
 # What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
 # the host pass, or a class of the tier's headers that a global of the other headers hides; only a source
@@ -684,6 +685,23 @@ def in_a_block(tokens: list, at: int) -> bool:
     return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
 
 
+def base_clauses(tokens: list) -> list:
+    """The base clauses (the tokens between a class head's ":" and its "{") of the classes in `tokens`."""
+    clauses = []
+    for k, token in enumerate(tokens):
+        if token not in ("struct", "class", "union"):
+            continue
+        at = k + 1
+        while at < len(tokens) and (tokens[at] in ("::", "final") or re.fullmatch(r"[A-Za-z_]\w*", tokens[at])):
+            at += 1
+        if at < len(tokens) and tokens[at] == ":":
+            end = at
+            while end < len(tokens) and tokens[end] not in ("{", ";"):
+                end += 1
+            clauses.append(tokens[at + 1:end])
+    return clauses
+
+
 def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> str | None:
     """"undefined", "redeclared" or "redeclared+undefined" when every error of the tier's .cu unit
     ({the candidate's line: [messages]}) is one of those rules' (above), the candidate's tokens the same
@@ -705,7 +723,8 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
             depth = max(depth, 0)
     if ("namespace" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
             token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens)) or any(
-            token == "using" and tokens[k + 2:k + 3] == ["="] for k, token in enumerate(tokens)) or any(
+            token == "using" and tokens[k + 2:k + 3] == ["="] for k, token in enumerate(tokens))
+            or any("<" in base for base in base_clauses(tokens)) or any(
             tokens[k] in ("struct", "class", "union", "enum") and k not in in_template_head and k + 1 < len(tokens)
             and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
         return None

@@ -710,6 +710,13 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     assert _explain({5: [undefined]}, [line.replace("using T = decltype(f(0));", "using T = S<int>;")
                                        for line in aliased]) is None
     assert _explain({4: [redeclared]}, ["template <class T> struct own_type {};"] + kernel) == "redeclared"
+    # found by a third review: a base a trait or sizeof chooses (the member found through it a type in one
+    # header set, a value in the other); a base of plain names is the same class under both
+    chosen_base = ["struct D : std::conditional_t<sizeof(f(t)) == 1, A, B> {};"] + kernel[:3] + [
+        "    D::m * y_typo;"] + kernel[4:]
+    assert _explain({5: [undefined]}, chosen_base) is None
+    assert _explain({5: [undefined]}, [line.replace("std::conditional_t<sizeof(f(t)) == 1, A, B>", "own_base")
+                                       for line in chosen_base]) == "undefined"
     # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
     assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
     assert _explain({3: [redeclared]}, kernel, tier_lines=[kernel[0].replace("float", "MACRO")] + kernel[1:]) is None
@@ -764,6 +771,10 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
            "template <typename T> KevY relu(const T&);\nvoid kev_host(const at::Tensor& t) {\n"
            "    KevSel<decltype(relu(t))>::x * kev_q;\n}\n" + kernel)
     assert verdict(adl, [(6, 'identifier "kev_q" is undefined')]) is None
+    trait = ("struct KuA { static const int Kum = 2; };\nstruct KuB { struct Kum {}; };\n"
+             "struct KuD : std::conditional_t<std::is_invocable_v<std::plus<>, at::Tensor, at::Tensor>, KuB, KuA> {\n"
+             "    void g() { Kum * kuy; } };\n" + kernel)  # a third review's: at::operator+ picks the base
+    assert verdict(trait, [(4, 'identifier "kuy" is undefined')]) is None
     folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
     assert verdict(folder, [(6, 'expected a ")"')]) is None  # the real build's folder holds build.ninja
     # a source that renumbers its own lines (#line) or writes other tokens for the host pass: no rule
