@@ -367,7 +367,7 @@ def built_module_name(build_directory: str, name: str) -> str | None:
 # source declares (its expansion could declare the name); only a source written for it would meet
 # one, and it would cost that source its own build, no other's verdict.
 AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-_CUDA_UNIT_ERROR = re.compile(r"cuda\.cu\W{1,3}(\d+)\W{1,3} ?error: (.*?)\s*$")
+_CUDA_UNIT_ERROR = re.compile(r"(?:^|[/\s(])cuda\.cu\W{1,3}(\d+)\W{1,3} ?error: (.*?)\s*$")
 _UNDEFINED = re.compile(r'identifier "(\w+)" is undefined')
 _ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
 _PROBE_DIRECTIVE = re.compile(r"#\s*(include\s*<[\w./+-]+>|define\s+\w+(?:[ \t].*)?|undef\s+\w+|pragma\s+once)\s*")
@@ -581,8 +581,8 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
 # declaration into a product: no namespace the candidate opens, no class of its own a header names; nor
 # may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
-# decltype, typedef or alias, through which `T::m` could read a type chosen so, and no class whose base
-# is a template-id, through which a member could be found in a base chosen so).
+# decltype, typedef or using, through which `T::m` could read a type chosen so, and no class head with a
+# base clause and a template-id, through which a member could be found in a base chosen so).
 # What is read is the first device pass (_NOT_READ_EARLY: sources that may read otherwise get no rule).
 # What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
 # the host pass, or a class of the tier's headers that a global of the other headers hides; only a source
@@ -601,9 +601,10 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # include: the unit preprocessed in another folder would find other files), name __FILE__, or may give the
 # host pass (unread) other tokens than the device pass (a conditional, token pasting, __CUDA_ARCH__)
 _NOT_READ_EARLY = re.compile(r'^\s*#\s*(?:line\b|\d|if|elif|else|endif)|__has_include|^\s*#\s*include\s*"'
-                             r"|__FILE__|__CUDA_ARCH|##", re.M)
-# names a type or an alias may take from an expression (then from overload resolution): no rule reads past them
-_TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef"})
+                             r"|__FILE__|__CUDA_ARCH|##|%:|<%|%>|<:(?!:(?![:>]))|:>", re.M)  # digraphs too
+# through these a name may stand for a type taken from an expression (then from overload resolution), or for
+# another name: no rule reads past them
+_TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef", "using"})
 _BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
 
 
@@ -685,21 +686,17 @@ def in_a_block(tokens: list, at: int) -> bool:
     return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
 
 
-def base_clauses(tokens: list) -> list:
-    """The base clauses (the tokens between a class head's ":" and its "{") of the classes in `tokens`."""
-    clauses = []
+def class_heads(tokens: list) -> list:
+    """Each class head in `tokens`: from struct, class or union to its "{" or ";" (its name, template
+    arguments, attributes and base clause)."""
+    heads = []
     for k, token in enumerate(tokens):
-        if token not in ("struct", "class", "union"):
-            continue
-        at = k + 1
-        while at < len(tokens) and (tokens[at] in ("::", "final") or re.fullmatch(r"[A-Za-z_]\w*", tokens[at])):
-            at += 1
-        if at < len(tokens) and tokens[at] == ":":
-            end = at
+        if token in ("struct", "class", "union"):
+            end = k + 1
             while end < len(tokens) and tokens[end] not in ("{", ";"):
                 end += 1
-            clauses.append(tokens[at + 1:end])
-    return clauses
+            heads.append(tokens[k + 1:end])
+    return heads
 
 
 def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> str | None:
@@ -722,9 +719,8 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
             in_template_head.add(k)
             depth = max(depth, 0)
     if ("namespace" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
-            token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens)) or any(
-            token == "using" and tokens[k + 2:k + 3] == ["="] for k, token in enumerate(tokens))
-            or any("<" in base for base in base_clauses(tokens)) or any(
+            token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens))
+            or any(":" in head and "<" in head for head in class_heads(tokens)) or any(
             tokens[k] in ("struct", "class", "union", "enum") and k not in in_template_head and k + 1 < len(tokens)
             and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
         return None
@@ -735,6 +731,7 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
                 name = match.group(1)
                 uses = [k for k, (_, token) in enumerate(own) if token == name]
                 if (not uses or own[uses[0]][0] != line or re.search(rf"\b{re.escape(name)}\b", headers)
+                        or sum(own[k][0] <= line for k in uses) != 1  # that use, the only spelling so far
                         or any(k + 1 < len(own) and own[k + 1][1] in ("(", "<", "<<") for k in uses)):
                     return None
                 rules.add("undefined")

@@ -118,6 +118,8 @@ def test_undefined_names_are_a_builds_only_errors_or_none():
     assert kb.undefined_names(typed) is None and kb.cuda_unit_errors(typed)[18] == ["type name is not allowed"]
     assert kb.cuda_unit_errors(host) is None
     assert kb.cuda_unit_errors(NINJA_UNDEFINED.replace("3 errors", "4 errors")) is None
+    # another file whose name ends in cuda.cu (a source's own #line can name one) is not the unit
+    assert kb.cuda_unit_errors(NINJA_UNDEFINED.replace("/b/cuda.cu(18)", "/b/zcuda.cu(18)")) is None
 
 
 def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_probe():
@@ -717,6 +719,12 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     assert _explain({5: [undefined]}, chosen_base) is None
     assert _explain({5: [undefined]}, [line.replace("std::conditional_t<sizeof(f(t)) == 1, A, B>", "own_base")
                                        for line in chosen_base]) == "undefined"
+    # found by a fourth review: an alias with an attribute, a specialization's base, and a name declared
+    # earlier on the line of its use
+    assert _explain({5: [undefined]}, ["using T [[]] = int;"] + kernel[:3] + ["    T::m * y_typo;"] + kernel[4:]) is None
+    assert _explain({1: [undefined]}, ["template <> struct D<int> : S<sizeof(f(t))> { void g() { m * y_typo; } };"]
+                    + kernel) is None
+    assert _explain({4: [undefined]}, kernel[:3] + ["    { int y_typo; } y[i] = y_typo[i];"] + kernel[4:]) is None
     # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
     assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
     assert _explain({3: [redeclared]}, kernel, tier_lines=[kernel[0].replace("float", "MACRO")] + kernel[1:]) is None
@@ -775,6 +783,8 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
              "struct KuD : std::conditional_t<std::is_invocable_v<std::plus<>, at::Tensor, at::Tensor>, KuB, KuA> {\n"
              "    void g() { Kum * kuy; } };\n" + kernel)  # a third review's: at::operator+ picks the base
     assert verdict(trait, [(4, 'identifier "kuy" is undefined')]) is None
+    digraph = "%:line 40\n" + kernel.replace("y[i];", "y_typo[i];")  # %: is #: a source that renumbers its lines
+    assert verdict(digraph, [(4, 'identifier "y_typo" is undefined')]) is None
     folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
     assert verdict(folder, [(6, 'expected a ")"')]) is None  # the real build's folder holds build.ninja
     # a source that renumbers its own lines (#line) or writes other tokens for the host pass: no rule
