@@ -582,7 +582,9 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # declaration into a product: no namespace the candidate opens, no class of its own a header names; nor
 # may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
 # decltype, typedef or using, through which `T::m` could read a type chosen so, and no class head with a
-# base clause and a template-id, through which a member could be found in a base chosen so).
+# base clause and a template-id, through which a member could be found in a base chosen so), and no template
+# of the candidate's (nor a parameter declared auto, a generic lambda's): an instantiation, which such types
+# choose, may discard or keep what the tier reported.
 # What is read is the first device pass (_NOT_READ_EARLY: sources that may read otherwise get no rule).
 # What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
 # the host pass, or a class of the tier's headers that a global of the other headers hides; only a source
@@ -712,16 +714,11 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
     # operators, found by argument-dependent lookup), picks what a name means: `S<decltype(f(t))>::m * x;`
     # reads m in the specialization f's return type selects, a type in one and a value in the other.
     tokens = [token for _, token in own]
-    in_template_head, depth = set(), 0
-    for k, token in enumerate(tokens):
-        if depth or (token == "<" and k and tokens[k - 1] == "template"):
-            depth += {"<": 1, ">": -1, ">>": -2}.get(token, 0)
-            in_template_head.add(k)
-            depth = max(depth, 0)
-    if ("namespace" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
+    if ("namespace" in tokens or "template" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
+            token == "auto" and k and tokens[k - 1] in ("(", ",") for k, token in enumerate(tokens)) or any(
             token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens))
             or any(":" in head and "<" in head for head in class_heads(tokens)) or any(
-            tokens[k] in ("struct", "class", "union", "enum") and k not in in_template_head and k + 1 < len(tokens)
+            tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)
             and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
         return None
     rules = set()
