@@ -704,7 +704,7 @@ def class_heads(tokens: list) -> list:
 def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> str | None:
     """"undefined", "redeclared" or "redeclared+undefined" when every error of the tier's .cu unit
     ({the candidate's line: [messages]}) is one of those rules' (above), the candidate's tokens the same
-    under both header sets (`own`, `tier_own`; `headers`: the rest of the unit as written); else None."""
+    under both header sets (`own`, `tier_own`; `headers`: the rest of both units, the headers' text); else None."""
     if not errors or own != tier_own:
         return None
     # a declaration only the headers as written add can change how the candidate's tokens parse (`N * x;`
@@ -792,7 +792,8 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
         own_errors = {}
         for line, messages in errors.items():
             own_errors.setdefault(tier_lines[line], []).extend(messages)
-        rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1])
+        # the headers of both sets: a global of either may hide a class of the candidate's
+        rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1] + "\n" + split_tier[1])
         if rule:
             return rule
     return "unbalanced" if brackets_unbalanced(as_written) else None

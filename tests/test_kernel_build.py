@@ -749,10 +749,10 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
                                           "cuda_post_cflags = \n")
     kernel = ("__global__ void k(float* y, int n) {\n    int i = threadIdx.x;\n    if (i < n) y[i] = 2.f * y[i];\n}\n")
 
-    def verdict(source: str, errors: str) -> str | None:
+    def verdict(source: str, errors: str, tier_header: str = "#include <cuda_runtime.h>\n") -> str | None:
         args = {"cuda_sources": [source]}
-        tier_args = {"cuda_sources": ["#include <cuda_runtime.h>\n", source], "build_directory": str(tmp_path)}
-        first_line = 3  # of the candidate's in the tier's unit: its header line, the line join() adds
+        tier_args = {"cuda_sources": [tier_header, source], "build_directory": str(tmp_path)}
+        first_line = tier_header.count("\n") + 2  # of the candidate's in the tier's unit: after its headers
         dump = "".join(f"/b/cuda.cu({line + first_line - 1}): error: {m}\n" for line, m in errors)
         dump += f"{len(errors)} errors detected in the compilation of \"/b/cuda.cu\".\n"
         return kb.early_verdict(args, "light", tier_args, dump, None, 120)
@@ -787,6 +787,12 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
              "struct KuD : std::conditional_t<std::is_invocable_v<std::plus<>, at::Tensor, at::Tensor>, KuB, KuA> {\n"
              "    void g() { Kum * kuy; } };\n" + kernel)  # a third review's: at::operator+ picks the base
     assert verdict(trait, [(4, 'identifier "kuy" is undefined')]) is None
+    # a fifth review's: a global only the tier's headers declare (here a stand-in in the tier's header line)
+    # hides the candidate's class there, so that the tier reads a product where the unit as written declares
+    tier_global = ("struct kev_tier_only { int v; };\nint kev_f() {\n    kev_tier_only * kev_p;\n    return 0;\n}\n"
+                   + kernel)
+    assert verdict(tier_global, [(3, 'identifier "kev_p" is undefined')],
+                   tier_header="#include <cuda_runtime.h>\nconstexpr int kev_tier_only = 1;\n") is None
     digraph = "%:line 40\n" + kernel.replace("y[i];", "y_typo[i];")  # %: is #: a source that renumbers its lines
     assert verdict(digraph, [(4, 'identifier "y_typo" is undefined')]) is None
     folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
