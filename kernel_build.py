@@ -570,8 +570,8 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # - "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
 #   and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
 # - "undefined": an identifier the tier called undefined that no token of the headers as written spells,
-#   and that the candidate's own lines first spell at that use, never called nor given template arguments:
-#   nothing in the unit declares it before that use, so its lookup fails as written too.
+#   and that the candidate spells nowhere up to that use's line but there, once, never called nor given
+#   template arguments: nothing in the unit declares it before that use, so its lookup fails as written too.
 # - "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
 #   the second time with `=`, `;`, `[`, `{` or `,` after it: the two declarations are the candidate's
 #   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
@@ -579,7 +579,8 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # "undefined" and "redeclared" need every one of the tier's .cu errors explained, so the tier's
 # diagnostics, the verdict's message, say nothing the build as written would not; and no declaration
 # only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
-# declaration into a product: no namespace the candidate opens, no class of its own a header names; nor
+# declaration into a product: no namespace the candidate opens, no class of its own that either header set
+# names; nor
 # may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
 # decltype, typedef or using, through which `T::m` could read a type chosen so, and no class head with a
 # base clause and a template-id, through which a member could be found in a base chosen so), and no template
