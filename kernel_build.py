@@ -600,11 +600,14 @@ _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\
 _DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
 _REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-# sources no rule reads: they renumber their lines (#line, # 40), read their folder (__has_include, a quoted
-# include: the unit preprocessed in another folder would find other files), name __FILE__, or may give the
-# host pass (unread) other tokens than the device pass (a conditional, token pasting, __CUDA_ARCH__)
-_NOT_READ_EARLY = re.compile(r'^\s*#\s*(?:line\b|\d|if|elif|else|endif)|__has_include|^\s*#\s*include\s*"'
-                             r"|__FILE__|__CUDA_ARCH|##|%:|<%|%>|<:(?!:(?![:>]))|:>", re.M)  # digraphs too
+# sources no rule reads: a directive but #include <...>, #define, #undef and #pragma (a conditional may give
+# the host pass, unread, other tokens; #line renumbers; a quoted include reads the folder, which is another
+# one here), or any written so that this check cannot see it (a comment or a line splice after the #);
+# __has_include (reads the folder), __FILE__, token pasting, __CUDA_ARCH__, digraphs
+_NOT_READ_EARLY = re.compile(r"__has_include|__FILE__|__CUDA_ARCH|##|%:|<%|%>|<:(?!:(?![:>]))|:>"  # digraphs too
+                             r"|\*/[ \t]*#")  # a directive after a comment that ends its line's start
+_DIRECTIVE = re.compile(r"^[ \t]*#(.*)$", re.M)
+_PLAIN_DIRECTIVE = re.compile(r"[ \t]*(?:include[ \t]*<|define[ \t]|undef[ \t]|pragma[ \t])")  # the only ones read
 # through these a name may stand for a type taken from an expression (then from overload resolution), or for
 # another name: no rule reads past them
 _TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef", "using"})
@@ -758,7 +761,9 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
         value = call.get("cuda_sources") or []
         return [value] if isinstance(value, str) else list(value)
     written, tier_sources = sources(args), sources(tier_args)
-    if not tier_sources or _NOT_READ_EARLY.search("\n".join(written)):
+    source = "\n".join(written)
+    if (not tier_sources or _NOT_READ_EARLY.search(source)
+            or any(not _PLAIN_DIRECTIVE.match(d.group(1)) for d in _DIRECTIVE.finditer(source))):
         return None
     explainable = all(_UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
     if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", "\n".join(written))):

@@ -793,6 +793,12 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
                    + kernel)
     assert verdict(tier_global, [(3, 'identifier "kev_p" is undefined')],
                    tier_header="#include <cuda_runtime.h>\nconstexpr int kev_tier_only = 1;\n") is None
+    # a sixth review's: a conditional hidden from a directive check by a comment after its # (the host pass,
+    # which no rule reads, held the redeclaration); a line splice after the # hides one the same way
+    hidden_if = kernel.replace("y[i];", "y_typo[i];")
+    for spelling in ("#/**/if 1\n#/**/endif\n", "#\\\nif 1\n#\\\nendif\n", "/*\n*/ #if 1\n/*\n*/ #endif\n"):
+        assert verdict(spelling + hidden_if, [(3 + spelling.count("\n"), 'identifier "y_typo" is undefined')]) is None
+    assert verdict(hidden_if, [(3, 'identifier "y_typo" is undefined')]) == "undefined"
     digraph = "%:line 40\n" + kernel.replace("y[i];", "y_typo[i];")  # %: is #: a source that renumbers its lines
     assert verdict(digraph, [(4, 'identifier "y_typo" is undefined')]) is None
     folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
