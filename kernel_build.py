@@ -580,8 +580,7 @@ def name_probe_answers(where: dict, compile_record: dict) -> dict | None:
 # diagnostics, the verdict's message, say nothing the build as written would not; and no declaration
 # only the headers as written add may hide a name the tier found, which could turn `N * x;` from a
 # declaration into a product: no namespace the candidate opens, no class of its own that either header set
-# names; nor
-# may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
+# names; nor may overload resolution decide what a name means (`S<decltype(f(t))>::m`: no `::` after `>` or `)`, no
 # decltype, typedef or using, through which `T::m` could read a type chosen so, and no class head with a
 # base clause and a template-id, through which a member could be found in a base chosen so), and no template
 # of the candidate's (nor a parameter declared auto, a generic lambda's): an instantiation, which such types
@@ -604,8 +603,8 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # the host pass, unread, other tokens; #line renumbers; a quoted include reads the folder, which is another
 # one here), or any written so that this check cannot see it (a comment or a line splice after the #);
 # __has_include (reads the folder), __FILE__, token pasting, __CUDA_ARCH__, digraphs
-_NOT_READ_EARLY = re.compile(r"__has_include|__FILE__|__CUDA_ARCH|##|%:|<%|%>|<:(?!:(?![:>]))|:>"  # digraphs too
-                             r"|\*/[ \t]*#")  # a directive after a comment that ends its line's start
+_NOT_READ_EARLY = re.compile(r"__has_include|__FILE__|__CUDA_ARCH|##|%:|" + _DIGRAPH.pattern
+                             + r"|\*/[ \t]*#")  # a directive after a comment that ends its line's start
 _DIRECTIVE = re.compile(r"^[ \t]*#(.*)$", re.M)
 _PLAIN_DIRECTIVE = re.compile(r"[ \t]*(?:include[ \t]*<|define[ \t]|undef[ \t]|pragma[ \t])")  # the only ones read
 # through these a name may stand for a type taken from an expression (then from overload resolution), or for
@@ -711,12 +710,12 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
     under both header sets (`own`, `tier_own`; `headers`: the rest of both units, the headers' text); else None."""
     if not errors or own != tier_own:
         return None
-    # a declaration only the headers as written add can change how the candidate's tokens parse (`N * x;`
-    # a declaration or a product) by hiding the name the tier found: inside a namespace the candidate
-    # opens (torch's own, or std), or where a header's variable or function hides a class of the candidate's
-    # Nor where overload resolution, which the headers as written change (torch's functions and tensor
-    # operators, found by argument-dependent lookup), picks what a name means: `S<decltype(f(t))>::m * x;`
-    # reads m in the specialization f's return type selects, a type in one and a value in the other.
+    # a declaration only one header set has can change how the candidate's tokens parse (`N * x;` a
+    # declaration or a product) by hiding the name the tier found: inside a namespace the candidate opens
+    # (torch's own, or std), or where a header's variable or function hides a class of the candidate's.
+    # So can overload resolution, which the headers as written change (torch's functions and tensor
+    # operators, found by argument-dependent lookup), where it picks what a name means:
+    # `S<decltype(f(t))>::m * x;` reads m in the specialization f's return type selects.
     tokens = [token for _, token in own]
     if ("namespace" in tokens or "template" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
             token == "auto" and k and tokens[k - 1] in ("(", ",") for k, token in enumerate(tokens)) or any(
@@ -766,15 +765,16 @@ def early_verdict(args: dict, tier: str, tier_args: dict, tier_error: str, lean_
             or any(not _PLAIN_DIRECTIVE.match(d.group(1)) for d in _DIRECTIVE.finditer(source))):
         return None
     explainable = all(_UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
-    if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", "\n".join(written))):
+    if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", source)):
         return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs
     # the candidate's line k: line k + 3 of the unit as written; of the tier's, after its headers, each line
     # as header_tier_args rewrote it (a line that became several is the tier's, not the candidate's). The
     # tier's unit is preprocessed numbered as the unit as written (#line), so that __LINE__ reads alike.
-    user_text, first = "\n".join(written), len(AS_WRITTEN_LINES)
-    written_lines = {k + first: k for k in range(1, user_text.count("\n") + 2)}
-    tier_lines, at, renumbered = {}, tier_sources[0].count("\n") + 2, ['#line 1 "tier"', tier_sources[0], f'#line {first + 1} "cuda.cu"']
-    for k, text in enumerate(user_text.split("\n"), start=1):
+    first = len(AS_WRITTEN_LINES)
+    written_lines = {k + first: k for k in range(1, source.count("\n") + 2)}
+    tier_lines, at = {}, tier_sources[0].count("\n") + 2
+    renumbered = ['#line 1 "tier"', tier_sources[0], f'#line {first + 1} "cuda.cu"']
+    for k, text in enumerate(source.split("\n"), start=1):
         text = text.replace(FULL_HEADER, "").replace(TYPES_HEADER, "")
         if tier == "slim" and CUDA_CONTEXT_HEADER in text:
             head, _, tail = text.partition(CUDA_CONTEXT_HEADER)
