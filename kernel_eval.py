@@ -18,7 +18,7 @@ at a time, each trial's outputs compared by the reference's worker before the ne
 (blocks R C C R ... with the device alone), the verdict. What decides is kernel_verdict.py (statuses,
 EvalResult, comparison, op check, run limits); the reference's side, kernel_reference.py; what runs inside
 a worker, kernel_worker.py; processes, confinement, locks, kernel_sandbox.py behind kernel_boundary.py;
-memory and tensor files, kernel_memory.py; builds, kernel_build.py (optional).
+memory and tensor files, kernel_memory.py; builds, kernel_build.py with kernel_early_verdict.py (optional).
 Statuses: format_error, compile_error, timeout, runtime_error, incorrect, correct, reference_error (the
 task's own reference failed: no verdict), harness_error (the task does not fit even alone: no verdict).
 """

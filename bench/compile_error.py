@@ -12,7 +12,7 @@ compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_c
 
     python bench/compile_error.py --tasks level1/01_relu,level1/07_row_sum
 
-`--early`: errors the headers as written cannot rescue (kernel_build.py, "early verdicts"), each judged
+`--early`: errors the headers as written cannot rescue (kernel_early_verdict.py), each judged
 with early verdicts off (the slim tier, then the build as written or a name probe) and on (the slim tier,
 then the unit as written preprocessed), fresh caches each: the kernel's first `(` unclosed ("unbalanced"),
 a use of a variable misspelt ("undefined"), a declaration repeated ("redeclared").

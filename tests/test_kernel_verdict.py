@@ -276,7 +276,7 @@ def test_reference_seconds_scales_a_timing_request_with_fewer_calls_per_call():
 
 def test_compile_record_keeps_a_known_early_verdict_rule_only():
     """A compile worker's build failure becomes a compile_error record; the early-verdict rule it names
-    (kernel_build.early_verdict) is kept when it is one of the rules, dropped otherwise (a worker's word)."""
+    (kernel_early_verdict.early_verdict) is kept when it is one of the rules, dropped otherwise (a worker's word)."""
     built = {"builds": 1, "profile": {}}
     msg = {"ok": False, "kind": "build", "message": "cuda.cu(3): error: expected a \")\"", "early_verdict": "unbalanced"}
     record = verdict.compile_record(msg, built, 2000)

@@ -1,0 +1,304 @@
+"""kernel_early_verdict: when a CUDA source's failure on a header tier is its verdict, for kernel_build.
+
+A tier's failure the headers as written cannot rescue is the verdict at once: the build as written is
+read preprocessed (nvcc -E: its first device pass, a second or two) instead of compiled (cudafe++
+parsing all of torch's headers, 10-15 s). Preprocessing expands every macro, so the candidate's own
+lines, preprocessed under the tier's headers and under the headers as written, hold the same tokens
+unless a macro or a conditional of theirs differs (then only "unbalanced" may apply).
+
+Rules (early_verdict)
+- "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
+  and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
+- "undefined": an identifier the tier called undefined that no token of the headers as written spells,
+  and that the candidate spells nowhere up to that use's line but there, once, never called nor given
+  template arguments: nothing in the unit declares it before that use, so its lookup fails as written too.
+- "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
+  the second time with `=`, `;`, `[`, `{` or `,` after it: the two declarations are the candidate's
+  tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
+  an error of its own (a name that stops naming a type leaves `T x` ill-formed).
+
+"undefined" and "redeclared" need every one of the tier's .cu errors explained (explained_errors), so
+the tier's diagnostics, the verdict's message, say nothing the build as written would not. They also need:
+- no declaration only the headers as written add may hide a name the tier found, which could turn
+  `N * x;` from a declaration into a product: no namespace the candidate opens, no class of its own that
+  either header set names;
+- overload resolution may not decide what a name means (`S<decltype(f(t))>::m`): no `::` after `>` or
+  `)`; no decltype, typedef or using, through which `T::m` could read a type chosen so; no class head
+  with a base clause and a template-id, through which a member could be found in a base chosen so;
+- no template of the candidate's (nor a parameter declared auto, a generic lambda's): an instantiation,
+  which such types choose, may discard or keep what the tier reported.
+
+Limits
+- What is read is the first device pass: a source that may read otherwise gets no rule (_NOT_READ_EARLY,
+  and any directive but #include <...>, #define, #undef and #pragma).
+- What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
+  the host pass, or a class of the tier's headers that a global of the other headers hides. Only a
+  source written for it would meet one, and an early verdict is a compile error: it would cost that
+  source alone.
+
+kernel_build calls early_verdict once a CUDA source failed on its last header tier
+(BuildConfig.early_verdicts) and says how that tier rewrote the candidate's lines; this module imports
+nothing of kernel_build. What kernel_build's name probes read too lives here: a failed build's cuda.cu
+errors (cuda_unit_errors), the lines load_inline writes first in a .cu unit (AS_WRITTEN_CUDA_PREFIX)
+and a load_inline call's sources (inline_sources).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import re
+import shlex
+import subprocess
+
+from kernel_sandbox import atomic_write
+
+# Shared with kernel_build's name probes, which import them from here (nothing here imports kernel_build):
+# what load_inline writes first in a .cu unit as written, and how a failed build's cuda.cu errors read
+AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+_CUDA_UNIT_ERROR = re.compile(r"(?:^|[/\s(])cuda\.cu\W{1,3}(\d+)\W{1,3} ?error: (.*?)\s*$")
+UNDEFINED = re.compile(r'identifier "(\w+)" is undefined')
+_ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
+
+
+def cuda_unit_errors(build_error: str) -> dict | None:
+    """{line: [messages]}: the errors a failed CUDA build reports in its cuda.cu unit, when those are all
+    of its errors (EDG's count agrees, no other unit failed); None when anything else may have failed."""
+    errors, counted, failed = {}, 0, []
+    for line in build_error.splitlines():
+        line = line.strip()
+        if match := _CUDA_UNIT_ERROR.search(line):
+            errors.setdefault(int(match.group(1)), []).append(match.group(2))
+        elif match := _ERRORS_DETECTED.match(line):
+            counted += int(match.group(1))
+        elif line.startswith("FAILED:"):
+            failed.append(line)
+        elif (re.search(r"error|Error", line) and not line.startswith(("[", "Error building extension"))
+              and not (" -c " in line and " -o " in line)):  # a command ninja echoes (paths may say "error")
+            return None  # another diagnostic
+    if not errors or counted != sum(map(len, errors.values())) or any("cuda.cuda.o" not in f for f in failed):
+        return None
+    return errors
+
+
+def inline_sources(call: dict, key: str) -> list:
+    """A load_inline call's `key` ("cuda_sources", "cpp_sources") as a list: load_inline takes a string or a list."""
+    value = call.get(key) or []
+    return [value] if isinstance(value, str) else list(value)
+
+
+AS_WRITTEN_LINES = AS_WRITTEN_CUDA_PREFIX.rstrip("\n").split("\n")  # load_inline's first lines of a .cu unit
+_LINE_MARKER = re.compile(r'#\s*(?:line\s+)?(\d+)\s+"((?:\\.|[^"\\])*)"')
+_LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s]{0,16})\((?:.|\n)*?\)\1"|[A-Za-z_]\w*'
+                              r'|(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|\.?\d(?:[eEpP][+-]|[\'\w.])*'
+                              r"|(?:u8|[uUL])?'(?:\\.|[^'\\\n])*'|^[ \t]*#[^\n]*", re.M)
+_TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\'\\\n])*\'|[A-Za-z_]\w*'
+                    r"|\.?\d(?:[eEpP][+-]|['\w.])*|::|->|\+\+|--|<<=?|>>=?|&&|\|\||[<>=!+\-*/%&|^]=|\S")
+_DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
+_REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+# sources no rule reads: a directive but #include <...>, #define, #undef and #pragma (a conditional may give
+# the host pass, unread, other tokens; #line renumbers; a quoted include reads the folder, which is another
+# one here), or any written so that this check cannot see it (a comment or a line splice after the #);
+# __has_include (reads the folder), __FILE__, token pasting, __CUDA_ARCH__, digraphs
+_NOT_READ_EARLY = re.compile(r"__has_include|__FILE__|__CUDA_ARCH|##|%:|" + _DIGRAPH.pattern
+                             + r"|\*/[ \t]*#")  # a directive after a comment that ends its line's start
+_DIRECTIVE = re.compile(r"^[ \t]*#(.*)$", re.M)
+_PLAIN_DIRECTIVE = re.compile(r"[ \t]*(?:include[ \t]*<|define[ \t]|undef[ \t]|pragma[ \t])")  # the only ones read
+# through these a name may stand for a type taken from an expression (then from overload resolution), or for
+# another name: no rule reads past them
+_TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef", "using"})
+_BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
+
+
+def preprocess_cuda_unit(build_directory: str, text: str, drop_include: str | None, timeout_s: float) -> str | None:
+    """`text` as a .cu unit preprocessed by the command the tier's build ran (its build.ninja: nvcc, cuda
+    flags), less the include path `drop_include` (the tier's lean op headers); None when that fails."""
+    flags = {}
+    try:
+        with open(os.path.join(build_directory, "build.ninja")) as f:
+            for line in f:
+                key, _, value = line.partition(" = ")
+                if key in ("nvcc", "cuda_cflags", "cuda_post_cflags"):
+                    flags[key] = value.strip()
+    except OSError:
+        return None
+    if "nvcc" not in flags or "$" in "".join(flags.values()):  # ninja's escapes: not worth reading
+        return None
+    command = shlex.split(flags["nvcc"]) + [a for a in shlex.split(flags.get("cuda_cflags", ""))
+                                           + shlex.split(flags.get("cuda_post_cflags", ""))
+                                           if a != f"-I{drop_include}"]
+    # a folder of its own, named cuda.cu and given by that name: __FILE__ reads alike in every unit
+    folder = os.path.join(build_directory, "early", hashlib.sha256(text.encode()).hexdigest()[:16])
+    os.makedirs(folder, exist_ok=True)
+    atomic_write(os.path.join(folder, "cuda.cu"), text)
+    try:  # to stdout: a unit preprocessed writes no object file for ninja or a log to count
+        done = subprocess.run(command + ["-E", "cuda.cu"], cwd=folder, capture_output=True, text=True,
+                              errors="replace", timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def split_preprocessed(text: str, unit: str, own_lines: dict) -> tuple[list, str] | None:
+    """(the candidate's tokens as [(its line, token)], the rest of the unit's text) of a preprocessed unit:
+    a token is the candidate's when its line marker names `unit` at a line of `own_lines` ({unit's line:
+    the candidate's line}); None for a raw string literal in those lines (one may span lines)."""
+    own, rest, where, line = [], [], None, 0
+    for content in text.split("\n"):
+        if content.startswith("#"):
+            if match := _LINE_MARKER.match(content):
+                where, line = match.group(2), int(match.group(1))
+                continue
+            line += 1  # a #pragma: kept, not the grammar's tokens
+            continue
+        mine = own_lines.get(line) if where == unit else None
+        if mine is None:
+            rest.append(content)
+        elif 'R"' in content:
+            return None
+        else:
+            own.extend((mine, token) for token in _TOKEN.findall(content))
+        line += 1
+    return own, "\n".join(rest)
+
+
+def brackets_unbalanced(text: str) -> str | None:
+    """How a preprocessed unit's brackets fail to pair up ("1 more '(' than ')'"), outside literals and
+    directive lines; None when they pair up, or a digraph (<: for [) or a quote outside any literal the
+    lexer read makes the count unsure."""
+    code = _LITERAL_OR_NAME.sub(" ", text)
+    if _DIGRAPH.search(code) or '"' in code or "'" in code:  # a literal the lexer did not read
+        return None
+    for opening, closing in ("()", "[]", "{}"):
+        more = code.count(opening) - code.count(closing)
+        if more:
+            return f"{abs(more)} more '{opening if more > 0 else closing}' than '{closing if more > 0 else opening}'"
+    return None
+
+
+def in_a_block(tokens: list, at: int) -> bool:
+    """Whether token `at` of the candidate's [(line, token)] stands in a block: its innermost open "{"
+    follows ")", ";", "{", "}", else, do or try (a body, or a brace no namespace scope accepts)."""
+    opened = []
+    for k, (_, token) in enumerate(tokens[:at]):
+        if token == "{":
+            opened.append(k)
+        elif token == "}" and opened:
+            opened.pop()
+    return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
+
+
+def class_heads(tokens: list) -> list:
+    """Each class head in `tokens`: from struct, class or union to its "{" or ";" (its name, template
+    arguments, attributes and base clause)."""
+    heads = []
+    for k, token in enumerate(tokens):
+        if token in ("struct", "class", "union"):
+            end = k + 1
+            while end < len(tokens) and tokens[end] not in ("{", ";"):
+                end += 1
+            heads.append(tokens[k + 1:end])
+    return heads
+
+
+def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> str | None:
+    """"undefined", "redeclared" or "redeclared+undefined" when every error of the tier's .cu unit
+    ({the candidate's line: [messages]}) is one of those rules' (above), the candidate's tokens the same
+    under both header sets (`own`, `tier_own`; `headers`: the rest of both units, the headers' text); else None."""
+    if not errors or own != tier_own:
+        return None
+    # a declaration only one header set has can change how the candidate's tokens parse (`N * x;` a
+    # declaration or a product) by hiding the name the tier found: inside a namespace the candidate opens
+    # (torch's own, or std), or where a header's variable or function hides a class of the candidate's.
+    # So can overload resolution, which the headers as written change (torch's functions and tensor
+    # operators, found by argument-dependent lookup), where it picks what a name means:
+    # `S<decltype(f(t))>::m * x;` reads m in the specialization f's return type selects.
+    tokens = [token for _, token in own]
+    if ("namespace" in tokens or "template" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
+            token == "auto" and k and tokens[k - 1] in ("(", ",") for k, token in enumerate(tokens)) or any(
+            token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens))
+            or any(":" in head and "<" in head for head in class_heads(tokens)) or any(
+            tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)
+            and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
+        return None
+    rules = set()
+    for line, messages in errors.items():
+        for message in messages:
+            if match := UNDEFINED.fullmatch(message):
+                name = match.group(1)
+                uses = [k for k, (_, token) in enumerate(own) if token == name]
+                if (not uses or own[uses[0]][0] != line or re.search(rf"\b{re.escape(name)}\b", headers)
+                        or sum(own[k][0] <= line for k in uses) != 1  # that use, the only spelling so far
+                        or any(k + 1 < len(own) and own[k + 1][1] in ("(", "<", "<<") for k in uses)):
+                    return None
+                rules.add("undefined")
+            elif match := _REDECLARED.fullmatch(message):
+                name = match.group(1)
+                if not any(token == name and where == line and k + 1 < len(own)
+                           and own[k + 1][1] in ("=", ";", "[", "{", ",") and in_a_block(own, k)
+                           for k, (where, token) in enumerate(own)):
+                    return None
+                rules.add("redeclared")
+            else:
+                return None
+    return "+".join(sorted(rules))
+
+
+def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: str | None, timeout_s: float,
+                  *, dropped: tuple, expanded: tuple | None) -> str | None:
+    """The rule (above) by which a CUDA source that failed on a header tier fails as written too, or None.
+    `args`: the load_inline call as written; `tier_args`: the tier's (its build directory holds its
+    build.ninja); `lean_ops_dir`: an include path of the tier's own, left out of the unit as written's
+    preprocessing. How the tier rewrote each of the candidate's lines (kernel_build's header_tier_args):
+    the headers it `dropped`, then the one it `expanded` into text of its own ((header, text), or None)."""
+    errors = cuda_unit_errors(tier_error or "")
+    build_directory = tier_args.get("build_directory")
+    if errors is None or not build_directory:
+        return None
+    written, tier_sources = inline_sources(args, "cuda_sources"), inline_sources(tier_args, "cuda_sources")
+    source = "\n".join(written)
+    if (not tier_sources or _NOT_READ_EARLY.search(source)
+            or any(not _PLAIN_DIRECTIVE.match(d.group(1)) for d in _DIRECTIVE.finditer(source))):
+        return None
+    explainable = all(UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
+    if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", source)):
+        return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs
+    # the candidate's line k: line k + 3 of the unit as written; of the tier's, after its headers, each line
+    # as header_tier_args rewrote it (a line that became several is the tier's, not the candidate's). The
+    # tier's unit is preprocessed numbered as the unit as written (#line), so that __LINE__ reads alike.
+    first = len(AS_WRITTEN_LINES)
+    written_lines = {k + first: k for k in range(1, source.count("\n") + 2)}
+    tier_lines, at = {}, tier_sources[0].count("\n") + 2
+    renumbered = ['#line 1 "tier"', tier_sources[0], f'#line {first + 1} "cuda.cu"']
+    for k, text in enumerate(source.split("\n"), start=1):
+        for header in dropped:
+            text = text.replace(header, "")
+        if expanded and expanded[0] in text:
+            head, _, tail = text.partition(expanded[0])
+            text = head + expanded[1] + tail
+            renumbered.append(f'{head}\n#line 1 "tier"\n{expanded[1]}#line {k + first} "cuda.cu"\n{tail}')
+        else:
+            renumbered.append(text)
+        if "\n" not in text:
+            tier_lines[at] = k
+        at += text.count("\n") + 1
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        as_written = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(AS_WRITTEN_LINES + written),
+                                 lean_ops_dir, timeout_s)
+        in_tier = pool.submit(preprocess_cuda_unit, build_directory, "\n".join(renumbered), None, timeout_s)
+        as_written, in_tier = as_written.result(), in_tier.result()
+    if as_written is None:
+        return None
+    split_full = split_preprocessed(as_written, "cuda.cu", written_lines)
+    split_tier = split_preprocessed(in_tier, "cuda.cu", written_lines) if in_tier else None
+    if split_full and split_tier and all(line in tier_lines for line in errors):
+        own_errors = {}
+        for line, messages in errors.items():
+            own_errors.setdefault(tier_lines[line], []).extend(messages)
+        # the headers of both sets: a global of either may hide a class of the candidate's
+        rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1] + "\n" + split_tier[1])
+        if rule:
+            return rule
+    return "unbalanced" if brackets_unbalanced(as_written) else None
+

@@ -1,0 +1,221 @@
+"""Tests for kernel_early_verdict: the rules by which a CUDA source's failure on a header tier is its
+verdict (brackets that do not pair up, a name no header spells, a variable declared twice in a block),
+read from the unit as written preprocessed; the slow test runs nvcc -E, the gpu test goes through evaluate."""
+import glob
+import os
+import shutil
+import sysconfig
+
+import pytest
+
+import kernel_build as kb
+import kernel_early_verdict as kev
+import kernel_eval
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ADV = os.path.join(HERE, "adversarial")
+REFERENCE = open(os.path.join(ADV, "reference.py")).read()
+
+
+def test_brackets_unbalanced_counts_the_grammars_brackets_only():
+    """Brackets in string and character literals, raw strings, digit separators and directive lines are no
+    tokens of the grammar's; a digraph (<: is [) makes the count unsure."""
+    balanced = ('# 1 "cuda.cu"\n#pragma unroll (4\nint f(int a) { const char* s = "(]{"; char c = \'(\';\n'
+                'auto r = R"x(a) ")x"; long n = 1\'000\'000; return a[0] + n; }\n')
+    assert kev.brackets_unbalanced(balanced) is None
+    assert kev.brackets_unbalanced(balanced.replace("a[0]", "a[0")) == "1 more '[' than ']'"
+    assert kev.brackets_unbalanced(balanced.replace("int a)", "int a))")) == "1 more ')' than '('"
+    assert kev.brackets_unbalanced(balanced.replace("return", "{ return")) == "1 more '{' than '}'"
+    assert kev.brackets_unbalanced(balanced.replace("a[0]", "a<:0]")) is None  # <: is [ : balanced, unsure
+    assert kev.brackets_unbalanced("std::vector<::x> v;(") == "1 more '(' than ')'"  # <:: is < ::
+    assert kev.brackets_unbalanced('auto s = R"x"( ( )x"";') is None  # a raw string's delimiter may hold a quote
+    assert kev.brackets_unbalanced("int a = 1 ' (;") is None  # a quote outside any literal read: unsure
+
+
+def _unit(own: list, headers: str = "int declared_by_headers;\n") -> str:
+    """A preprocessed unit: `headers` (another file), then the candidate's lines 4.. of cuda.cu."""
+    return (f'# 1 "/usr/include/h.h"\n{headers}# 4 "cuda.cu"\n' + "\n".join(own) + "\n")
+
+
+def test_split_preprocessed_keeps_the_candidates_lines_apart_from_the_headers():
+    text = ('# 1 "cuda.cu"\n#include-free line 1\n# 1 "/h.h" 1\nint h;\n# 5 "cuda.cu" 2\nint a = 1;\n'
+            '#pragma unroll\nint b;\n')
+    own, rest = kev.split_preprocessed(text, "cuda.cu", {5: 2, 7: 4})
+    assert own == [(2, "int"), (2, "a"), (2, "="), (2, "1"), (2, ";"), (4, "int"), (4, "b"), (4, ";")]
+    assert "int h;" in rest and "int a" not in rest
+    assert kev.split_preprocessed('# 5 "cuda.cu"\nauto s = R"(x)";\n', "cuda.cu", {5: 1}) is None
+
+
+def _explain(errors: dict, lines: list, headers: str = "int declared_by_headers;\n", tier_lines=None) -> str | None:
+    where = {k + 3: k for k in range(1, len(lines) + 1)}
+    own, rest = kev.split_preprocessed(_unit(lines, headers), "cuda.cu", where)
+    tier_own = own if tier_lines is None else kev.split_preprocessed(_unit(tier_lines), "cuda.cu", where)[0]
+    return kev.explained_errors(errors, own, tier_own, rest)
+
+
+def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
+    kernel = ["__global__ void k(float* y, int n) {",      # 1
+              "    int i = threadIdx.x;",                   # 2
+              "    int i = 0;",                             # 3
+              "    y[i] = y_typo[i];",                      # 4
+              "}"]                                          # 5
+    undefined, redeclared = 'identifier "y_typo" is undefined', '"i" has already been declared in the current scope'
+    assert _explain({4: [undefined]}, kernel) == "undefined"
+    assert _explain({3: [redeclared]}, kernel) == "redeclared"
+    assert _explain({3: [redeclared], 4: [undefined]}, kernel) == "redeclared+undefined"
+    # undefined: the headers spell it (they may declare it), or the candidate spelled it before that use
+    # (it may declare it), or calls it (argument-dependent lookup): the build as written decides
+    assert _explain({4: [undefined]}, kernel, headers="namespace at { int y_typo; }\n") is None
+    assert _explain({4: [undefined]}, ["int y_typo;"] + kernel) is None
+    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo(i)") for line in kernel]) is None
+    assert _explain({5: [undefined]}, kernel) is None  # not where the candidate first spells it
+    # redeclared: only in a block, and only a declaration that cannot read as a function's (`i(a)`)
+    assert _explain({2: ['"n" has already been declared in the current scope']},
+                    ["namespace m {", "int n = 1;", "int n = 2;", "}"]) is None
+    assert _explain({3: [redeclared]}, [line.replace("int i = 0;", "int i(0);") for line in kernel]) is None
+    assert _explain({1: ['"i" has already been declared in the current scope']},
+                    ["void f() { for (int i = 0; i < 2; ++i) { int i = 1; } }"]) == "redeclared"
+    # a declaration only the headers add could hide a name the tier found, so that `N * x;` stops declaring:
+    # no rule inside a namespace the candidate opens, nor with a class of its own that the headers name
+    in_torch = ["namespace at {"] + kernel + ["}"]
+    assert _explain({5: [undefined]}, in_torch) is None and _explain({4: [redeclared]}, in_torch) is None
+    own_class = ["struct declared_by_headers {};"] + kernel
+    assert _explain({4: [redeclared]}, own_class) is None
+    assert _explain({4: [redeclared]}, ["struct own_type {};"] + kernel) == "redeclared"
+    # nor where overload resolution (which the headers change) picks what a name means
+    chosen = kernel[:3] + ["    S<decltype(f(y))>::m * y_typo;"] + kernel[4:]
+    assert _explain({4: [undefined]}, chosen) is None
+    aliased = ["using T = decltype(f(0));"] + kernel[:3] + ["    T::m * y_typo;"] + kernel[4:]
+    assert _explain({5: [undefined]}, aliased) is None
+    assert _explain({5: [undefined]}, [line.replace("using T = decltype(f(0));", "using T = S<int>;")
+                                       for line in aliased]) is None
+    # nor with a template of the candidate's, or a generic lambda (which instantiation keeps a branch depends
+    # on types the headers choose)
+    assert _explain({4: [redeclared]}, ["template <class T> struct own_type {};"] + kernel) is None
+    assert _explain({4: [redeclared]}, ["auto own = [](auto v) { return v; };"] + kernel) is None
+    assert _explain({4: [redeclared]}, ["struct own_type {};"] + kernel) == "redeclared"
+    # found by a third review: a base a trait or sizeof chooses (the member found through it a type in one
+    # header set, a value in the other); a base of plain names is the same class under both
+    chosen_base = ["struct D : std::conditional_t<sizeof(f(t)) == 1, A, B> {};"] + kernel[:3] + [
+        "    D::m * y_typo;"] + kernel[4:]
+    assert _explain({5: [undefined]}, chosen_base) is None
+    assert _explain({5: [undefined]}, [line.replace("std::conditional_t<sizeof(f(t)) == 1, A, B>", "own_base")
+                                       for line in chosen_base]) == "undefined"
+    # found by a fourth review: an alias with an attribute, a specialization's base, and a name declared
+    # earlier on the line of its use
+    assert _explain({5: [undefined]}, ["using T [[]] = int;"] + kernel[:3] + ["    T::m * y_typo;"] + kernel[4:]) is None
+    assert _explain({1: [undefined]}, ["template <> struct D<int> : S<sizeof(f(t))> { void g() { m * y_typo; } };"]
+                    + kernel) is None
+    assert _explain({4: [undefined]}, kernel[:3] + ["    { int y_typo; } y[i] = y_typo[i];"] + kernel[4:]) is None
+    # any other error, or the candidate's tokens not the same under both header sets (a macro): no rule
+    assert _explain({3: [redeclared], 4: ['expected a ";"']}, kernel) is None
+    assert _explain({3: [redeclared]}, kernel, tier_lines=[kernel[0].replace("float", "MACRO")] + kernel[1:]) is None
+    assert _explain({}, kernel) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="needs nvcc")
+def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
+    """nvcc -E of the unit as written (torch/types.h first, as load_inline writes it) and of a tier's (here
+    cuda_runtime.h alone), with a build.ninja's flags as torch writes them: each rule on a source it applies
+    to, and no rule where a macro of torch's headers makes the candidate's tokens differ or the headers
+    spell the undefined name."""
+    import torch.utils.cpp_extension as ce
+    flags = ["-std=c++17", "--expt-relaxed-constexpr", "-DTORCH_API_INCLUDE_EXTENSION_H"] + [
+        f"-isystem {p}" for p in ce.include_paths()] + [f"-isystem {sysconfig.get_paths()['include']}"]
+    (tmp_path / "build.ninja").write_text(f"nvcc = {shutil.which('nvcc')}\ncuda_cflags = {' '.join(flags)}\n"
+                                          "cuda_post_cflags = \n")
+    kernel = ("__global__ void k(float* y, int n) {\n    int i = threadIdx.x;\n    if (i < n) y[i] = 2.f * y[i];\n}\n")
+
+    def verdict(source: str, errors: str, tier_header: str = "#include <cuda_runtime.h>\n") -> str | None:
+        args = {"cuda_sources": [source]}
+        tier_args = {"cuda_sources": [tier_header, source], "build_directory": str(tmp_path)}
+        first_line = tier_header.count("\n") + 2  # of the candidate's in the tier's unit: after its headers
+        dump = "".join(f"/b/cuda.cu({line + first_line - 1}): error: {m}\n" for line, m in errors)
+        dump += f"{len(errors)} errors detected in the compilation of \"/b/cuda.cu\".\n"
+        return kev.early_verdict(args, tier_args, dump, None, 120,  # as kernel_build calls it for the light tier
+                                 dropped=(kb.FULL_HEADER, kb.TYPES_HEADER), expanded=None)
+
+    assert verdict(kernel.replace("if (i < n)", "if (i < n"), [(3, 'expected a ")"')]) == "unbalanced"
+    assert verdict(kernel.replace("y[i];", "y_typo[i];"), [(3, 'identifier "y_typo" is undefined')]) == "undefined"
+    assert verdict(kernel.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
+                   [(3, '"i" has already been declared in the current scope')]) == "redeclared"
+    # torch's headers declare at::Tensor: a tier without them calls `Tensor` undefined, as written it is not
+    with_tensor = "using namespace at;\n" + kernel.replace("int n)", "int n, Tensor* t)")
+    assert verdict(with_tensor, [(2, 'identifier "Tensor" is undefined')]) is None
+    # C10_HOST_DEVICE is torch's macro: the tier sees the name, the unit as written its expansion
+    with_macro = kernel.replace("__global__ void k", "C10_HOST_DEVICE int i_macro = 1;\n__global__ void k")
+    assert verdict(with_macro.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
+                   [(4, '"i" has already been declared in the current scope')]) is None
+    # found by review: each fired before the rules looked for hiding and for sources that read their folder,
+    # and each builds as written. torch's headers declare at::indexing::INDEX_MAX (a variable) and at::Context
+    # (a class): inside those namespaces `N * x;` means another thing than under the tier's headers
+    hidden = ("struct INDEX_MAX {};\nnamespace at { namespace indexing {\ninline void kev_fn() {\n"
+              "    int kev_x = 0;\n    INDEX_MAX * kev_x;\n}\n}}\n" + kernel)
+    assert verdict(hidden, [(5, '"kev_x" has already been declared in the current scope')]) is None
+    context = "int Context = 2;\nnamespace at {\ninline void kev_fn() {\n    Context * kev_q;\n}\n}\n" + kernel
+    assert verdict(context, [(4, 'identifier "kev_q" is undefined')]) is None
+    # found by a second review: which specialization a name is read in depends on at::relu, which only the
+    # headers as written declare (argument-dependent lookup): a type under one header set, a value under the other
+    adl = ("struct KevY {};\ntemplate <typename T> struct KevSel { static const int x = 0; };\n"
+           "template <> struct KevSel<at::Tensor> { typedef int x; };\n"
+           "template <typename T> KevY relu(const T&);\nvoid kev_host(const at::Tensor& t) {\n"
+           "    KevSel<decltype(relu(t))>::x * kev_q;\n}\n" + kernel)
+    assert verdict(adl, [(6, 'identifier "kev_q" is undefined')]) is None
+    trait = ("struct KuA { static const int Kum = 2; };\nstruct KuB { struct Kum {}; };\n"
+             "struct KuD : std::conditional_t<std::is_invocable_v<std::plus<>, at::Tensor, at::Tensor>, KuB, KuA> {\n"
+             "    void g() { Kum * kuy; } };\n" + kernel)  # a third review's: at::operator+ picks the base
+    assert verdict(trait, [(4, 'identifier "kuy" is undefined')]) is None
+    # a fifth review's: a global only the tier's headers declare (here a stand-in in the tier's header line)
+    # hides the candidate's class there, so that the tier reads a product where the unit as written declares
+    tier_global = ("struct kev_tier_only { int v; };\nint kev_f() {\n    kev_tier_only * kev_p;\n    return 0;\n}\n"
+                   + kernel)
+    assert verdict(tier_global, [(3, 'identifier "kev_p" is undefined')],
+                   tier_header="#include <cuda_runtime.h>\nconstexpr int kev_tier_only = 1;\n") is None
+    # a sixth review's: a conditional hidden from a directive check by a comment after its # (the host pass,
+    # which no rule reads, held the redeclaration); a line splice after the # hides one the same way
+    hidden_if = kernel.replace("y[i];", "y_typo[i];")
+    for spelling in ("#/**/if 1\n#/**/endif\n", "#\\\nif 1\n#\\\nendif\n", "/*\n*/ #if 1\n/*\n*/ #endif\n"):
+        assert verdict(spelling + hidden_if, [(3 + spelling.count("\n"), 'identifier "y_typo" is undefined')]) is None
+    assert verdict(hidden_if, [(3, 'identifier "y_typo" is undefined')]) == "undefined"
+    digraph = "%:line 40\n" + kernel.replace("y[i];", "y_typo[i];")  # %: is #: a source that renumbers its lines
+    assert verdict(digraph, [(4, 'identifier "y_typo" is undefined')]) is None
+    folder = kernel.replace("2.f * y[i];", '2.f * y[i]\n#if !__has_include("build.ninja")\n)\n#endif\n;')
+    assert verdict(folder, [(6, 'expected a ")"')]) is None  # the real build's folder holds build.ninja
+    # a source that renumbers its own lines (#line) or writes other tokens for the host pass: no rule
+    assert verdict("#line 40\n" + kernel.replace("y[i];", "y_typo[i];"),
+                   [(4, 'identifier "y_typo" is undefined')]) is None
+    assert verdict("#ifdef __CUDA_ARCH__\n#endif\n" + kernel.replace("y[i];", "y_typo[i];"),
+                   [(5, 'identifier "y_typo" is undefined')]) is None
+
+
+@pytest.mark.gpu
+def test_cuda_compile_errors_the_headers_cannot_rescue_cost_only_the_slim_build(tmp_path):
+    """Through evaluate: a kernel whose brackets do not pair up, one that uses a name no header spells, and
+    one that declares a variable twice in its body are compile errors after the slim tier's build alone
+    (no probe, no build as written), with the tier's diagnostics; a kernel the slim tier cannot build but
+    the headers as written can (Python's PyType_Type) is still built as written and correct."""
+    benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
+    cache = str(tmp_path / "cache")
+
+    def builds_of(extension: str) -> int:
+        return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
+                   for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
+    broken = {
+        "unbalanced": (benign.replace("    float v = in[i];", "    float v = (in[i];", 1), 'expected a ")"'),
+        "undefined": (benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_typo;", 1),
+                      'identifier "kernel_eval_typo" is undefined'),
+        "redeclared": (benign.replace("    float v = in[i];", "    float v = in[i];\n    float v = 0.f;", 1),
+                       'has already been declared in the current scope'),
+    }
+    for rule, (source, diagnostic) in broken.items():
+        assert source != benign
+        result = kernel_eval.evaluate(REFERENCE, source.replace('name="ext"', f'name="ext_{rule}"'),
+                                      device="cuda", cache_root=cache, gpu_trials=30)
+        assert result.status == "compile_error" and diagnostic in result.message, (rule, result.message)
+        assert builds_of(f"ext_{rule}") == 1 and "compile.probe" not in result.seconds, (rule, result.seconds)
+    assert not glob.glob(os.path.join(cache, "name_probes", "*", "*"))
+    rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&PyType_Type != nullptr);\n"
+                             "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
+    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
+    assert result.status == "correct" and builds_of("ext_rescued") == 2, result.message
