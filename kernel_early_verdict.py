@@ -10,8 +10,12 @@ Rules (early_verdict)
 - "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
   and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
 - "undefined": an identifier the tier called undefined that no token of the headers as written spells,
-  and that the candidate spells nowhere up to that use's line but there, once, never called nor given
-  template arguments: nothing in the unit declares it before that use, so its lookup fails as written too.
+  and that the candidate first spells at the first use the tier reported, alone on that line: nothing in
+  the unit declares it before that use, so its lookup fails as written too. Called there or given template
+  arguments alike: argument-dependent lookup, too, finds only declarations, and none spells the name. Its
+  later uses the tier reported are explained when the candidate spells it, up to each, only on lines the
+  tier reported it undefined (a declaration between would spell it elsewhere): the same lookups in the
+  same tokens (a dropped declaration leaves each use of its name an error).
 - "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
   the second time with `=`, `;`, `[`, `{` or `,` after it: the two declarations are the candidate's
   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
@@ -227,10 +231,11 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
         for message in messages:
             if match := UNDEFINED.fullmatch(message):
                 name = match.group(1)
-                uses = [k for k, (_, token) in enumerate(own) if token == name]
-                if (not uses or own[uses[0]][0] != line or re.search(rf"\b{re.escape(name)}\b", headers)
-                        or sum(own[k][0] <= line for k in uses) != 1  # that use, the only spelling so far
-                        or any(k + 1 < len(own) and own[k + 1][1] in ("(", "<", "<<") for k in uses)):
+                spelt = [where for where, token in own if token == name]   # the lines, in order
+                reported = {at for at, ms in errors.items() if f'identifier "{name}" is undefined' in ms}
+                if (line not in spelt or re.search(rf"\b{re.escape(name)}\b", headers)
+                        or spelt[0] != min(reported) or spelt.count(spelt[0]) != 1  # first spelt: that use, alone
+                        or any(where <= line and where not in reported for where in spelt)):
                     return None
                 rules.add("undefined")
             elif match := _REDECLARED.fullmatch(message):

@@ -64,11 +64,32 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     assert _explain({3: [redeclared]}, kernel) == "redeclared"
     assert _explain({3: [redeclared], 4: [undefined]}, kernel) == "redeclared+undefined"
     # undefined: the headers spell it (they may declare it), or the candidate spelled it before that use
-    # (it may declare it), or calls it (argument-dependent lookup): the build as written decides
+    # (it may declare it): the build as written decides
     assert _explain({4: [undefined]}, kernel, headers="namespace at { int y_typo; }\n") is None
     assert _explain({4: [undefined]}, ["int y_typo;"] + kernel) is None
-    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo(i)") for line in kernel]) is None
     assert _explain({5: [undefined]}, kernel) is None  # not where the candidate first spells it
+    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo[i] + y_typo[0]") for line in kernel]) is None
+    # called, or launched: argument-dependent lookup finds declarations too, and nothing spells one
+    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo(i)") for line in kernel]) == "undefined"
+    launch = ["void launch(float* y) {", "    relu_kernel<<<1, 32>>>(y, 32);", "}"]
+    relu = 'identifier "relu_kernel" is undefined'
+    assert _explain({2: [relu]}, launch) == "undefined"
+    assert _explain({2: [relu]}, launch, headers="__global__ void relu_kernel(float*, int);\n") is None
+    # a dropped declaration: every later use is reported too, and explained while the candidate spells the
+    # name only on reported lines up to it; a spelling between (it may declare it) leaves it to the build
+    dropped = ["__global__ void k(float* y, int n) {",       # 1
+               "    for (int i = 0; i < n; i += stride) {",  # 2
+               "        y[i] = 0;",                          # 3
+               "    }",                                      # 4
+               "    for (int i = 0; i < n; i += stride) {",  # 5
+               "        y[i] = 1;",                          # 6
+               "    }",                                      # 7
+               "}"]                                          # 8
+    stride = 'identifier "stride" is undefined'
+    assert _explain({2: [stride], 5: [stride]}, dropped) == "undefined"
+    between = dropped[:3] + ["        int stride = 2; (void)stride;"] + dropped[3:]
+    assert _explain({2: [stride], 6: [stride]}, between) is None
+    assert _explain({5: [stride]}, dropped) is None  # the first spelling not reported: it may declare it
     # redeclared: only in a block, and only a declaration that cannot read as a function's (`i(a)`)
     assert _explain({2: ['"n" has already been declared in the current scope']},
                     ["namespace m {", "int n = 1;", "int n = 2;", "}"]) is None
