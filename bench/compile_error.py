@@ -15,7 +15,8 @@ compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_c
 `--early`: errors the headers as written cannot rescue (kernel_early_verdict.py), each judged
 with early verdicts off (the slim tier, then the build as written or a name probe) and on (the slim tier,
 then the unit as written preprocessed), fresh caches each: the kernel's first `(` unclosed ("unbalanced"),
-a use of a variable misspelt ("undefined"), a declaration repeated ("redeclared").
+a use of a variable misspelt ("undefined"), the kernel renamed so that its launch names nothing
+("launched": undefined, called), a declaration repeated ("redeclared").
 
     python bench/compile_error.py --early --tasks level1/01_relu,level1/07_row_sum
 
@@ -75,8 +76,10 @@ def early_variants(solution: str) -> dict:
     name = _DECLARATION.match(lines[at]).group(1)
     rest = "\n".join(lines[at + 1:])
     kernel = solution.index("__global__")
+    kernel_name = re.search(r"__global__\s+void\s+(\w+)", solution).group(1)
     return {"unbalanced": solution[:kernel] + solution[kernel:].replace(")", "", 1),
             "undefined": "\n".join(lines[:at + 1]) + "\n" + re.sub(rf"\b{name}\b", name + "_typo", rest, count=1),
+            "launched": solution.replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1),
             "redeclared": "\n".join(lines[:at + 1] + [lines[at]] + lines[at + 1:])}
 
 
