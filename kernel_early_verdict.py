@@ -10,12 +10,11 @@ Rules (early_verdict)
 - "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
   and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
 - "undefined": an identifier the tier called undefined that no token of the headers as written spells,
-  and that the candidate first spells at the first use the tier reported, alone on that line: nothing in
-  the unit declares it before that use, so its lookup fails as written too. Called there or given template
-  arguments alike: argument-dependent lookup, too, finds only declarations, and none spells the name. Its
-  later uses the tier reported are explained when the candidate spells it, up to each, only on lines the
-  tier reported it undefined (a declaration between would spell it elsewhere): the same lookups in the
-  same tokens (a dropped declaration leaves each use of its name an error).
+  and that the candidate spells only where the tier reported it undefined, once a line: nothing in the
+  unit declares it anywhere, so every lookup of it fails as written too, called or not (a dropped
+  declaration leaves each use of its name an error). A declaration of the candidate's after the use
+  could be found there (a member function's body sees its whole class, argument-dependent lookup its
+  friends, in a class that overload resolution, which the headers change, may choose).
 - "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
   the second time with `=`, `;`, `[`, `{` or `,` after it: the two declarations are the candidate's
   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
@@ -36,7 +35,9 @@ Limits
 - What is read is the first device pass: a source that may read otherwise gets no rule (_NOT_READ_EARLY,
   and any directive but #include <...>, #define, #undef and #pragma).
 - What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
-  the host pass, or a class of the tier's headers that a global of the other headers hides. Only a
+  the host pass, or a class of the tier's headers that a global of the other headers hides. A global of
+  the candidate's that clashes with a declaration only the headers as written hold (`int cuInit;` where
+  the tier lacks cuda.h) is one more error as written, which the verdict's message leaves out. Only a
   source written for it would meet one, and an early verdict is a compile error: it would cost that
   source alone.
 
@@ -231,11 +232,10 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
         for message in messages:
             if match := UNDEFINED.fullmatch(message):
                 name = match.group(1)
-                spelt = [where for where, token in own if token == name]   # the lines, in order
+                spelt = [where for where, token in own if token == name]   # its lines, one a spelling
                 reported = {at for at, ms in errors.items() if f'identifier "{name}" is undefined' in ms}
                 if (line not in spelt or re.search(rf"\b{re.escape(name)}\b", headers)
-                        or spelt[0] != min(reported) or spelt.count(spelt[0]) != 1  # first spelt: that use, alone
-                        or any(where <= line and where not in reported for where in spelt)):
+                        or not reported.issuperset(spelt) or len(spelt) != len(set(spelt))):
                     return None
                 rules.add("undefined")
             elif match := _REDECLARED.fullmatch(message):

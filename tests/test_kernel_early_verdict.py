@@ -90,6 +90,12 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     between = dropped[:3] + ["        int stride = 2; (void)stride;"] + dropped[3:]
     assert _explain({2: [stride], 6: [stride]}, between) is None
     assert _explain({5: [stride]}, dropped) is None  # the first spelling not reported: it may declare it
+    # a review's counterexample (it builds as written): a member function's body sees the class's friend
+    # declared after it, through argument-dependent lookup on a class that cuda.h's cuInit selects
+    friend = ["#include <type_traits>", "char cuInit(...);", "struct KevS {", "    void f() {",
+              "        kev_n(std::conditional_t<sizeof(cuInit(0u)) == 4, KevS, int>());", "    }",
+              "    friend void kev_n(KevS) {}", "};"]
+    assert _explain({5: ['identifier "kev_n" is undefined']}, friend) is None
     # redeclared: only in a block, and only a declaration that cannot read as a function's (`i(a)`)
     assert _explain({2: ['"n" has already been declared in the current scope']},
                     ["namespace m {", "int n = 1;", "int n = 2;", "}"]) is None
