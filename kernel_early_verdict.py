@@ -33,7 +33,8 @@ the tier's diagnostics, the verdict's message, say nothing the build as written 
 
 Limits
 - What is read is the first device pass: a source that may read otherwise gets no rule (_NOT_READ_EARLY,
-  and any directive but #include <...>, #define, #undef and #pragma).
+  any directive but #include <...>, #define, #undef and #pragma, and a `#` or a backslash its macros leave
+  in the preprocessed unit, which cudafe++ would read again as a directive or a line splice).
 - What the rules cannot see: a macro of torch's headers that gives the candidate's line other tokens in
   the host pass, or a class of the tier's headers that a global of the other headers hides. A global of
   the candidate's that clashes with a declaration only the headers as written hold (`int cuInit;` where
@@ -296,6 +297,10 @@ def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: st
     if as_written is None:
         return None
     split_full = split_preprocessed(as_written, "cuda.cu", written_lines)
+    # cudafe++ lexes the preprocessed unit again: a `#` a macro of the candidate's wrote may be a directive
+    # there (a line marker), a `\` a line splice that joins two of the tokens read here into one name
+    if split_full is None or any(token in ("#", "\\") for _, token in split_full[0]):
+        return None
     split_tier = split_preprocessed(in_tier, "cuda.cu", written_lines) if in_tier else None
     if split_full and split_tier and all(line in tier_lines for line in errors):
         own_errors = {}

@@ -199,6 +199,15 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
                    + kernel)
     assert verdict(tier_global, [(3, 'identifier "kev_p" is undefined')],
                    tier_header="#include <cuda_runtime.h>\nconstexpr int kev_tier_only = 1;\n") is None
+    # a seventh review's: a macro's lone backslash, which cudafe++ reads again as a line splice, made `kev_`
+    # and `n` one friend declared after the call, found as written by argument-dependent lookup on the
+    # class cuda.h's cuInit selects; a macro's `#` is a line marker there
+    spliced = ("#include <type_traits>\n#define BS \\/**/\n#define ID(x) x\nchar cuInit(...);\nstruct KevS {\n"
+               "    void f() {\n        kev_n(std::conditional_t<sizeof(cuInit(0u)) == 4, KevS, int>());\n    }\n"
+               "    friend void ID(kev_)BS\nn(KevS) {}\n};\n" + kernel)
+    assert verdict(spliced, [(7, 'identifier "kev_n" is undefined')]) is None
+    marker = '#define HASH #\nHASH 40 "cuda.cu"\n' + kernel.replace("y[i];", "y_typo[i];")
+    assert verdict(marker, [(5, 'identifier "y_typo" is undefined')]) is None
     # a sixth review's: a conditional hidden from a directive check by a comment after its # (the host pass,
     # which no rule reads, held the redeclaration); a line splice after the # hides one the same way
     hidden_if = kernel.replace("y[i];", "y_typo[i];")
