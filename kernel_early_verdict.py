@@ -228,15 +228,18 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
             tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)
             and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
         return None
+    reported = {}   # {an undefined name: the lines the tier reported it at}
+    for line, messages in errors.items():
+        for match in filter(None, map(UNDEFINED.fullmatch, messages)):
+            reported.setdefault(match.group(1), set()).add(line)
     rules = set()
     for line, messages in errors.items():
         for message in messages:
             if match := UNDEFINED.fullmatch(message):
                 name = match.group(1)
                 spelt = [where for where, token in own if token == name]   # its lines, one a spelling
-                reported = {at for at, ms in errors.items() if f'identifier "{name}" is undefined' in ms}
                 if (line not in spelt or re.search(rf"\b{re.escape(name)}\b", headers)
-                        or not reported.issuperset(spelt) or len(spelt) != len(set(spelt))):
+                        or not reported[name].issuperset(spelt) or len(spelt) != len(set(spelt))):
                     return None
                 rules.add("undefined")
             elif match := _REDECLARED.fullmatch(message):
@@ -298,11 +301,12 @@ def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: st
         return None
     split_full = split_preprocessed(as_written, "cuda.cu", written_lines)
     # cudafe++ lexes the preprocessed unit again: a `#` a macro of the candidate's wrote may be a directive
-    # there (a line marker), a `\` a line splice that joins two of the tokens read here into one name
+    # there (a line marker), a `\` a line splice that joins two of the tokens read here into one name; a raw
+    # string (split_full None) leaves its lines unread, so either could hide there
     if split_full is None or any(token in ("#", "\\") for _, token in split_full[0]):
         return None
     split_tier = split_preprocessed(in_tier, "cuda.cu", written_lines) if in_tier else None
-    if split_full and split_tier and all(line in tier_lines for line in errors):
+    if split_tier and all(line in tier_lines for line in errors):
         own_errors = {}
         for line, messages in errors.items():
             own_errors.setdefault(tier_lines[line], []).extend(messages)
