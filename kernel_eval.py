@@ -275,6 +275,7 @@ def _evaluate_one(session, cand, ctx, compile_record, plan, failure, admission) 
             result.seconds["compile." + k] = v
     if compile_record["status"] == "compile_error":
         result.status, result.message = "compile_error", "compilation failed:\n" + compile_record["message"]
+        result.early_verdict = str(compile_record.get("early_verdict") or "")
         return result
     if compile_record["status"] == "timeout":
         result.status, result.message = "timeout", compile_record["message"]

@@ -68,6 +68,7 @@ class EvalResult:
     seconds: dict = field(default_factory=dict)  # per phase
     timeout_seconds: float = 0.0  # seconds spent waiting on the phase that timed out (status timeout)
     build_reused: bool | None = None  # the compile record came from the build cache (None: never compiled)
+    early_verdict: str = ""  # a compile error judged from a failed header tier: the rule (kernel_early_verdict)
     boundary: str = ""  # what the candidate's processes ran behind (kernel_boundary.boundary_for)
 
     def to_dict(self) -> dict:

@@ -128,6 +128,7 @@ class _Turn:
     message: str = ""
     timeout_seconds: float = 0.0  # seconds the harness waited on this candidate's phase that timed out
     build_reused: bool | None = None  # its build came from the harness's cache (None: not known, or no build)
+    early_verdict: str = ""  # a compile error judged from a failed header tier: the rule (EvalResult.early_verdict)
     verdict_reused: bool = False  # the verdict of an earlier identical (reference, code) pair (reusing_verdicts)
     boundary: str = ""
     seconds: dict = field(default_factory=dict)  # the harness's phases for this candidate (EvalResult.seconds)
@@ -331,6 +332,7 @@ def _turn_record(prompt_ids, completion, parsed, rejection, verdict: dict | None
                  message=str(verdict.get("message", "") or ""),
                  timeout_seconds=float(verdict.get("timeout_seconds", 0.0) or 0.0),
                  build_reused=verdict.get("build_reused"),
+                 early_verdict=str(verdict.get("early_verdict", "") or ""),
                  verdict_reused=bool(verdict.get("verdict_reused", False)),
                  boundary=str(verdict.get("boundary", "") or ""),
                  seconds=dict(verdict.get("seconds") or {}))
@@ -388,6 +390,11 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
         "latency_by_status": {status: [round(t.seconds["latency"], 2) for t in judged_now
                                        if t.status == status and "latency" in t.seconds]
                               for status in sorted({t.status for t in judged_now if "latency" in t.seconds})},
+        # each distinct kernel that failed to compile now: [latency s, the early rule or "" (built as
+        # written), its first diagnostic]: which compile errors wait for a whole build, and why
+        "compile_errors": [[round(t.seconds["latency"], 2), t.early_verdict, verdict_line("compile_error", t.message).removeprefix("compile_error: ")]
+                           for t in {t.code: t for t in judged_now if t.status == "compile_error"
+                                     and t.build_reused is False and "latency" in t.seconds}.values()],
     }
 
 

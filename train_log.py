@@ -154,6 +154,7 @@ def step_record(step: int, ranks: list[dict], update_out: dict, n_turns: int) ->
             "slowest_verdict": [turn.get("slowest_verdict", "") for turn in turns],
             "latency_by_status": {status: [x for turn in turns for x in turn.get("latency_by_status", {}).get(status, [])]
                                   for status in sorted({s for turn in turns for s in turn.get("latency_by_status", {})})},
+            "compile_errors": [e for turn in turns for e in turn.get("compile_errors", [])],
             **{f"seconds_{k}": max(part["clock"][k] for part in ranks) for k in ("generation", "evaluation", "training")},
             # the rollout's harness calls and generation rounds (the busiest rank's): turns overlapped, a
             # step whose new kernels come in different trajectories' turns waits for one harness call

@@ -198,7 +198,28 @@ def report(runs: list, variants: dict, window: int = 5) -> str:
         reasons = format_error_reasons(run["rows"])
         if reasons:
             out += ["Why responses were format errors (all steps):", "", *reasons, ""]
+        out += compile_error_lines(run["rows"])
     return "\n".join(out)
+
+
+def compile_error_lines(rows: list) -> list[str]:
+    """The distinct kernels that failed to compile, built now (train.py's `compile_errors`, kept since
+    the early verdicts): those judged early (the rule) apart from those that waited for the build as
+    written, each with its latency and first diagnostic, slowest first."""
+    errors = [(r["step"], *e) for r in rows for e in r.get("compile_errors", [])]
+    if not errors:
+        return []
+    lines = []
+    for title, group in (("judged early", [e for e in errors if e[2]]),
+                         ("built as written", [e for e in errors if not e[2]])):
+        if group:
+            seconds = [e[1] for e in group]
+            lines.append(f"- {title}: {len(group)}, p50 {_quantile(seconds, 0.5):.1f} s, max {max(seconds):.1f} s")
+    lines = ["Compile errors, each distinct kernel once (latency from its compile's start):", "", *lines, "",
+             "| step | s | rule | first diagnostic |", "|---:|---:|---|---|"]
+    for step, seconds, rule, first in sorted(errors, key=lambda e: -e[1]):
+        lines.append(f"| {step} | {seconds:.1f} | {rule or 'as written'} | {first.replace('|', '/')} |")
+    return lines + [""]
 
 
 def plot(run: dict, variants: dict, path: str) -> None:

@@ -71,6 +71,15 @@ def test_report_names_the_variants_and_the_compile_errors_latency(tmp_path):
     # summed over the steps, most frequent first; a run without the field (older metrics) has no such lines
     assert "- turn 2: 2 x `format_error: no code in the response`; 1 x `format_error: gate`" in text
     assert "- turn 1" not in text
+    assert "Compile errors, each distinct kernel" not in text   # no step kept them
+    rows[2]["compile_errors"] = [[4.0, "undefined", 'error: identifier "x" is undefined'],
+                                 [25.0, "", 'error: "i" has already | been declared']]
+    rows[3]["compile_errors"] = [[6.0, "redeclared", "error: y"]]
+    text = learning_report.report([learning_report.load_run(_write_run(str(tmp_path / "b"), rows))], {})
+    assert "- judged early: 2, p50 6.0 s, max 6.0 s\n- built as written: 1, p50 25.0 s, max 25.0 s" in text
+    # slowest first, a | in a diagnostic kept out of the table's cells
+    assert ('| 3 | 25.0 | as written | error: "i" has already / been declared |\n| 4 | 6.0 | redeclared | error: y |'
+            in text)
     png_dir = tmp_path / "png"
     # a trajectory's turns follow each other (task, then trajectory, then turn): per step, one correct
     # turn 1 kept, one broken; one wrong turn 1 fixed; a lone turn-2 sample of another task pairs with nothing

@@ -249,9 +249,11 @@ def test_cuda_compile_errors_the_headers_cannot_rescue_cost_only_the_slim_build(
         result = kernel_eval.evaluate(REFERENCE, source.replace('name="ext"', f'name="ext_{rule}"'),
                                       device="cuda", cache_root=cache, gpu_trials=30)
         assert result.status == "compile_error" and diagnostic in result.message, (rule, result.message)
+        assert result.early_verdict == rule   # the rule that judged it, as train.py's metrics keep it
         assert builds_of(f"ext_{rule}") == 1 and "compile.probe" not in result.seconds, (rule, result.seconds)
     assert not glob.glob(os.path.join(cache, "name_probes", "*", "*"))
     rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&PyType_Type != nullptr);\n"
                              "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
     result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
     assert result.status == "correct" and builds_of("ext_rescued") == 2, result.message
+    assert result.early_verdict == ""

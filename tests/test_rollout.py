@@ -594,18 +594,31 @@ def test_turn_stats_count_builds_compiled_and_reused_and_verdicts_reused(tokeniz
 
 
 def test_turn_stats_give_each_judged_verdicts_latency_by_status(tokenizer):
+    """X correct twice (the second reused), Y a compile error judged early twice, Z one built as written
+    (and one from the build cache, which is no wait for a build): counted by hand."""
     script = {("A", 0, 0): response("Okay.", kernel("X"), "s"), ("A", 1, 0): response("Okay.", kernel("Y"), "s"),
-              ("A", 2, 0): response("Okay.", kernel("X"), "s")}
-    verdicts = {kernel("X"): ("correct", 3.25), kernel("Y"): ("compile_error", 1.5)}
+              ("A", 2, 0): response("Okay.", kernel("X"), "s"), ("A", 3, 0): response("Okay.", kernel("Y"), "s"),
+              ("A", 4, 0): response("Okay.", kernel("Z"), "s")}
+    verdicts = {kernel("X"): ("correct", 3.25, ""), kernel("Y"): ("compile_error", 1.5, "undefined"),
+                kernel("Z"): ("compile_error", 20.0, "")}
+    message = 'compilation failed:\nError building extension\nline 3 (cuda.cu:9): error: "i" has already been declared'
 
     def harness(pairs, **kwargs):
         return [{"status": verdicts[code][0], "correct": verdicts[code][0] == "correct", "speedup": 0.0,
-                 "seconds": {"latency": verdicts[code][1]}} for _, code in pairs]
-    config = rollout.RolloutConfig(n_trajectories=3, n_turns=1, max_new_tokens=4096,
+                 "seconds": {"latency": verdicts[code][1]}, "early_verdict": verdicts[code][2],
+                 "message": message if verdicts[code][0] == "compile_error" else "", "build_reused": False}
+                for _, code in pairs]
+    config = rollout.RolloutConfig(n_trajectories=5, n_turns=1, max_new_tokens=4096,
                                    max_prompt_tokens=100_000, language="cpp")
     _, stats = rollout.rollout([TASK_A], ScriptedEngine(tokenizer, script), rollout.reusing_verdicts(harness), config)
-    # X's second appearance reused the first verdict: it waited for nothing and is not counted
-    assert stats[0]["latency_by_status"] == {"compile_error": [1.5], "correct": [3.25]}
+    # X's and Y's second appearances reused the first verdict: they waited for nothing and are not counted
+    assert stats[0]["latency_by_status"] == {"compile_error": [1.5, 20.0], "correct": [3.25]}
+    first = 'line 3 (cuda.cu:9): error: "i" has already been declared'
+    assert stats[0]["compile_errors"] == [[1.5, "undefined", first], [20.0, "", first]]
+    # without reused verdicts Y is judged twice but is one kernel: listed once
+    config.n_trajectories = 4
+    _, stats = rollout.rollout([TASK_A], ScriptedEngine(tokenizer, script), harness, config)
+    assert stats[0]["compile_errors"] == [[1.5, "undefined", first]]
 
 
 def test_verdict_line_is_the_status_and_the_first_diagnostic():
