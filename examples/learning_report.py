@@ -86,12 +86,31 @@ def turn_transitions(rows: list) -> Counter:
     -> count. The samples are task-major, then trajectory, then turn (rollout.py's order), so a turn's
     sample follows its trajectory's earlier turn."""
     pairs = Counter()
+    for earlier, later in consecutive_turns(rows):
+        pairs[earlier[2] == "correct", later[2] == "correct"] += 1
+    return pairs
+
+
+def consecutive_turns(rows: list):
+    """Each (earlier, later) pair of samples that are consecutive turns of one trajectory, over all steps."""
     for r in rows:
         samples = r.get("samples", [])
         for earlier, later in zip(samples, samples[1:]):
             if later[0] == earlier[0] and later[1] == earlier[1] + 1:
-                pairs[earlier[2] == "correct", later[2] == "correct"] += 1
-    return pairs
+                yield earlier, later
+
+
+def after_a_correct_kernel(rows: list) -> tuple[int, Counter]:
+    """Over all steps, the later turns after a correct one: (how many wrote the same code again (its code
+    id), {status: count} of those that wrote anything else)."""
+    same, other = 0, Counter()
+    for earlier, later in consecutive_turns(rows):
+        if earlier[2] == "correct":
+            if later[4] == earlier[4]:
+                same += 1
+            else:
+                other[later[2]] += 1
+    return same, other
 
 
 def transition_line(rows: list) -> str | None:
@@ -104,8 +123,11 @@ def transition_line(rows: list) -> str | None:
         good, n = pairs[earlier_correct, True], pairs[earlier_correct, True] + pairs[earlier_correct, False]
         return f"{good} / {n}" + (f" ({good / n:.0%})" if n else "")
 
+    same, other = after_a_correct_kernel(rows)
+    rewritten = ", ".join(f"{status} {n}" for status, n in other.most_common())
     return (f"A later turn after the turn before it (all steps): correct kept {share(True)}; "
-            f"wrong fixed {share(False)}.")
+            f"wrong fixed {share(False)}. After a correct kernel: the same kernel again {same}, "
+            f"other code {sum(other.values())}" + (f" ({rewritten})." if rewritten else "."))
 
 
 def done_when(rows: list, window: int = 5) -> dict:

@@ -87,8 +87,9 @@ def test_report_names_the_variants_and_the_compile_errors_latency(tmp_path):
                                         ("t", 0, "correct", 1.0, "f1"), ("t", 1, "compile_error", 0.0, "x"),
                                         ("t", 0, "incorrect", 0.0, "w"), ("t", 1, "correct", 1.0, "f1"),
                                         ("u", 1, "correct", 1.0, "f2")])] * 3
-    assert learning_report.transition_line(steps) == ("A later turn after the turn before it (all steps): "
-                                                      "correct kept 3 / 6 (50%); wrong fixed 3 / 3 (100%).")
+    assert learning_report.transition_line(steps) == (
+        "A later turn after the turn before it (all steps): correct kept 3 / 6 (50%); wrong fixed 3 / 3 (100%). "
+        "After a correct kernel: the same kernel again 3, other code 3 (compile_error 3).")
     assert learning_report.transition_line([_row(1, 0.5, 0.5, samples=[("t", 0, "correct", 1.0, "f1")])]) is None
     assert learning_report.main([a, "--variants", str(variants), "--png-dir", str(png_dir)]) == 0
     assert (png_dir / "rl_seed0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
