@@ -19,7 +19,8 @@ Speed (BuildConfig; a build's result is the same either way)
   headers cannot rescue: brackets that do not pair up, a name no header spells used before the source
   declares it, a variable declared twice in one block (kernel_early_verdict.py: read from the unit as
   written preprocessed, not compiled), or every error an undefined identifier the headers as written do
-  not declare, as the harness's name probes answer (probed first, with the source's other identifiers).
+  not declare, as the harness's name probes answer (probed first, with the source's other identifiers),
+  or such identifiers beside variables declared twice (the probe's answer, then the redeclared rule).
 - a build ends at its first failed unit (run_ninja_until_failure); after a tier failed in its .cu unit
   alone, a build as written compiles its host unit only once the .cu unit has built.
 - the slim tier's host units read a precompiled header built once per cache (host_pch); C++-only
@@ -42,7 +43,8 @@ import time
 from dataclasses import dataclass
 
 from kernel_boundary import UNPRIVILEGED_ID
-from kernel_early_verdict import AS_WRITTEN_CUDA_PREFIX, UNDEFINED, cuda_unit_errors, early_verdict, inline_sources
+from kernel_early_verdict import (AS_WRITTEN_CUDA_PREFIX, REDECLARED, UNDEFINED, cuda_unit_errors, early_verdict,
+                                  inline_sources)
 from kernel_sandbox import atomic_write, source_hash
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
@@ -139,27 +141,37 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                     return module
                 except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
                     tier_error, state["build_error"] = state["build_error"], None  # a heavier tier may build it
+            early = config.early_verdicts and not fast_load
             lookups = name_lookups(args, tier_error or "", default_cflags)
+            if lookups and lookups["mixed"] and not early:
+                lookups = None  # its answer would be no verdict: the build as written decides
             answer = read_name_probe(cache_root, lookups["context"], lookups["names"]) if lookups else None
-            if answer is None and config.early_verdicts and not fast_load:
+
+            def judge_early(undeclared: frozenset) -> None:
+                """The build as written fails too (early_verdict's rules; `undeclared`: names a probe answered)."""
                 lean_ops = tier_args["extra_include_paths"][0] if tier == "slim" else None
                 t0 = _perf_counter()
                 # it maps the tier's error lines to the candidate's, so it is told how header_tier_args rewrote them
                 state["early_verdict"] = early_verdict(
                     args, tier_args, tier_error, lean_ops, config.early_verdict_timeout_s,
                     dropped=(FULL_HEADER, TYPES_HEADER),
-                    expanded=(CUDA_CONTEXT_HEADER, SLIM_CUDA_CONTEXT) if tier == "slim" else None)
+                    expanded=(CUDA_CONTEXT_HEADER, SLIM_CUDA_CONTEXT) if tier == "slim" else None,
+                    undeclared=undeclared)
                 state["build_s"] += _perf_counter() - t0
                 if state["early_verdict"]:
-                    state["build_error"] = tier_error  # the build as written fails too (early_verdict's rules)
+                    state["build_error"] = tier_error
                     raise RuntimeError(tier_error)
+            if answer is None and early:
+                judge_early(frozenset())
             if lookups and answer is None and await_name_probe and not state["probe_asked"]:
                 state["probe_asked"] = True  # kernel_eval answers one request a worker
                 await_name_probe({key: lookups[key] for key in ("names", "also", "directives", "namespaces")})
                 answer = read_name_probe(cache_root, lookups["context"], lookups["names"])
-            if answer == "undeclared":
+            if answer == "undeclared" and not lookups["mixed"]:
                 state["build_error"] = tier_error  # the build as written fails on the same names
                 raise RuntimeError(tier_error)
+            if answer == "undeclared" and early:  # and variables declared twice: the redeclared rule's
+                judge_early(frozenset(lookups["names"]))
             # a tier that failed in its .cu unit alone, on no name a probe found declared: the build as
             # written most likely fails there too, and ninja would wait for the host unit (all of
             # torch/extension.h) before saying so, so the host unit starts once the .cu unit has built
@@ -359,7 +371,10 @@ def built_module_name(build_directory: str, name: str) -> str | None:
 # A compile worker whose tier failed on unanswered names asks kernel_eval (patch_load_inline's
 # await_name_probe) and waits while kernel_eval compiles the probe, then reads the answers: all
 # "undeclared" makes the tier's diagnostics the error (the build as written fails on the same lookups);
-# one "declared" builds the source as written.
+# one "declared" builds the source as written. A tier that also reported variables declared twice
+# ("mixed") is answered so too, and its diagnostics are the error only if early_verdict's rules explain
+# every one, the probed names taken as undefined: a copy confusion (a line pasted over the declaration
+# of a name torch's headers also spell, `stride`) is judged without the build as written.
 # Two compiles that ask for one context at once wait for one probe (a lock file). A source qualifies only
 # where its text cannot make the two lookups differ: no conditional or other directives, no base
 # classes (member lookup), no namespace aliases, and no name called or given template arguments
@@ -397,12 +412,18 @@ def probe_may_look_up(name: str) -> bool:
 
 
 def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
-    """{"names", "also", "directives", "namespaces", "context"} for a load_inline call that failed on a
-    tier with undefined names only, whose source and flags qualify (above); else None. "also": the
-    source's other identifiers a probe may look up (written in its code, not its directives, comments or
-    strings; not only as a member or a qualified name; never called or given template arguments; not its
-    own macros)."""
-    names = undefined_names(build_error)
+    """{"names", "also", "directives", "namespaces", "context", "mixed"} for a load_inline call that failed
+    on a tier with undefined names only, or with undefined names and redeclared variables ("mixed": the
+    probe's answer is then no verdict alone, early_verdict's redeclared rule must explain the rest), whose
+    source and flags qualify (above); else None. "also": the source's other identifiers a probe may look
+    up (written in its code, not its directives, comments or strings; not only as a member or a qualified
+    name; never called or given template arguments; not its own macros)."""
+    names, mixed = undefined_names(build_error), False
+    if names is None:
+        messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
+        if all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) for m in messages):
+            names = sorted({m.group(1) for m in map(UNDEFINED.fullmatch, messages) if m})
+            mixed = True
     source = "\n".join(inline_sources(args, "cuda_sources"))
     if (not names or len(names) > MAX_PROBED_NAMES or not all(map(probe_may_look_up, names))
             or _NOT_PROBED.search(source) or list(args.get("extra_cflags") or []) != list(default_cflags)
@@ -426,7 +447,7 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     except ValueError:
         return None
     return {"names": names, "also": also[:2 * MAX_PROBE_LOOKUPS], "directives": directives,
-            "namespaces": namespaces, "context": context}
+            "namespaces": namespaces, "context": context, "mixed": mixed}
 
 
 def name_probe_context(directives: list, namespaces: list) -> str:

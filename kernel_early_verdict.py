@@ -9,10 +9,11 @@ unless a macro or a conditional of theirs differs (then only "unbalanced" may ap
 Rules (early_verdict)
 - "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
   and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
-- "undefined": an identifier the tier called undefined that no token of the headers as written spells,
-  and that the candidate spells only where the tier reported it undefined, once a line: nothing in the
-  unit declares it anywhere, so every lookup of it fails as written too, called or not (a dropped
-  declaration leaves each use of its name an error). A declaration of the candidate's after the use
+- "undefined": an identifier the tier called undefined that no token of the headers as written spells
+  (or that kernel_build's name probe found undeclared as written, where the candidate looks it up: never
+  called, no base class), and that the candidate spells only where the tier reported it undefined, once
+  a line: nothing in the unit declares it anywhere, so every lookup of it fails as written too, called
+  or not (a dropped declaration leaves each use of its name an error). A declaration of the candidate's after the use
   could be found there (a member function's body sees its whole class, argument-dependent lookup its
   friends, in a class that overload resolution, which the headers change, may choose).
 - "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
@@ -101,7 +102,7 @@ _LITERAL_OR_NAME = re.compile(r'(?:u8|[uUL])?R"([^()\\\s]{0,16})\((?:.|\n)*?\)\1
 _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\'\\\n])*\'|[A-Za-z_]\w*'
                     r"|\.?\d(?:[eEpP][+-]|['\w.])*|::|->|\+\+|--|<<=?|>>=?|&&|\|\||[<>=!+\-*/%&|^]=|\S")
 _DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
-_REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
+REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # sources no rule reads: a directive but #include <...>, #define, #undef and #pragma (a conditional may give
 # the host pass, unread, other tokens; #line renumbers; a quoted include reads the folder, which is another
@@ -208,10 +209,13 @@ def class_heads(tokens: list) -> list:
     return heads
 
 
-def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> str | None:
+def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
+                     undeclared: frozenset = frozenset()) -> str | None:
     """"undefined", "redeclared" or "redeclared+undefined" when every error of the tier's .cu unit
     ({the candidate's line: [messages]}) is one of those rules' (above), the candidate's tokens the same
-    under both header sets (`own`, `tier_own`; `headers`: the rest of both units, the headers' text); else None."""
+    under both header sets (`own`, `tier_own`; `headers`: the rest of both units, the headers' text); else None.
+    `undeclared`: names a name probe found undeclared where the candidate looks them up (kernel_build: no
+    declaration of the headers as written, no macro), which headers may spell and still be undefined."""
     if not errors or own != tier_own:
         return None
     # a declaration only one header set has can change how the candidate's tokens parse (`N * x;` a
@@ -238,11 +242,11 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
             if match := UNDEFINED.fullmatch(message):
                 name = match.group(1)
                 spelt = [where for where, token in own if token == name]   # its lines, one a spelling
-                if (line not in spelt or re.search(rf"\b{re.escape(name)}\b", headers)
+                if (line not in spelt or (name not in undeclared and re.search(rf"\b{re.escape(name)}\b", headers))
                         or not reported[name].issuperset(spelt) or len(spelt) != len(set(spelt))):
                     return None
                 rules.add("undefined")
-            elif match := _REDECLARED.fullmatch(message):
+            elif match := REDECLARED.fullmatch(message):
                 name = match.group(1)
                 if not any(token == name and where == line and k + 1 < len(own)
                            and own[k + 1][1] in ("=", ";", "[", "{", ",") and in_a_block(own, k)
@@ -255,12 +259,13 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str) -> s
 
 
 def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: str | None, timeout_s: float,
-                  *, dropped: tuple, expanded: tuple | None) -> str | None:
+                  *, dropped: tuple, expanded: tuple | None, undeclared: frozenset = frozenset()) -> str | None:
     """The rule (above) by which a CUDA source that failed on a header tier fails as written too, or None.
     `args`: the load_inline call as written; `tier_args`: the tier's (its build directory holds its
     build.ninja); `lean_ops_dir`: an include path of the tier's own, left out of the unit as written's
     preprocessing. How the tier rewrote each of the candidate's lines (kernel_build's header_tier_args):
-    the headers it `dropped`, then the one it `expanded` into text of its own ((header, text), or None)."""
+    the headers it `dropped`, then the one it `expanded` into text of its own ((header, text), or None).
+    `undeclared`: names a name probe answered (explained_errors)."""
     errors = cuda_unit_errors(tier_error or "")
     build_directory = tier_args.get("build_directory")
     if errors is None or not build_directory:
@@ -270,7 +275,7 @@ def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: st
     if (not tier_sources or _NOT_READ_EARLY.search(source)
             or any(not _PLAIN_DIRECTIVE.match(d.group(1)) for d in _DIRECTIVE.finditer(source))):
         return None
-    explainable = all(UNDEFINED.fullmatch(m) or _REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
+    explainable = all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
     if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", source)):
         return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs
     # the candidate's line k: line k + 3 of the unit as written; of the tier's, after its headers, each line
@@ -311,7 +316,8 @@ def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: st
         for line, messages in errors.items():
             own_errors.setdefault(tier_lines[line], []).extend(messages)
         # the headers of both sets: a global of either may hide a class of the candidate's
-        rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1] + "\n" + split_tier[1])
+        rule = explained_errors(own_errors, split_full[0], split_tier[0], split_full[1] + "\n" + split_tier[1],
+                                undeclared)
         if rule:
             return rule
     return "unbalanced" if brackets_unbalanced(as_written) else None

@@ -16,7 +16,10 @@ compile only, so no GPU is needed). Per built-in task, its CUDA solution's `no_c
 with early verdicts off (the slim tier, then the build as written or a name probe) and on (the slim tier,
 then the unit as written preprocessed), fresh caches each: the kernel's first `(` unclosed ("unbalanced"),
 a use of a variable misspelt ("undefined"), the kernel renamed so that its launch names nothing
-("launched": undefined, called), a declaration repeated ("redeclared").
+("launched": undefined, called), a declaration repeated ("redeclared"), and where the next line is a
+declaration too, that line pasted over it ("pasted": one variable declared twice, the other undefined,
+a name torch's headers may spell: on, a name probe, then the rules), then another such source in the
+caches it left ("pasted, again": the probe's answer read).
 
     python bench/compile_error.py --early --tasks level1/01_relu,level1/07_row_sum
 
@@ -77,10 +80,14 @@ def early_variants(solution: str) -> dict:
     rest = "\n".join(lines[at + 1:])
     kernel = solution.index("__global__")
     kernel_name = re.search(r"__global__\s+void\s+(\w+)", solution).group(1)
-    return {"unbalanced": solution[:kernel] + solution[kernel:].replace(")", "", 1),
-            "undefined": "\n".join(lines[:at + 1]) + "\n" + re.sub(rf"\b{name}\b", name + "_typo", rest, count=1),
-            "launched": solution.replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1),
-            "redeclared": "\n".join(lines[:at + 1] + [lines[at]] + lines[at + 1:])}
+    variants = {"unbalanced": solution[:kernel] + solution[kernel:].replace(")", "", 1),
+                "undefined": "\n".join(lines[:at + 1]) + "\n" + re.sub(rf"\b{name}\b", name + "_typo", rest, count=1),
+                "launched": solution.replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1),
+                "redeclared": "\n".join(lines[:at + 1] + [lines[at]] + lines[at + 1:])}
+    if at + 1 < len(lines) and _DECLARATION.match(lines[at + 1]):  # the next line pasted over the declaration
+        variants["pasted"] = "\n".join(lines[:at] + [lines[at + 1]] + lines[at + 1:])
+        variants["pasted, again"] = variants["pasted"].replace("import torch\n", "import torch  # again\n", 1)
+    return variants
 
 
 def early_table(solutions: list, arch: str, root: str) -> None:
@@ -90,7 +97,9 @@ def early_table(solutions: list, arch: str, root: str) -> None:
         for rule, source in early_variants(solution).items():
             row = []
             for early in (False, True):
-                cfg = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), rule, str(early)),
+                # "pasted, again": in the caches "pasted" left (its name probe answered)
+                folder = rule.replace(", again", "")
+                cfg = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), folder, str(early)),
                                              build=kernel_eval.kernel_build.BuildConfig(early_verdicts=early))
                 t0 = time.monotonic()
                 record = kernel_eval._compile(source, kernel_eval.Context("cuda", arch, cfg), probes=True)

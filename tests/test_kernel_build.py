@@ -150,6 +150,15 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
         assert kb.name_lookups(dict(args, cuda_sources=text), NINJA_UNDEFINED, ("-O3",)) is None, why
     assert kb.name_lookups(dict(args, extra_cuda_cflags=["-O3", "-DX"]), NINJA_UNDEFINED, ("-O3",)) is None
     assert kb.name_lookups(args, NINJA_UNDEFINED.replace("3 errors", "2 errors"), ("-O3",)) is None
+    # undefined names beside a variable declared twice: the same lookups, "mixed" (the answer alone is no
+    # verdict); any other error, or a redeclaration alone (no name to look up): none
+    assert not found["mixed"]
+    redeclared = NINJA_UNDEFINED.replace('identifier "lane" is undefined', '"sum" has already been declared in the current scope')
+    mixed = kb.name_lookups(args, redeclared, ("-O3",))
+    assert mixed["mixed"] and mixed["names"] == ["stride"] and "lane" in mixed["also"]
+    assert kb.name_lookups(args, redeclared.replace('identifier "stride" is undefined', 'expected a ";"'), ("-O3",)) is None
+    only = redeclared.replace('identifier "stride" is undefined', '"sum" has already been declared in the current scope')
+    assert kb.name_lookups(args, only, ("-O3",)) is None
     for directives, namespaces in ((["#if 1"], []), ([], ["a b"]), (["#include <a>\nint x;"], [])):
         with pytest.raises(ValueError):
             kb.name_probe_context(directives, namespaces)
@@ -637,3 +646,34 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
     result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
                                   cache_root=cache, gpu_trials=30, build=no_early)
     assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message  # one name declared
+
+
+@pytest.mark.gpu
+def test_cuda_a_line_pasted_over_a_declaration_costs_only_the_slim_build_once_probed(tmp_path):
+    """Through evaluate, early verdicts on: a line pasted over the declaration of `stride` (a name torch's
+    headers spell, so no early rule reads it alone) leaves `start` declared twice and `stride` undefined.
+    The first such kernel waits for its name probe, then is judged by the rules (no build as written);
+    the next one of that context is judged after the slim build alone."""
+    benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
+    cache = str(tmp_path / "cache")
+    declaration = "    const int64_t stride = (int64_t)gridDim.x * blockDim.x;\n"
+    kernel = ("__global__ void pasted_kernel(float* y, int64_t n) {\n"
+              "    const int64_t start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n" + declaration
+              + "    for (int64_t i = start; i < n; i += stride) y[i] = 0.f;\n}\n\n")
+    assert "__global__" in benign
+    with_kernel = benign.replace("__global__", kernel + "__global__", 1)
+    pasted = with_kernel.replace(declaration, "    const int64_t start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n")
+
+    def builds_of(extension: str) -> int:
+        return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
+                   for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
+    intact = kernel_eval.evaluate(REFERENCE, with_kernel.replace('name="ext"', 'name="ext_intact"'), device="cuda",
+                                  cache_root=cache, gpu_trials=30)
+    assert intact.status == "correct", intact.message   # the kernel as it was builds and is never called
+    for k, extension in enumerate(("ext_first", "ext_second")):
+        result = kernel_eval.evaluate(REFERENCE, pasted.replace('name="ext"', f'name="{extension}"'), device="cuda",
+                                      cache_root=cache, gpu_trials=30)
+        assert result.status == "compile_error" and result.early_verdict == "redeclared+undefined", result.message
+        assert '"start" has already been declared' in result.message and 'identifier "stride"' in result.message
+        assert builds_of(extension) == 1, extension
+        assert ("compile.probe" in result.seconds) == (k == 0), result.seconds

@@ -46,11 +46,12 @@ def test_split_preprocessed_keeps_the_candidates_lines_apart_from_the_headers():
     assert kev.split_preprocessed('# 5 "cuda.cu"\nauto s = R"(x)";\n', "cuda.cu", {5: 1}) is None
 
 
-def _explain(errors: dict, lines: list, headers: str = "int declared_by_headers;\n", tier_lines=None) -> str | None:
+def _explain(errors: dict, lines: list, headers: str = "int declared_by_headers;\n", tier_lines=None,
+             undeclared=frozenset()) -> str | None:
     where = {k + 3: k for k in range(1, len(lines) + 1)}
     own, rest = kev.split_preprocessed(_unit(lines, headers), "cuda.cu", where)
     tier_own = own if tier_lines is None else kev.split_preprocessed(_unit(tier_lines), "cuda.cu", where)[0]
-    return kev.explained_errors(errors, own, tier_own, rest)
+    return kev.explained_errors(errors, own, tier_own, rest, undeclared)
 
 
 def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
@@ -90,6 +91,21 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     between = dropped[:3] + ["        int stride = 2; (void)stride;"] + dropped[3:]
     assert _explain({2: [stride], 6: [stride]}, between) is None
     assert _explain({5: [stride]}, dropped) is None  # the first spelling not reported: it may declare it
+    # a copy confusion: a line pasted over the declaration of a name torch's headers also spell (at::Tensor's
+    # stride()): no rule, unless a name probe found `stride` undeclared where the candidate looks it up; the
+    # other conditions stand (a spelling not reported may declare it, any other error is the build's)
+    pasted = dropped[:1] + ["    int start = 0;", "    int start = 0;"] + dropped[1:]
+    start = '"start" has already been declared in the current scope'
+    spelt = "namespace at { struct TensorBase { int stride(int) const; }; }\n"
+    assert _explain({3: [start], 4: [stride], 7: [stride]}, pasted) == "redeclared+undefined"
+    assert _explain({3: [start], 4: [stride], 7: [stride]}, pasted, headers=spelt) is None
+    assert _explain({3: [start], 4: [stride], 7: [stride]}, pasted, headers=spelt,
+                    undeclared=frozenset({"stride"})) == "redeclared+undefined"
+    assert _explain({3: [start], 7: [stride]}, pasted, headers=spelt, undeclared=frozenset({"stride"})) is None
+    assert _explain({3: [start], 4: [stride], 7: [stride], 8: ['expected a ";"']}, pasted, headers=spelt,
+                    undeclared=frozenset({"stride"})) is None
+    assert _explain({3: [start], 4: [stride], 7: [stride]}, pasted, headers=spelt,
+                    undeclared=frozenset({"start"})) is None  # another name's answer says nothing of stride
     # a review's counterexample (it builds as written): a member function's body sees the class's friend
     # declared after it, through argument-dependent lookup on a class that cuda.h's cuInit selects
     friend = ["#include <type_traits>", "char cuInit(...);", "struct KevS {", "    void f() {",
@@ -154,19 +170,27 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
                                           "cuda_post_cflags = \n")
     kernel = ("__global__ void k(float* y, int n) {\n    int i = threadIdx.x;\n    if (i < n) y[i] = 2.f * y[i];\n}\n")
 
-    def verdict(source: str, errors: str, tier_header: str = "#include <cuda_runtime.h>\n") -> str | None:
+    def verdict(source: str, errors: str, tier_header: str = "#include <cuda_runtime.h>\n",
+                undeclared=frozenset()) -> str | None:
         args = {"cuda_sources": [source]}
         tier_args = {"cuda_sources": [tier_header, source], "build_directory": str(tmp_path)}
         first_line = tier_header.count("\n") + 2  # of the candidate's in the tier's unit: after its headers
         dump = "".join(f"/b/cuda.cu({line + first_line - 1}): error: {m}\n" for line, m in errors)
         dump += f"{len(errors)} errors detected in the compilation of \"/b/cuda.cu\".\n"
         return kev.early_verdict(args, tier_args, dump, None, 120,  # as kernel_build calls it for the light tier
-                                 dropped=(kb.FULL_HEADER, kb.TYPES_HEADER), expanded=None)
+                                 dropped=(kb.FULL_HEADER, kb.TYPES_HEADER), expanded=None, undeclared=undeclared)
 
     assert verdict(kernel.replace("if (i < n)", "if (i < n"), [(3, 'expected a ")"')]) == "unbalanced"
     assert verdict(kernel.replace("y[i];", "y_typo[i];"), [(3, 'identifier "y_typo" is undefined')]) == "undefined"
     assert verdict(kernel.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
                    [(3, '"i" has already been declared in the current scope')]) == "redeclared"
+    # a line pasted over `stride`'s declaration: torch's headers spell stride (at::Tensor's), so only a name
+    # probe's answer (kernel_build) lets the rules read it undefined
+    strided = ("__global__ void k(float* y, int n) {\n    int start = threadIdx.x;\n    int start = threadIdx.x;\n"
+               "    for (int i = start; i < n; i += stride) y[i] = 0.f;\n}\n")
+    pasted = [(3, '"start" has already been declared in the current scope'), (4, 'identifier "stride" is undefined')]
+    assert verdict(strided, pasted) is None
+    assert verdict(strided, pasted, undeclared=frozenset({"stride"})) == "redeclared+undefined"
     # torch's headers declare at::Tensor: a tier without them calls `Tensor` undefined, as written it is not
     with_tensor = "using namespace at;\n" + kernel.replace("int n)", "int n, Tensor* t)")
     assert verdict(with_tensor, [(2, 'identifier "Tensor" is undefined')]) is None
