@@ -438,6 +438,14 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
                         | set(re.findall(r"\bnamespace\s+(\w+(?:::\w+)*)\s*\{", source)))
     code = re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', " ", "\n".join(
         line for line in source.splitlines() if not line.lstrip().startswith("#")), flags=re.S)  # no comments, strings
+    # where the probe's namespace-scope lookup is not the source's (read on the code: a comment may stand
+    # between a name and its call): a call or template arguments (argument-dependent lookup), a qualified
+    # definition (the scope it names), a macro that could call or spell a name (only numbers are defined),
+    # a raw string (its quotes would hide code from this reading)
+    if (any(re.search(rf"\b{n}\s*[(<]", code) for n in names) or _RAW_STRING.search(source)
+            or any(re.match(r"#\s*define\b", d) and not _NUMBER_MACRO.fullmatch(d) for d in directives)
+            or qualified_definition(code)):
+        return None
     macros = set(re.findall(r"#\s*define\s+(\w+)", source))
     also = [n for n in dict.fromkeys(re.findall(r"\b[A-Za-z_]\w*\b", code))
             if n not in names and n not in macros and probe_may_look_up(n)
@@ -448,6 +456,30 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
         return None
     return {"names": names, "also": also[:2 * MAX_PROBE_LOOKUPS], "directives": directives,
             "namespaces": namespaces, "context": context, "mixed": mixed}
+
+
+_RAW_STRING = re.compile(r'R"')
+_NUMBER_MACRO = re.compile(r"#\s*define\s+\w+(?:[ \t]+[-+]?\.?\d(?:[eEpP][-+]|[\w.])*)?\s*")
+_QUALIFIED_DECLARATOR = re.compile(r"::\s*(?:~|operator\b|\w+\s*[(=;{\[])")
+
+
+def qualified_definition(code: str) -> bool:
+    """Whether `code` (no comments, strings or directives) names a qualified declarator outside a function's
+    or statement's body (`int at::cuda::warp_size() {`, `void S::f()`, `int ns::x = 1;`): there unqualified
+    lookup searches the scope it names, which the probe does not. A brace opens a body after ")", ";", "{",
+    "}", else, do or try; a class's, a namespace's or an initializer's otherwise."""
+    in_body = []   # per open brace: whether it opened a body
+    for match in re.finditer(r"[{}]|" + _QUALIFIED_DECLARATOR.pattern, code):
+        token = match.group()
+        if token == "{":
+            before = re.search(r"(\w+|\S)\s*$", code[max(0, match.start() - 64):match.start()])
+            in_body.append(bool(before) and before.group(1) in (")", ";", "{", "}", "else", "do", "try"))
+        elif token == "}":
+            if in_body:
+                in_body.pop()
+        elif not (in_body and in_body[-1]):
+            return True
+    return False
 
 
 def name_probe_context(directives: list, namespaces: list) -> str:

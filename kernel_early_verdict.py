@@ -232,6 +232,12 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
             tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)
             and re.search(rf"\b{re.escape(tokens[k + 1])}\b", headers) for k in range(len(tokens)))):
         return None
+    # a name taken on a probe's word (`undeclared`) was looked up at namespace scope only: not where a call
+    # or template arguments (argument-dependent lookup), a qualified definition (the scope it names) or a
+    # base class (its members) could find it as written; read here on the tokens (comments, macros expanded)
+    probe_holds = bool(undeclared) and not any(token == "::" and k + 2 < len(tokens) and not in_a_block(own, k) and (
+        tokens[k + 1] in ("~", "operator") or tokens[k + 2] in ("(", "=", ";", "{", "[")) for k, token in enumerate(tokens)
+    ) and not any(":" in head for head in class_heads(tokens))
     reported = {}   # {an undefined name: the lines the tier reported it at}
     for line, messages in errors.items():
         for match in filter(None, map(UNDEFINED.fullmatch, messages)):
@@ -242,7 +248,12 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
             if match := UNDEFINED.fullmatch(message):
                 name = match.group(1)
                 spelt = [where for where, token in own if token == name]   # its lines, one a spelling
-                if (line not in spelt or (name not in undeclared and re.search(rf"\b{re.escape(name)}\b", headers))
+                spelt_by_headers = re.search(rf"\b{re.escape(name)}\b", headers)
+                if spelt_by_headers and (name not in undeclared or not probe_holds or any(
+                        token == name and k + 1 < len(tokens) and tokens[k + 1] in ("(", "<")
+                        for k, token in enumerate(tokens))):
+                    return None
+                if (line not in spelt
                         or not reported[name].issuperset(spelt) or len(spelt) != len(set(spelt))):
                     return None
                 rules.add("undefined")

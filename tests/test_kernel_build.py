@@ -145,6 +145,16 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
         "template arguments": source + "int v = lane<int>;\n",
         "a namespace alias": source + "namespace t = torch;\n",
         "a name it does not write": source.replace("lane", "other"),
+        # found by review: the probe looks a name up at namespace scope, so argument-dependent lookup
+        # behind a comment, a macro's call or alias, a qualified definition's scope (at::cuda, then at)
+        # or a raw string's quotes hiding code each found as written what the probe called undeclared
+        "a call behind a comment": source + "void g() { stride /* call */ (1); }\n",
+        "a macro that is no number": source.replace("#define BLOCK 256", "#define BLOCK (256)"),
+        "a function-like macro": source.replace("#define BLOCK 256", "#define BLOCK(x) x"),
+        "a macro alias": source.replace("#define BLOCK 256", "#define BLOCK stride"),
+        "a qualified definition": source + "int at::cuda::warp_size() { return lane; }\n",
+        "a qualified member's": source + "void at::Tensor::kev() const { (void)stride; }\n",
+        "a raw string": source + 'const char* r = R"(")";\n',
     }
     for why, text in refused.items():
         assert kb.name_lookups(dict(args, cuda_sources=text), NINJA_UNDEFINED, ("-O3",)) is None, why
@@ -152,6 +162,8 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
     assert kb.name_lookups(args, NINJA_UNDEFINED.replace("3 errors", "2 errors"), ("-O3",)) is None
     # undefined names beside a variable declared twice: the same lookups, "mixed" (the answer alone is no
     # verdict); any other error, or a redeclaration alone (no name to look up): none
+    assert kb.name_lookups(dict(args, cuda_sources=source.replace("#define BLOCK 256", "#  define BLOCK 1e-5f")),
+                           NINJA_UNDEFINED, ("-O3",))["names"] == ["lane", "stride"]   # a number: kept
     assert not found["mixed"]
     redeclared = NINJA_UNDEFINED.replace('identifier "lane" is undefined', '"sum" has already been declared in the current scope')
     mixed = kb.name_lookups(args, redeclared, ("-O3",))

@@ -106,6 +106,17 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
                     undeclared=frozenset({"stride"})) is None
     assert _explain({3: [start], 4: [stride], 7: [stride]}, pasted, headers=spelt,
                     undeclared=frozenset({"start"})) is None  # another name's answer says nothing of stride
+    # found by review: the probe looks the name up at namespace scope; a call or template arguments
+    # (argument-dependent lookup), a qualified definition (lookup in the scope it names) or a base class
+    # (its members) may find it as written. Read on the tokens: a comment or a macro hides none of them
+    probed = dict(headers=spelt, undeclared=frozenset({"stride"}))
+    called = [line.replace("i += stride", "i += stride(y)") for line in pasted]
+    assert _explain({3: [start], 4: [stride], 7: [stride]}, called, **probed) is None
+    for outside in (["int at::cuda::warp_size();"], ["struct B {};", "struct D : B {};"], ["void S::f();"]):
+        assert _explain({3 + len(outside): [start], 4 + len(outside): [stride], 7 + len(outside): [stride]},
+                        outside + pasted, **probed) is None, outside
+    inside = ["int g() { return at::cuda::warp_size(); }"]  # a qualified call in a body: the same lookups
+    assert _explain({4: [start], 5: [stride], 8: [stride]}, inside + pasted, **probed) == "redeclared+undefined"
     # a review's counterexample (it builds as written): a member function's body sees the class's friend
     # declared after it, through argument-dependent lookup on a class that cuda.h's cuInit selects
     friend = ["#include <type_traits>", "char cuInit(...);", "struct KevS {", "    void f() {",
