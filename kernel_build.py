@@ -376,9 +376,11 @@ def built_module_name(build_directory: str, name: str) -> str | None:
 # every one, the probed names taken as undefined: a copy confusion (a line pasted over the declaration
 # of a name torch's headers also spell, `stride`) is judged without the build as written.
 # Two compiles that ask for one context at once wait for one probe (a lock file). A source qualifies only
-# where its text cannot make the two lookups differ: no conditional or other directives, no base
-# classes (member lookup), no namespace aliases, and no name called or given template arguments
-# (argument-dependent lookup); its build must have used the default flags (the probe's). What the
+# where its text cannot make the two lookups differ: no conditional or other directives, no macro but a
+# number (a macro could call or spell a name), no raw string, no base classes (member lookup), no
+# namespace aliases, no qualified declarator outside a body (`int at::cuda::f() {`: lookup in the scope it
+# names), and no name called or given template arguments, a comment between or not (argument-dependent
+# lookup); its build must have used the default flags (the probe's). What the
 # rule cannot see: a macro of the full headers, absent from the tier's, named like an identifier the
 # source declares (its expansion could declare the name); only a source written for it would meet
 # one, and it would cost that source its own build, no other's verdict.
