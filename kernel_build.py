@@ -18,9 +18,8 @@ Speed (BuildConfig; a build's result is the same either way)
   source as written: a tier costs a failed attempt, never a verdict. The exception is a failure the full
   headers cannot rescue: brackets that do not pair up, a name no header spells used before the source
   declares it, a variable declared twice in one block (kernel_early_verdict.py: read from the unit as
-  written preprocessed, not compiled), or every error an undefined identifier the headers as written do
-  not declare, as the harness's name probes answer (probed first, with the source's other identifiers),
-  or such identifiers beside variables declared twice (the probe's answer, then the redeclared rule).
+  written preprocessed, not compiled), where a name the headers spell counts as undefined once the
+  harness's name probe found it undeclared as written (probed once, with the source's other identifiers).
 - a build ends at its first failed unit (run_ninja_until_failure); after a tier failed in its .cu unit
   alone, a build as written compiles its host unit only once the .cu unit has built.
 - the slim tier's host units read a precompiled header built once per cache (host_pch); C++-only
@@ -142,9 +141,8 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                 except (RuntimeError, subprocess.CalledProcessError, OSError, ImportError):
                     tier_error, state["build_error"] = state["build_error"], None  # a heavier tier may build it
             early = config.early_verdicts and not fast_load
-            lookups = name_lookups(args, tier_error or "", default_cflags)
-            if lookups and lookups["mixed"] and not early:
-                lookups = None  # its answer would be no verdict: the build as written decides
+            # a probe's answer is a fact the rules read (namespace-scope lookup only), never a verdict alone
+            lookups = name_lookups(args, tier_error or "", default_cflags) if early else None
             answer = read_name_probe(cache_root, lookups["context"], lookups["names"]) if lookups else None
 
             def judge_early(undeclared: frozenset) -> None:
@@ -167,10 +165,7 @@ def patch_load_inline(cache_root: str, arch: str, config: BuildConfig, fast_load
                 state["probe_asked"] = True  # kernel_eval answers one request a worker
                 await_name_probe({key: lookups[key] for key in ("names", "also", "directives", "namespaces")})
                 answer = read_name_probe(cache_root, lookups["context"], lookups["names"])
-            if answer == "undeclared" and not lookups["mixed"]:
-                state["build_error"] = tier_error  # the build as written fails on the same names
-                raise RuntimeError(tier_error)
-            if answer == "undeclared" and early:  # and variables declared twice: the redeclared rule's
+            if answer == "undeclared":  # the rules, those names taken as undefined although headers spell them
                 judge_early(frozenset(lookups["names"]))
             # a tier that failed in its .cu unit alone, on no name a probe found declared: the build as
             # written most likely fails there too, and ninja would wait for the host unit (all of
@@ -370,11 +365,13 @@ def built_module_name(build_directory: str, name: str) -> str | None:
 # a later source of that context failing on some of them is answered without a compile.
 # A compile worker whose tier failed on unanswered names asks kernel_eval (patch_load_inline's
 # await_name_probe) and waits while kernel_eval compiles the probe, then reads the answers: all
-# "undeclared" makes the tier's diagnostics the error (the build as written fails on the same lookups);
-# one "declared" builds the source as written. A tier that also reported variables declared twice
-# ("mixed") is answered so too, and its diagnostics are the error only if early_verdict's rules explain
-# every one, the probed names taken as undefined: a copy confusion (a line pasted over the declaration
-# of a name torch's headers also spell, `stride`) is judged without the build as written.
+# "undeclared" lets early_verdict's rules take those names as undefined, and the tier's diagnostics are
+# the error only if the rules explain every one (its errors may be such names and variables declared
+# twice: a line pasted over the declaration of `stride`, which torch's headers spell); one "declared"
+# builds the source as written. An answer is never a verdict alone: a probe looks a name up at namespace
+# scope, and only the source's preprocessed tokens say that it looks the name up nowhere else (a call,
+# a qualified declarator, a base class: kernel_early_verdict.explained_errors). With early verdicts off
+# no probe is asked.
 # Two compiles that ask for one context at once wait for one probe (a lock file). A source qualifies only
 # where its text cannot make the two lookups differ: no conditional or other directives, no macro but a
 # number (a macro could call or spell a name), no raw string, no base classes (member lookup), no
@@ -414,18 +411,15 @@ def probe_may_look_up(name: str) -> bool:
 
 
 def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
-    """{"names", "also", "directives", "namespaces", "context", "mixed"} for a load_inline call that failed
-    on a tier with undefined names only, or with undefined names and redeclared variables ("mixed": the
-    probe's answer is then no verdict alone, early_verdict's redeclared rule must explain the rest), whose
-    source and flags qualify (above); else None. "also": the source's other identifiers a probe may look
+    """{"names", "also", "directives", "namespaces", "context"} for a load_inline call that failed on a
+    tier with undefined names only, or with undefined names and redeclared variables, whose source and
+    flags qualify (above); else None. "also": the source's other identifiers a probe may look
     up (written in its code, not its directives, comments or strings; not only as a member or a qualified
     name; never called or given template arguments; not its own macros)."""
-    names, mixed = undefined_names(build_error), False
-    if names is None:
-        messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
-        if all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) for m in messages):
-            names = sorted({m.group(1) for m in map(UNDEFINED.fullmatch, messages) if m})
-            mixed = True
+    messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
+    names = None
+    if all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) for m in messages):
+        names = sorted({m.group(1) for m in map(UNDEFINED.fullmatch, messages) if m})
     source = "\n".join(inline_sources(args, "cuda_sources"))
     if (not names or len(names) > MAX_PROBED_NAMES or not all(map(probe_may_look_up, names))
             or _NOT_PROBED.search(source) or list(args.get("extra_cflags") or []) != list(default_cflags)
@@ -457,7 +451,7 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     except ValueError:
         return None
     return {"names": names, "also": also[:2 * MAX_PROBE_LOOKUPS], "directives": directives,
-            "namespaces": namespaces, "context": context, "mixed": mixed}
+            "namespaces": namespaces, "context": context}
 
 
 _RAW_STRING = re.compile(r'R"')

@@ -236,7 +236,8 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
     # or template arguments (argument-dependent lookup), a qualified definition (the scope it names) or a
     # base class (its members) could find it as written; read here on the tokens (comments, macros expanded)
     probe_holds = bool(undeclared) and not any(token == "::" and k + 2 < len(tokens) and not in_a_block(own, k) and (
-        tokens[k + 1] in ("~", "operator") or tokens[k + 2] in ("(", "=", ";", "{", "[")) for k, token in enumerate(tokens)
+        tokens[k + 1] in ("~", "operator") or tokens[k + 2] in ("(", ")", "=", ";", "{", "[", ","))
+        for k, token in enumerate(tokens)
     ) and not any(":" in head for head in class_heads(tokens))
     reported = {}   # {an undefined name: the lines the tier reported it at}
     for line, messages in errors.items():

@@ -160,14 +160,13 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
         assert kb.name_lookups(dict(args, cuda_sources=text), NINJA_UNDEFINED, ("-O3",)) is None, why
     assert kb.name_lookups(dict(args, extra_cuda_cflags=["-O3", "-DX"]), NINJA_UNDEFINED, ("-O3",)) is None
     assert kb.name_lookups(args, NINJA_UNDEFINED.replace("3 errors", "2 errors"), ("-O3",)) is None
-    # undefined names beside a variable declared twice: the same lookups, "mixed" (the answer alone is no
-    # verdict); any other error, or a redeclaration alone (no name to look up): none
     assert kb.name_lookups(dict(args, cuda_sources=source.replace("#define BLOCK 256", "#  define BLOCK 1e-5f")),
                            NINJA_UNDEFINED, ("-O3",))["names"] == ["lane", "stride"]   # a number: kept
-    assert not found["mixed"]
+    # undefined names beside a variable declared twice: the same lookups (the rules read the rest); any
+    # other error, or a redeclaration alone (no name to look up): none
     redeclared = NINJA_UNDEFINED.replace('identifier "lane" is undefined', '"sum" has already been declared in the current scope')
     mixed = kb.name_lookups(args, redeclared, ("-O3",))
-    assert mixed["mixed"] and mixed["names"] == ["stride"] and "lane" in mixed["also"]
+    assert mixed["names"] == ["stride"] and "lane" in mixed["also"]
     assert kb.name_lookups(args, redeclared.replace('identifier "stride" is undefined', 'expected a ";"'), ("-O3",)) is None
     only = redeclared.replace('identifier "stride" is undefined', '"sum" has already been declared in the current scope')
     assert kb.name_lookups(args, only, ("-O3",)) is None
@@ -344,11 +343,18 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
         monkeypatch, tmp_path):
     """Real ninja, fake compilers that log each unit they compile: a source that fails on the slim tier with an
     undefined name no probe has answered asks for the probe (await_name_probe) and waits, as kernel_eval's
-    compile workers do; then "undeclared" makes the tier's diagnostics the error with no second build,
-    "declared" means the build as written, a worker asks once, and a builder that does not wait for probes
-    builds as written at once."""
+    compile workers do; then "undeclared" hands the name to the early-verdict rules (here a stand-in that
+    explains this name alone), whose verdict is the error with no second build; "declared" means the build
+    as written, a worker asks once, and a builder that does not wait for probes builds as written at once.
+    With early verdicts off no probe is asked: an answer is never a verdict alone."""
     import torch.utils.cpp_extension as ce
     log, cache, new_worker = fake_toolchain(monkeypatch, tmp_path)
+    rules_read = []
+
+    def early_verdict(args, tier_args, tier_error, lean_ops, timeout_s, *, dropped, expanded, undeclared):
+        rules_read.append(sorted(undeclared))
+        return "undefined" if undeclared == {"undefined_name"} else None
+    monkeypatch.setattr(kb, "early_verdict", early_verdict)
     answer_path = kb.name_probe_path(str(cache), kb.name_probe_context([], []), "undefined_name")
     requests, answers = [], []
 
@@ -371,8 +377,17 @@ def test_a_tier_failure_on_unanswered_names_waits_for_their_probe_and_undeclared
     assert units_compiled(worker, source) == 1  # the slim tier; the probe asked for and answered; no second build
     assert requests == [{"names": ["undefined_name"], "also": ["y"], "directives": [], "namespaces": []}]
     assert 'identifier "undefined_name" is undefined' in worker["build_error"]
+    assert rules_read == [[], ["undefined_name"]] and worker["early_verdict"] == "undefined"  # before and after
     source += " // again"  # a new source, a new worker: the answer is read, nothing asked
     assert units_compiled(new_worker(await_name_probe=await_name_probe), source) == 1 and len(requests) == 1
+    assert rules_read[2:] == [["undefined_name"]]
+    monkeypatch.setattr(kb, "early_verdict", lambda *a, **kw: rules_read.append("refused"))  # the rules say no
+    source += " // refused"
+    assert units_compiled(new_worker(await_name_probe=await_name_probe), source) == 2 and len(requests) == 1
+    monkeypatch.setattr(kb, "early_verdict", early_verdict)
+    source += " // no early verdicts"
+    off = new_worker(await_name_probe=await_name_probe, config=kb.BuildConfig(host_pch=False, early_verdicts=False))
+    assert units_compiled(off, source) == 2 and len(requests) == 1 and rules_read[-1] == "refused"
     os.remove(answer_path)
     answers.append("declared")
     source += " // declared"
@@ -608,15 +623,14 @@ def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_heade
 
 @pytest.mark.gpu
 def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_path):
-    """Through evaluate: a kernel with an undefined name fails on the slim tier, its name is probed (with the
-    source's other identifiers), and it is a compile error without a build as written; a new kernel with the
-    same name, or with another of those identifiers undefined, is then a compile error after the slim build
-    alone. A name the full headers declare (Python's PyType_Type, which torch/extension.h brings) is probed
-    "declared" and its kernel built as written. Early verdicts off: they would judge the first kernel
-    without a probe (its name spelled by no header, and by the kernel first at that use)."""
-    no_early = kb.BuildConfig(early_verdicts=False)
+    """Through evaluate: a kernel that uses `stride` without declaring it fails on the slim tier; torch's
+    headers spell stride (at::Tensor's), so no rule reads it alone: it is probed (with the source's other
+    identifiers), answered "undeclared", and the rules, the name taken as undefined, make the kernel a
+    compile error without a build as written; a new kernel with the same name is then a compile error
+    after the slim build alone. A name the full headers declare (Python's PyType_Type, which
+    torch/extension.h brings) is probed "declared" and its kernel built as written."""
     benign = open(os.path.join(ADV, "cuda", "benign.py")).read()
-    broken = benign.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
+    broken = benign.replace("    float v = in[i];", "    float v = in[i] * stride;", 1)
     assert broken != benign
     rescued = benign.replace("    auto xc = x.contiguous();", "    TORCH_CHECK(&PyType_Type != nullptr);\n"
                              "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
@@ -633,30 +647,24 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
         return builds_of("kernel_eval_name_probe")
 
     first = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_first"'), device="cuda",
-                                 cache_root=cache, gpu_trials=30, build=no_early)
-    assert first.status == "compile_error" and "kernel_eval_undeclared" in first.message, first.message
-    assert answers("kernel_eval_undeclared") == ["undeclared"] and builds_of("ext_first") == 1  # slim, then probe
+                                 cache_root=cache, gpu_trials=30)
+    assert first.status == "compile_error" and 'identifier "stride" is undefined' in first.message, first.message
+    assert first.early_verdict == "undefined"
+    assert answers("stride") == ["undeclared"] and builds_of("ext_first") == 1  # slim, then probe, then the rules
     assert 0.0 < first.seconds["compile.probe"] < first.seconds["compile"], first.seconds  # the probe's wait, reported
     assert answers("spin_cycles") == ["undeclared"] and answers("cudaStream_t") == ["declared"]  # looked up too
     assert probes() == 1
     second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
-                                  cache_root=cache, gpu_trials=30, build=no_early)
-    assert second.status == "compile_error" and "kernel_eval_undeclared" in second.message, second.message
+                                  cache_root=cache, gpu_trials=30)
+    assert second.status == "compile_error" and second.early_verdict == "undefined", second.message
     assert builds_of("ext_second") == 1 and probes() == 1  # the slim tier alone
     assert "compile.probe" not in second.seconds and second.seconds["compile.build"] > 0, second.seconds
-    other = benign.replace("    float v = in[i];", "    float v = in[i] * spin_cycles;", 1).replace(
-        "long long spin_cycles)", "long long spin)").replace("if (spin_cycles > 0)", "if (spin > 0)").replace(
-        "clock64() - start < spin_cycles", "clock64() - start < spin")
-    result = kernel_eval.evaluate(REFERENCE, other.replace('name="ext"', 'name="ext_other"'), device="cuda",
-                                  cache_root=cache, gpu_trials=30, build=no_early)
-    assert result.status == "compile_error" and "spin_cycles" in result.message, result.message
-    assert builds_of("ext_other") == 1 and probes() == 1  # another name, answered by the first probe
-    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30, build=no_early)
+    result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
     assert result.status == "correct", result.message  # probed "declared" (the probe built or failed otherwise)
     assert answers("PyType_Type") == ["declared"] and builds_of("ext_rescued") == 2  # the slim tier, as written
-    both = rescued.replace("    float v = in[i];", "    float v = in[i] * kernel_eval_undeclared;", 1)
+    both = rescued.replace("    float v = in[i];", "    float v = in[i] * stride;", 1)
     result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
-                                  cache_root=cache, gpu_trials=30, build=no_early)
+                                  cache_root=cache, gpu_trials=30)
     assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message  # one name declared
 
 

@@ -112,7 +112,8 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     probed = dict(headers=spelt, undeclared=frozenset({"stride"}))
     called = [line.replace("i += stride", "i += stride(y)") for line in pasted]
     assert _explain({3: [start], 4: [stride], 7: [stride]}, called, **probed) is None
-    for outside in (["int at::cuda::warp_size();"], ["struct B {};", "struct D : B {};"], ["void S::f();"]):
+    for outside in (["int at::cuda::warp_size();"], ["struct B {};", "struct D : B {};"], ["void S::f();"],
+                    ["int (at::cuda::warp_size)();"]):  # a second review's: the declarator in parentheses
         assert _explain({3 + len(outside): [start], 4 + len(outside): [stride], 7 + len(outside): [stride]},
                         outside + pasted, **probed) is None, outside
     inside = ["int g() { return at::cuda::warp_size(); }"]  # a qualified call in a body: the same lookups
@@ -202,6 +203,13 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
     pasted = [(3, '"start" has already been declared in the current scope'), (4, 'identifier "stride" is undefined')]
     assert verdict(strided, pasted) is None
     assert verdict(strided, pasted, undeclared=frozenset({"stride"})) == "redeclared+undefined"
+    # a second review's: a line splice, a comment or a macro between the name and its call hide the call
+    # from the source's text, not from the preprocessed tokens the rules read
+    for call in ("stride\\\n(n)", "stride /* c */ (n)"):
+        spliced = strided.replace("i += stride)", f"i += {call})")
+        assert verdict(spliced, pasted, undeclared=frozenset({"stride"})) is None, call
+    macro = "#define KEV_CALL stride\n" + strided.replace("i += stride)", "i += KEV_CALL(n))")
+    assert verdict(macro, [(4, pasted[0][1]), (5, pasted[1][1])], undeclared=frozenset({"stride"})) is None
     # torch's headers declare at::Tensor: a tier without them calls `Tensor` undefined, as written it is not
     with_tensor = "using namespace at;\n" + kernel.replace("int n)", "int n, Tensor* t)")
     assert verdict(with_tensor, [(2, 'identifier "Tensor" is undefined')]) is None
