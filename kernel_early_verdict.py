@@ -10,8 +10,9 @@ Rules (early_verdict)
 - "unbalanced": the unit's (), [] or {} do not pair up (counted over the whole preprocessed unit, string
   and character literals and directive lines aside): no C++ grammar parses that, whatever is declared.
 - "undefined": an identifier the tier called undefined that no token of the headers as written spells
-  (or that kernel_build's name probe found undeclared as written, where the candidate looks it up: never
-  called, no base class), and that the candidate spells only where the tier reported it undefined, once
+  (or that kernel_build's name probe found undeclared at namespace scope as written, where the candidate's
+  tokens look it up nowhere else: never called or given template arguments, no qualified declarator
+  outside a block, no base class), and that the candidate spells only where the tier reported it undefined, once
   a line: nothing in the unit declares it anywhere, so every lookup of it fails as written too, called
   or not (a dropped declaration leaves each use of its name an error). A declaration of the candidate's after the use
   could be found there (a member function's body sees its whole class, argument-dependent lookup its
