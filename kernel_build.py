@@ -456,7 +456,7 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
 
 _RAW_STRING = re.compile(r'R"')
 _NUMBER_MACRO = re.compile(r"#\s*define\s+\w+(?:[ \t]+[-+]?\.?\d(?:[eEpP][-+]|[\w.])*)?\s*")
-_QUALIFIED_DECLARATOR = re.compile(r"::\s*(?:~|operator\b|\w+\s*[(=;{\[])")
+_QUALIFIED_DECLARATOR = re.compile(r"::\s*(?:~|operator\b|\w+\s*(?:[(),=;{\[:]|__\w|asm\b|alignas\b))")
 
 
 def qualified_definition(code: str) -> bool:

@@ -117,6 +117,9 @@ _PLAIN_DIRECTIVE = re.compile(r"[ \t]*(?:include[ \t]*<|define[ \t]|undef[ \t]|p
 # another name: no rule reads past them
 _TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef", "using"})
 _BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
+# what may follow a qualified declarator-id (`int ns::x __attribute__((unused)) = ...`: a third review's);
+# a reserved identifier (__attribute__, __asm__, __declspec) is refused too
+_AFTER_A_DECLARATOR_ID = frozenset({"(", ")", "=", ";", "{", "[", ",", "asm", "alignas", ":"})
 
 
 def preprocess_cuda_unit(build_directory: str, text: str, drop_include: str | None, timeout_s: float) -> str | None:
@@ -203,8 +206,9 @@ def class_heads(tokens: list) -> list:
     heads = []
     for k, token in enumerate(tokens):
         if token in ("struct", "class", "union"):
-            end = k + 1
-            while end < len(tokens) and tokens[end] not in ("{", ";"):
+            end, depth = k + 1, 0  # a brace inside parentheses (alignas(int{8})) is no class body's
+            while end < len(tokens) and (depth or tokens[end] not in ("{", ";")):
+                depth += (tokens[end] in ("(", "[")) - (tokens[end] in (")", "]"))
                 end += 1
             heads.append(tokens[k + 1:end])
     return heads
@@ -237,8 +241,8 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
     # or template arguments (argument-dependent lookup), a qualified definition (the scope it names) or a
     # base class (its members) could find it as written; read here on the tokens (comments, macros expanded)
     probe_holds = bool(undeclared) and not any(token == "::" and k + 2 < len(tokens) and not in_a_block(own, k) and (
-        tokens[k + 1] in ("~", "operator") or tokens[k + 2] in ("(", ")", "=", ";", "{", "[", ","))
-        for k, token in enumerate(tokens)
+        tokens[k + 1] in ("~", "operator") or tokens[k + 2] in _AFTER_A_DECLARATOR_ID
+        or tokens[k + 2].startswith("__")) for k, token in enumerate(tokens)
     ) and not any(":" in head for head in class_heads(tokens))
     reported = {}   # {an undefined name: the lines the tier reported it at}
     for line, messages in errors.items():

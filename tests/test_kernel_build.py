@@ -154,6 +154,7 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
         "a macro alias": source.replace("#define BLOCK 256", "#define BLOCK stride"),
         "a qualified definition": source + "int at::cuda::warp_size() { return lane; }\n",
         "a qualified member's": source + "void at::Tensor::kev() const { (void)stride; }\n",
+        "an attribute after one": source + "const float c10::kev __attribute__((unused)) = 1.f;\n",
         "a raw string": source + 'const char* r = R"(")";\n',
     }
     for why, text in refused.items():

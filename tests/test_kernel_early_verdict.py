@@ -113,7 +113,9 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     called = [line.replace("i += stride", "i += stride(y)") for line in pasted]
     assert _explain({3: [start], 4: [stride], 7: [stride]}, called, **probed) is None
     for outside in (["int at::cuda::warp_size();"], ["struct B {};", "struct D : B {};"], ["void S::f();"],
-                    ["int (at::cuda::warp_size)();"]):  # a second review's: the declarator in parentheses
+                    ["int (at::cuda::warp_size)();"],  # a second review's: the declarator in parentheses
+                    ["const float c10::x __attribute__((unused)) = 1.f;"],  # a third's: an attribute after it
+                    ["struct B {};", "struct alignas(int{8}) D : B {};"]):  # and a brace in the class head
         assert _explain({3 + len(outside): [start], 4 + len(outside): [stride], 7 + len(outside): [stride]},
                         outside + pasted, **probed) is None, outside
     inside = ["int g() { return at::cuda::warp_size(); }"]  # a qualified call in a body: the same lookups
