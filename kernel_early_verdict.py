@@ -207,7 +207,9 @@ def class_heads(tokens: list) -> list:
     for k, token in enumerate(tokens):
         if token in ("struct", "class", "union"):
             end, depth = k + 1, 0  # a brace inside parentheses (alignas(int{8})) is no class body's
-            while end < len(tokens) and (depth or tokens[end] not in ("{", ";")):
+            while end < len(tokens):
+                if depth == 0 and tokens[end] in ("{", ";", ")", "]"):  # ")": an enclosing one (`f(struct S* p)`)
+                    break
                 depth += (tokens[end] in ("(", "[")) - (tokens[end] in (")", "]"))
                 end += 1
             heads.append(tokens[k + 1:end])
