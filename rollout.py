@@ -341,12 +341,17 @@ def _turn_record(prompt_ids, completion, parsed, rejection, verdict: dict | None
 STATS_MESSAGE_CHARS = 200  # of a message in the turn's stats (a timeout's: the phase and the limit come first)
 
 
-def verdict_line(status: str, message: str) -> str:
-    """"status: the message's first diagnostic" (its first line after the first with "error:", else its
-    first line: a compile error's message opens "compilation failed:", "Error building extension"), in
-    STATS_MESSAGE_CHARS: what the turn waited for, in the step's stats."""
+def first_diagnostic(message: str) -> str:
+    """A verdict message's first diagnostic: its first line after the first with "error:", else its first
+    line (a compile error's message opens "compilation failed:", "Error building extension")."""
     lines = [line.strip() for line in message.split("\n") if line.strip()]
-    first = next((line for line in lines[1:] if re.search("error:", line, re.I)), lines[0] if lines else "")
+    return next((line for line in lines[1:] if re.search("error:", line, re.I)), lines[0] if lines else "")
+
+
+def verdict_line(status: str, message: str) -> str:
+    """"status: the message's first diagnostic", in STATS_MESSAGE_CHARS: what the turn waited for, in the
+    step's stats."""
+    first = first_diagnostic(message)
     return f"{status}: {first}"[:STATS_MESSAGE_CHARS] if first else status
 
 
@@ -392,7 +397,8 @@ def turn_stats(turn: int, turns: list[_Turn]) -> dict:
                               for status in sorted({t.status for t in judged_now if "latency" in t.seconds})},
         # each distinct kernel that failed to compile now: [latency s, the early rule or "" (built as
         # written), its first diagnostic]: which compile errors wait for a whole build, and why
-        "compile_errors": [[round(t.seconds["latency"], 2), t.early_verdict, verdict_line("compile_error", t.message).removeprefix("compile_error: ")]
+        "compile_errors": [[round(t.seconds["latency"], 2), t.early_verdict,
+                            first_diagnostic(t.message)[:STATS_MESSAGE_CHARS]]
                            for t in {t.code: t for t in judged_now if t.status == "compile_error"
                                      and t.build_reused is False and "latency" in t.seconds}.values()],
     }

@@ -231,13 +231,13 @@ def compile_error_lines(rows: list) -> list[str]:
     errors = [(r["step"], *e) for r in rows for e in r.get("compile_errors", [])]
     if not errors:
         return []
-    lines = []
+    summary = []
     for title, group in (("judged early", [e for e in errors if e[2]]),
                          ("built as written", [e for e in errors if not e[2]])):
         if group:
             seconds = [e[1] for e in group]
-            lines.append(f"- {title}: {len(group)}, p50 {_quantile(seconds, 0.5):.1f} s, max {max(seconds):.1f} s")
-    lines = ["Compile errors, each distinct kernel once (latency from its compile's start):", "", *lines, "",
+            summary.append(f"- {title}: {len(group)}, p50 {_quantile(seconds, 0.5):.1f} s, max {max(seconds):.1f} s")
+    lines = ["Compile errors, each distinct kernel once (latency from its compile's start):", "", *summary, "",
              "| step | s | rule | first diagnostic |", "|---:|---:|---|---|"]
     for step, seconds, rule, first in sorted(errors, key=lambda e: -e[1]):
         lines.append(f"| {step} | {seconds:.1f} | {rule or 'as written'} | {first.replace('|', '/')} |")
