@@ -258,7 +258,7 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
                 spelt = [where for where, token in own if token == name]   # its lines, one a spelling
                 spelt_by_headers = re.search(rf"\b{re.escape(name)}\b", headers)
                 if spelt_by_headers and (name not in undeclared or not probe_holds or any(
-                        token == name and k + 1 < len(tokens) and tokens[k + 1] in ("(", "<")
+                        token == name and k + 1 < len(tokens) and tokens[k + 1] in ("(", "<", "<<")
                         for k, token in enumerate(tokens))):
                     return None
                 if (line not in spelt

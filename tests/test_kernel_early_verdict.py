@@ -112,6 +112,8 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     probed = dict(headers=spelt, undeclared=frozenset({"stride"}))
     called = [line.replace("i += stride", "i += stride(y)") for line in pasted]
     assert _explain({3: [start], 4: [stride], 7: [stride]}, called, **probed) is None
+    launched = [line.replace("i += stride)", "i += 1) stride<<<1, 1>>>(y)") for line in pasted]  # `<<<` lexes `<<` `<`
+    assert _explain({3: [start], 4: [stride], 7: [stride]}, launched, **probed) is None
     for outside in (["int at::cuda::warp_size();"], ["struct B {};", "struct D : B {};"], ["void S::f();"],
                     ["int (at::cuda::warp_size)();"],  # a second review's: the declarator in parentheses
                     ["const float c10::x __attribute__((unused)) = 1.f;"],  # a third's: an attribute after it
