@@ -42,8 +42,9 @@ import time
 from dataclasses import dataclass
 
 from kernel_boundary import UNPRIVILEGED_ID
-from kernel_early_verdict import (AS_WRITTEN_CUDA_PREFIX, REDECLARED, UNDEFINED, cuda_unit_errors, early_verdict,
-                                  inline_sources)
+from kernel_early_verdict import (AS_WRITTEN_CUDA_PREFIX, REDECLARED, UNCLOSED_TEMPLATE_ARGUMENTS, UNDEFINED,
+                                  called_or_given_template_arguments, cuda_unit_errors, early_verdict, inline_sources,
+                                  tokens_of)
 from kernel_sandbox import atomic_write, source_hash
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
@@ -412,13 +413,14 @@ def probe_may_look_up(name: str) -> bool:
 
 def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     """{"names", "also", "directives", "namespaces", "context"} for a load_inline call that failed on a
-    tier with undefined names only, or with undefined names and redeclared variables, whose source and
+    tier with undefined names only, or with those and redeclared variables or template arguments no `>`
+    closes (`c < n)`: c found nowhere, so read as a template's name), whose source and
     flags qualify (above); else None. "also": the source's other identifiers a probe may look
     up (written in its code, not its directives, comments or strings; not only as a member or a qualified
     name; never called or given template arguments; not its own macros)."""
     messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
     names = None
-    if all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) for m in messages):
+    if all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) or m == UNCLOSED_TEMPLATE_ARGUMENTS for m in messages):
         names = sorted({m.group(1) for m in map(UNDEFINED.fullmatch, messages) if m})
     source = "\n".join(inline_sources(args, "cuda_sources"))
     if (not names or len(names) > MAX_PROBED_NAMES or not all(map(probe_may_look_up, names))
@@ -428,7 +430,7 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     directives = [line.strip() for line in source.splitlines() if line.lstrip().startswith("#")]
     if any(not _PROBE_DIRECTIVE.fullmatch(d) or d.endswith("\\") for d in directives):
         return None
-    if any(not re.search(rf"\b{n}\b", source) or re.search(rf"\b{n}\s*[(<]", source) for n in names):
+    if any(not re.search(rf"\b{n}\b", source) for n in names):
         return None
     namespaces = sorted(set(re.findall(r"\busing\s+namespace\s+((?:::)?\w+(?:::\w+)*)\s*;", source))
                         | set(re.findall(r"\bnamespace\s+(\w+(?:::\w+)*)\s*\{", source)))
@@ -438,7 +440,7 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     # between a name and its call): a call or template arguments (argument-dependent lookup), a qualified
     # definition (the scope it names), a macro that could call or spell a name (only numbers are defined),
     # a raw string (its quotes would hide code from this reading)
-    if (any(re.search(rf"\b{n}\s*[(<]", code) for n in names) or _RAW_STRING.search(source)
+    if (any(called_or_given_template_arguments(tokens_of(code), n) for n in names) or _RAW_STRING.search(source)
             or any(re.match(r"#\s*define\b", d) and not _NUMBER_MACRO.fullmatch(d) for d in directives)
             or qualified_definition(code)):
         return None

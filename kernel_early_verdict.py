@@ -12,11 +12,15 @@ Rules (early_verdict)
 - "undefined": an identifier the tier called undefined that no token of the headers as written spells
   (or that kernel_build's name probe found undeclared at namespace scope as written, where the candidate's
   tokens look it up nowhere else: never called or given template arguments, no qualified declarator
-  outside a block, no base class), and that the candidate spells only where the tier reported it undefined, once
-  a line: nothing in the unit declares it anywhere, so every lookup of it fails as written too, called
-  or not (a dropped declaration leaves each use of its name an error). A declaration of the candidate's after the use
-  could be found there (a member function's body sees its whole class, argument-dependent lookup its
-  friends, in a class that overload resolution, which the headers change, may choose).
+  outside a block, no base class), and that the candidate spells only where the tier reported it undefined
+  (the first spelling on such a line), or after such a spelling in the block that holds it, where nvcc's front
+  end reports it no more (spellings_explained): nothing in the unit declares it where a reported use could
+  find it, so every such lookup fails as written too, called or not (a dropped declaration leaves each use of
+  its name an error). A declaration of the candidate's elsewhere could be found there (a member function's
+  body sees its whole class, argument-dependent lookup its friends, in a class that overload resolution,
+  which the headers change, may choose). `expected a ">"` on a line whose only name before a `<` no `>` can
+  close reads as that name used undefined: before `<`, a name lookup finds nowhere names a template
+  (C++20), under both header sets alike.
 - "redeclared": a name the tier found declared twice in one block (a function's or statement's body),
   the second time with `=`, `;`, `[`, `{` or `,` after it: the two declarations are the candidate's
   tokens in the candidate's braces, and no declaration elsewhere can make either stop being one without
@@ -104,6 +108,8 @@ _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\
                     r"|\.?\d(?:[eEpP][+-]|['\w.])*|::|->|\+\+|--|<<=?|>>=?|&&|\|\||[<>=!+\-*/%&|^]=|\S")
 _DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
 REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
+UNCLOSED_TEMPLATE_ARGUMENTS = 'expected a ">"'
+_NAME = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # sources no rule reads: a directive but #include <...>, #define, #undef and #pragma (a conditional may give
 # the host pass, unread, other tokens; #line renumbers; a quoted include reads the folder, which is another
@@ -200,6 +206,84 @@ def in_a_block(tokens: list, at: int) -> bool:
     return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
 
 
+def may_open_template_arguments(tokens: list, at: int) -> bool:
+    """Whether the `<` at `at` of a token list may open template arguments: a `>` closes it before a `;` or
+    the bracket around it closes (`c < (a > b) ? x : y)` cannot; `c < n && d > e` may)."""
+    depth = 0
+    for token in tokens[at + 1:]:
+        if depth == 0 and token in (">", ">>", ">=", ">>="):
+            return True
+        if token in ("(", "[", "{"):
+            depth += 1
+        elif token in (")", "]", "}"):
+            if depth == 0:
+                return False
+            depth -= 1
+        elif depth == 0 and token == ";":
+            return False
+    return False
+
+
+def tokens_of(code: str) -> list:
+    """The C++ tokens of `code` as the rules read them (a string or character literal is one token)."""
+    return _TOKEN.findall(code)
+
+
+def called_or_given_template_arguments(tokens: list, name: str) -> bool:
+    """Whether `name` stands in a token list where argument-dependent lookup may find it: before "(" or "<<"
+    (a call; a kernel launch, `<<<` lexed "<<" "<"), or before a "<" that may open template arguments."""
+    return any(token == name and k + 1 < len(tokens) and (tokens[k + 1] in ("(", "<<") or (
+        tokens[k + 1] == "<" and may_open_template_arguments(tokens, k + 1))) for k, token in enumerate(tokens))
+
+
+def block_after(tokens: list, at: int) -> int | None:
+    """The index of the "}" that closes the block (in_a_block's) holding token `at` of the candidate's
+    [(line, token)] (len(tokens) if it stays open); None when its innermost "{" opens no block, or may open
+    a class body (`struct S __attribute__((packed)) {`: a class keyword before it at bracket depth 0)."""
+    if not in_a_block(tokens, at):
+        return None
+    depth, opened = 0, at - 1
+    while depth or tokens[opened][1] != "{":  # the innermost open "{" before `at`
+        depth += (tokens[opened][1] == "}") - (tokens[opened][1] == "{")
+        opened -= 1
+    depth = 0
+    for k in range(opened - 1, -1, -1):  # back to the statement's start: a class head?
+        token = tokens[k][1]
+        depth += (token in (")", "]")) - (token in ("(", "["))
+        if depth == 0 and token in (";", "{", "}"):
+            break
+        if depth == 0 and token in ("struct", "class", "union"):
+            return None
+    depth = 0
+    for k in range(opened, len(tokens)):
+        depth += (tokens[k][1] == "{") - (tokens[k][1] == "}")
+        if depth == 0:
+            return k
+    return len(tokens)
+
+
+def spellings_explained(own: list, name: str, reported: set) -> bool:
+    """Whether each of the candidate's spellings of an undefined `name` is one the tier reported (the first
+    on a line it reported `name` undefined at) or follows one inside the block that holds it: nvcc's front end
+    reports an undefined name once a scope (the name then counts as declared there, so that one dropped
+    declaration is not an error at every use). A spelling in that block after the reported use may declare
+    the name only there, after it: no lookup of a reported use finds it, in either header set. Any other
+    spelling may declare it where a reported use finds it (a member function's body sees its whole class,
+    argument-dependent lookup its friends, in a class that overload resolution, which the headers change,
+    may choose)."""
+    blocks, first_on = [], set()   # [(a reported spelling, the end of its block)], the lines read
+    for k, (line, token) in enumerate(own):
+        if token != name or any(start < k < end for start, end in blocks):
+            continue
+        if line not in reported or line in first_on:
+            return False
+        first_on.add(line)
+        end = block_after(own, k)
+        if end is not None:
+            blocks.append((k, end))
+    return True
+
+
 def class_heads(tokens: list) -> list:
     """Each class head in `tokens`: from struct, class or union to its "{" or ";" (its name, template
     arguments, attributes and base clause)."""
@@ -246,25 +330,20 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
         tokens[k + 1] in ("~", "operator") or tokens[k + 2] in _AFTER_A_DECLARATOR_ID
         or tokens[k + 2].startswith("__")) for k, token in enumerate(tokens)
     ) and not any(":" in head for head in class_heads(tokens))
-    reported = {}   # {an undefined name: the lines the tier reported it at}
-    for line, messages in errors.items():
-        for match in filter(None, map(UNDEFINED.fullmatch, messages)):
-            reported.setdefault(match.group(1), set()).add(line)
-    rules = set()
+    reported, rules = {}, set()   # {an undefined name: the lines the tier reported it at}, the rules read
     for line, messages in errors.items():
         for message in messages:
             if match := UNDEFINED.fullmatch(message):
-                name = match.group(1)
-                spelt = [where for where, token in own if token == name]   # its lines, one a spelling
-                spelt_by_headers = re.search(rf"\b{re.escape(name)}\b", headers)
-                if spelt_by_headers and (name not in undeclared or not probe_holds or any(
-                        token == name and k + 1 < len(tokens) and tokens[k + 1] in ("(", "<", "<<")
-                        for k, token in enumerate(tokens))):
+                reported.setdefault(match.group(1), set()).add(line)
+            elif message == UNCLOSED_TEMPLATE_ARGUMENTS:
+                # `c < cols)` where lookup finds no c: a name followed by `<` names a template then (C++20), and
+                # no `>` closes its arguments. Read as c undefined on that line, when c is the line's only such name
+                names = {token for k, (where, token) in enumerate(own) if where == line and k + 1 < len(own)
+                         and own[k + 1][1] == "<" and _NAME.fullmatch(token)
+                         and not may_open_template_arguments(tokens, k + 1)}
+                if len(names) != 1:
                     return None
-                if (line not in spelt
-                        or not reported[name].issuperset(spelt) or len(spelt) != len(set(spelt))):
-                    return None
-                rules.add("undefined")
+                reported.setdefault(names.pop(), set()).add(line)
             elif match := REDECLARED.fullmatch(message):
                 name = match.group(1)
                 if not any(token == name and where == line and k + 1 < len(own)
@@ -274,6 +353,14 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
                 rules.add("redeclared")
             else:
                 return None
+    for name, lines in reported.items():
+        spelt_by_headers = re.search(rf"\b{re.escape(name)}\b", headers)
+        if spelt_by_headers and (name not in undeclared or not probe_holds
+                                 or called_or_given_template_arguments(tokens, name)):
+            return None
+        if not lines <= {where for where, token in own if token == name} or not spellings_explained(own, name, lines):
+            return None
+        rules.add("undefined")
     return "+".join(sorted(rules))
 
 
@@ -294,7 +381,8 @@ def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: st
     if (not tier_sources or _NOT_READ_EARLY.search(source)
             or any(not _PLAIN_DIRECTIVE.match(d.group(1)) for d in _DIRECTIVE.finditer(source))):
         return None
-    explainable = all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) for ms in errors.values() for m in ms)
+    explainable = all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) or m == UNCLOSED_TEMPLATE_ARGUMENTS
+                      for ms in errors.values() for m in ms)
     if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", source)):
         return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs
     # the candidate's line k: line k + 3 of the unit as written; of the tier's, after its headers, each line

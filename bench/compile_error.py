@@ -19,7 +19,8 @@ a use of a variable misspelt ("undefined"), the kernel renamed so that its launc
 ("launched": undefined, called), a declaration repeated ("redeclared"), and where the next line is a
 declaration too, that line pasted over it ("pasted": one variable declared twice, the other undefined,
 a name torch's headers may spell: on, a name probe, then the rules), then another such source in the
-caches it left ("pasted, again": the probe's answer read).
+caches it left ("pasted, again": the probe's answer read), and where the solution has a #define, that
+line dropped ("define dropped": undefined at the first use in each scope, as nvcc reports it).
 
     python bench/compile_error.py --early --tasks level1/01_relu,level1/07_row_sum
 
@@ -87,6 +88,8 @@ def early_variants(solution: str) -> dict:
     if at + 1 < len(lines) and _DECLARATION.match(lines[at + 1]):  # the next line pasted over the declaration
         variants["pasted"] = "\n".join(lines[:at] + [lines[at + 1]] + lines[at + 1:])
         variants["pasted, again"] = variants["pasted"].replace("import torch\n", "import torch  # again\n", 1)
+    if define := re.search(r"^#define \w+ .*\n", solution, re.M):  # its name's uses reported once a scope
+        variants["define dropped"] = solution.replace(define.group(0), "", 1)
     return variants
 
 

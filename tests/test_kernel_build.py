@@ -169,6 +169,13 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
     mixed = kb.name_lookups(args, redeclared, ("-O3",))
     assert mixed["names"] == ["stride"] and "lane" in mixed["also"]
     assert kb.name_lookups(args, redeclared.replace('identifier "stride" is undefined', 'expected a ";"'), ("-O3",)) is None
+    # `lane < n)`: no `>` can close template arguments there, so it is no call; nvcc may say "expected a >"
+    compared = dict(args, cuda_sources=source.replace("y[i] = lane +", "if (lane < n) y[i] ="))
+    assert kb.name_lookups(compared, NINJA_UNDEFINED, ("-O3",))["names"] == ["lane", "stride"]
+    unclosed = NINJA_UNDEFINED.replace('identifier "lane" is undefined', 'expected a ">"')
+    assert kb.name_lookups(compared, unclosed, ("-O3",))["names"] == ["stride"]
+    closable = dict(args, cuda_sources=source.replace("y[i] = lane +", "if (lane < n && n > 0) y[i] ="))
+    assert kb.name_lookups(closable, NINJA_UNDEFINED, ("-O3",)) is None   # lane<n && n> may be template arguments
     only = redeclared.replace('identifier "stride" is undefined', '"sum" has already been declared in the current scope')
     assert kb.name_lookups(args, only, ("-O3",)) is None
     for directives, namespaces in ((["#if 1"], []), ([], ["a b"]), (["#include <a>\nint x;"], [])):

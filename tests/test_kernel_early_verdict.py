@@ -69,15 +69,23 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     assert _explain({4: [undefined]}, kernel, headers="namespace at { int y_typo; }\n") is None
     assert _explain({4: [undefined]}, ["int y_typo;"] + kernel) is None
     assert _explain({5: [undefined]}, kernel) is None  # not where the candidate first spells it
-    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo[i] + y_typo[0]") for line in kernel]) is None
+    # nvcc's front end reports an undefined name once a scope: a later spelling in the reported use's block
+    # (the same line, or a line it did not report) is explained; one outside that block may declare it
+    assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo[i] + y_typo[0]") for line in kernel]) \
+        == "undefined"
+    twice = kernel[:4] + ["    y[0] = y_typo[1];"] + kernel[4:]
+    assert _explain({4: [undefined]}, twice) == "undefined"
+    assert _explain({4: [undefined]}, twice[:5] + ["}", "int y_typo[2];"]) is None  # after the block: a global
+    assert _explain({2: [undefined]}, ["struct S __attribute__((packed)) {"] + [  # a class body, not a block
+        "    int a = y_typo[0];", "    int y_typo[2];", "};"]) is None
     # called, or launched: argument-dependent lookup finds declarations too, and nothing spells one
     assert _explain({4: [undefined]}, [line.replace("y_typo[i]", "y_typo(i)") for line in kernel]) == "undefined"
     launch = ["void launch(float* y) {", "    relu_kernel<<<1, 32>>>(y, 32);", "}"]
     relu = 'identifier "relu_kernel" is undefined'
     assert _explain({2: [relu]}, launch) == "undefined"
     assert _explain({2: [relu]}, launch, headers="__global__ void relu_kernel(float*, int);\n") is None
-    # a dropped declaration: every later use is reported too, and explained while the candidate spells the
-    # name only on reported lines up to it; a spelling between (it may declare it) leaves it to the build
+    # a dropped declaration: its uses in other blocks are reported too, and explained while the candidate
+    # spells the name only on reported lines or after them in their blocks
     dropped = ["__global__ void k(float* y, int n) {",       # 1
                "    for (int i = 0; i < n; i += stride) {",  # 2
                "        y[i] = 0;",                          # 3
@@ -88,8 +96,10 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
                "}"]                                          # 8
     stride = 'identifier "stride" is undefined'
     assert _explain({2: [stride], 5: [stride]}, dropped) == "undefined"
-    between = dropped[:3] + ["        int stride = 2; (void)stride;"] + dropped[3:]
-    assert _explain({2: [stride], 6: [stride]}, between) is None
+    between = dropped[:3] + ["        int stride = 2; (void)stride;"] + dropped[3:]  # declared after the use, inside
+    assert _explain({2: [stride], 6: [stride]}, between) == "undefined"
+    before = ["__global__ void k(float* y, int n) {", "    { int stride = 2; (void)stride; }"] + dropped[1:]
+    assert _explain({3: [stride], 6: [stride]}, before) is None  # declared before the first reported use
     assert _explain({5: [stride]}, dropped) is None  # the first spelling not reported: it may declare it
     # a copy confusion: a line pasted over the declaration of a name torch's headers also spell (at::Tensor's
     # stride()): no rule, unless a name probe found `stride` undeclared where the candidate looks it up; the
@@ -128,6 +138,21 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
               "        kev_n(std::conditional_t<sizeof(cuInit(0u)) == 4, KevS, int>());", "    }",
               "    friend void kev_n(KevS) {}", "};"]
     assert _explain({5: ['identifier "kev_n" is undefined']}, friend) is None
+    # `c < n)` where lookup finds no c: nvcc reads c as a template's name (C++20) and expects a ">"; with no
+    # `>` that could close it, that line reads as c used undefined, and the rule's other conditions stand
+    angle = ["__global__ void k(float* y, int n) {", "    if (c < n) {", "        y[0] = c;", "    }", "}"]
+    unclosed, c_undefined = 'expected a ">"', 'identifier "c" is undefined'
+    assert _explain({2: [unclosed], 3: [c_undefined]}, angle) == "undefined"
+    assert _explain({2: [unclosed]}, angle) == "undefined"   # the later use in its block: not reported
+    for line in ("    if (c < n && n > 0) {", "    if (c < n && d < n) {", "    if (n < 2) {"):  # a `>` may close
+        assert _explain({2: [unclosed], 3: [c_undefined]}, [angle[0], line] + angle[2:]) is None, line  # it; which name?
+    assert _explain({2: [unclosed], 3: [c_undefined]}, angle, headers="int c;\n") is None  # the headers spell c
+    assert _explain({2: [unclosed], 3: [c_undefined]}, angle, headers="int c;\n",
+                    undeclared=frozenset({"c"})) == "undefined"   # unless a probe found it undeclared
+    assert _explain({2: [unclosed], 3: [c_undefined]}, angle[:4] + ["    c<int>(y);", "}"], headers="int c;\n",
+                    undeclared=frozenset({"c"})) is None   # template arguments (argument-dependent lookup)
+    assert _explain({2: [unclosed], 3: [c_undefined]}, angle[:4] + ["    f(c < n > (y));", "}"], headers="int c;\n",
+                    undeclared=frozenset({"c"})) is None   # `c<n>(y)` may call a template c
     # redeclared: only in a block, and only a declaration that cannot read as a function's (`i(a)`)
     assert _explain({2: ['"n" has already been declared in the current scope']},
                     ["namespace m {", "int n = 1;", "int n = 2;", "}"]) is None
@@ -207,6 +232,16 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
     pasted = [(3, '"start" has already been declared in the current scope'), (4, 'identifier "stride" is undefined')]
     assert verdict(strided, pasted) is None
     assert verdict(strided, pasted, undeclared=frozenset({"stride"})) == "redeclared+undefined"
+    # a declaration dropped, as nvcc (C++20, as torch builds) reports its uses: once a scope, and `c < n)`
+    # read as template arguments no `>` closes
+    dropped = ("__global__ void k(float* y, int n) {\n    if (kev_c < n) {\n        y[kev_c] = 0.f;\n    }\n"
+               "    if (threadIdx.x == 0 && kev_c < n) y[kev_c] = 1.f;\n}\n")
+    as_reported = [(2, 'expected a ">"'), (3, 'identifier "kev_c" is undefined'), (5, 'expected a ">"'),
+                   (5, 'identifier "kev_c" is undefined')]
+    assert verdict(dropped, as_reported) == "undefined"
+    spelt = [(line, m.replace("kev_c", "c")) for line, m in as_reported]   # torch's headers spell c
+    assert verdict(dropped.replace("kev_c", "c"), spelt) is None
+    assert verdict(dropped.replace("kev_c", "c"), spelt, undeclared=frozenset({"c"})) == "undefined"
     # a second review's: a line splice, a comment or a macro between the name and its call hide the call
     # from the source's text, not from the preprocessed tokens the rules read
     for call in ("stride\\\n(n)", "stride /* c */ (n)"):
