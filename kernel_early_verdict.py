@@ -34,8 +34,10 @@ the tier's diagnostics, the verdict's message, say nothing the build as written 
 - overload resolution may not decide what a name means (`S<decltype(f(t))>::m`): no `::` after `>` or
   `)`; no decltype, typedef or using, through which `T::m` could read a type chosen so; no class head
   with a base clause and a template-id, through which a member could be found in a base chosen so;
-- no template of the candidate's (nor a parameter declared auto, a generic lambda's): an instantiation,
-  which such types choose, may discard or keep what the tier reported.
+- no template of the candidate's (makes_a_template: nor a parameter declared auto, a generic lambda's, nor a
+  lambda's template head, a requires-clause or a concept): an instantiation, which such types choose, may
+  discard or keep what the tier reported (`if constexpr (requires { torch::complex(v, v); })`, a class
+  template under the tier's headers and a function as written: a review's).
 
 Limits
 - What is read is the first device pass: a source that may read otherwise gets no rule (_NOT_READ_EARLY,
@@ -122,6 +124,10 @@ _PLAIN_DIRECTIVE = re.compile(r"[ \t]*(?:include[ \t]*<|define[ \t]|undef[ \t]|p
 # through these a name may stand for a type taken from an expression (then from overload resolution), or for
 # another name: no rule reads past them
 _TYPE_OF_AN_EXPRESSION = frozenset({"decltype", "typeof", "__typeof__", "__typeof", "typedef", "using"})
+_TEMPLATE_WORDS = frozenset({"template", "requires", "concept"})
+# words after which `[` opens a lambda, not a subscript
+_BEFORE_AN_EXPRESSION = frozenset({"return", "co_return", "co_yield", "co_await", "throw", "case", "else", "do",
+                                   "sizeof", "new", "delete", "and", "or", "not"})
 _BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what precedes a block's "{"
 # what may follow a qualified declarator-id (`int ns::x __attribute__((unused)) = ...`: a third review's);
 # a reserved identifier (__attribute__, __asm__, __declspec) is refused too
@@ -204,6 +210,28 @@ def in_a_block(tokens: list, at: int) -> bool:
         elif token == "}" and opened:
             opened.pop()
     return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
+
+
+def makes_a_template(tokens: list) -> bool:
+    """Whether a token list declares a template, spelt `template` or not: `auto` in parentheses (a generic
+    lambda's or an abbreviated function template's parameter, `const auto&`, `Concept auto`; a `for (auto`
+    or `if (auto` is refused alike), a lambda's template head (`[]<typename T>`: a `]` and `<` whose `[`
+    follows no name, `)` or `]`, as a subscript's does), a requires-clause or a concept."""
+    if _TEMPLATE_WORDS.intersection(tokens):
+        return True
+    opened = []
+    for k, token in enumerate(tokens):
+        if token in ("(", "[", "{"):
+            opened.append(k)
+        elif token in (")", "]", "}") and opened:
+            start = opened.pop()
+            if token == "]" and k + 1 < len(tokens) and tokens[k + 1] == "<" and not (start and (
+                    tokens[start - 1] in (")", "]") or (_NAME.fullmatch(tokens[start - 1])
+                                                        and tokens[start - 1] not in _BEFORE_AN_EXPRESSION))):
+                return True
+        elif token == "auto" and opened and tokens[opened[-1]] == "(":
+            return True
+    return False
 
 
 def may_open_template_arguments(tokens: list, at: int) -> bool:
@@ -316,8 +344,7 @@ def explained_errors(errors: dict, own: list, tier_own: list, headers: str,
     # operators, found by argument-dependent lookup), where it picks what a name means:
     # `S<decltype(f(t))>::m * x;` reads m in the specialization f's return type selects.
     tokens = [token for _, token in own]
-    if ("namespace" in tokens or "template" in tokens or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
-            token == "auto" and k and tokens[k - 1] in ("(", ",") for k, token in enumerate(tokens)) or any(
+    if ("namespace" in tokens or makes_a_template(tokens) or _TYPE_OF_AN_EXPRESSION.intersection(tokens) or any(
             token == "::" and k and tokens[k - 1] in (">", ">>", ")") for k, token in enumerate(tokens))
             or any(":" in head and "<" in head for head in class_heads(tokens)) or any(
             tokens[k] in ("struct", "class", "union", "enum") and k + 1 < len(tokens)

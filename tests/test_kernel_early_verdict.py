@@ -178,6 +178,17 @@ def test_explained_errors_are_only_those_no_declaration_elsewhere_can_change():
     assert _explain({4: [redeclared]}, ["template <class T> struct own_type {};"] + kernel) is None
     assert _explain({4: [redeclared]}, ["auto own = [](auto v) { return v; };"] + kernel) is None
     assert _explain({4: [redeclared]}, ["struct own_type {};"] + kernel) == "redeclared"
+    # found by a fifth review: a generic lambda spelt without `template` or `(auto`, whose `if constexpr`
+    # branch one header set instantiates and the other discards (`requires { torch::complex(v, v); }`)
+    generic = ["double f(double x, const float* y, int i) {", "    auto pick = [&](double v) {",
+               "        if constexpr (sizeof(v) == 8) {", "            return qq_missing_fn(v) + qq_missing_fn(v);",
+               "        } else { return v * 2.0 + (y[i] < 0); }", "    };", "    return pick(x);", "}"]
+    qq = {4: ['identifier "qq_missing_fn" is undefined']}
+    assert _explain(qq, generic) == "undefined"   # no template: a subscript before `<` is none either
+    for head in ("[&](const auto& v) {", "[&]<typename T>(const T& v) {", "[&](std::floating_point auto v) {",
+                 "[&](double v) requires true {"):
+        assert _explain(qq, [generic[0], f"    auto pick = {head}"] + generic[2:]) is None, head
+    assert _explain({5: qq[4]}, generic[:2] + ["        for (auto k : {1}) (void)k;"] + generic[2:]) is None  # alike
     # found by a third review: a base a trait or sizeof chooses (the member found through it a type in one
     # header set, a value in the other); a base of plain names is the same class under both
     chosen_base = ["struct D : std::conditional_t<sizeof(f(t)) == 1, A, B> {};"] + kernel[:3] + [
