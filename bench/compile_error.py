@@ -20,7 +20,8 @@ a use of a variable misspelt ("undefined"), the kernel renamed so that its launc
 declaration too, that line pasted over it ("pasted": one variable declared twice, the other undefined,
 a name torch's headers may spell: on, a name probe, then the rules), then another such source in the
 caches it left ("pasted, again": the probe's answer read), and where the solution has a #define, that
-line dropped ("define dropped": undefined at the first use in each scope, as nvcc reports it).
+line dropped ("define dropped": undefined at the first use in each scope, as nvcc reports it), and where a
+declared name is compared (`c < cols`), its declaration dropped ("compared, dropped": `expected a ">"`).
 
     python bench/compile_error.py --early --tasks level1/01_relu,level1/07_row_sum
 
@@ -90,6 +91,10 @@ def early_variants(solution: str) -> dict:
         variants["pasted, again"] = variants["pasted"].replace("import torch\n", "import torch  # again\n", 1)
     if define := re.search(r"^#define \w+ .*\n", solution, re.M):  # its name's uses reported once a scope
         variants["define dropped"] = solution.replace(define.group(0), "", 1)
+    compared = next((k for k, line in enumerate(lines) if _DECLARATION.match(line) and re.search(
+        rf"\b{_DECLARATION.match(line).group(1)} < ", "\n".join(lines[k + 1:]))), None)
+    if compared is not None:  # `c < cols)` with c declared nowhere: C++20 reads c as a template's name
+        variants["compared, dropped"] = "\n".join(lines[:compared] + lines[compared + 1:])
     return variants
 
 
