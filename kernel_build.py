@@ -440,7 +440,8 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     # between a name and its call): a call or template arguments (argument-dependent lookup), a qualified
     # definition (the scope it names), a macro that could call or spell a name (only numbers are defined),
     # a raw string (its quotes would hide code from this reading)
-    if (any(called_or_given_template_arguments(tokens_of(code), n) for n in names) or _RAW_STRING.search(source)
+    tokens = tokens_of(code)
+    if (any(called_or_given_template_arguments(tokens, n) for n in names) or _RAW_STRING.search(source)
             or any(re.match(r"#\s*define\b", d) and not _NUMBER_MACRO.fullmatch(d) for d in directives)
             or qualified_definition(code)):
         return None

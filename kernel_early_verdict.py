@@ -181,7 +181,7 @@ def split_preprocessed(text: str, unit: str, own_lines: dict) -> tuple[list, str
         elif 'R"' in content:
             return None
         else:
-            own.extend((mine, token) for token in _TOKEN.findall(content))
+            own.extend((mine, token) for token in tokens_of(content))
         line += 1
     return own, "\n".join(rest)
 
@@ -200,16 +200,22 @@ def brackets_unbalanced(text: str) -> str | None:
     return None
 
 
-def in_a_block(tokens: list, at: int) -> bool:
-    """Whether token `at` of the candidate's [(line, token)] stands in a block: its innermost open "{"
-    follows ")", ";", "{", "}", else, do or try (a body, or a brace no namespace scope accepts)."""
+def innermost_open_brace(tokens: list, at: int) -> int | None:
+    """The index of the innermost "{" still open at token `at` of the candidate's [(line, token)], or None."""
     opened = []
     for k, (_, token) in enumerate(tokens[:at]):
         if token == "{":
             opened.append(k)
         elif token == "}" and opened:
             opened.pop()
-    return bool(opened) and opened[-1] > 0 and tokens[opened[-1] - 1][1] in _BLOCK_AFTER
+    return opened[-1] if opened else None
+
+
+def in_a_block(tokens: list, at: int) -> bool:
+    """Whether token `at` of the candidate's [(line, token)] stands in a block: its innermost open "{"
+    follows ")", ";", "{", "}", else, do or try (a body, or a brace no namespace scope accepts)."""
+    opened = innermost_open_brace(tokens, at)
+    return bool(opened) and tokens[opened - 1][1] in _BLOCK_AFTER
 
 
 def makes_a_template(tokens: list) -> bool:
@@ -270,11 +276,7 @@ def block_after(tokens: list, at: int) -> int | None:
     a class body (`struct S __attribute__((packed)) {`: a class keyword before it at bracket depth 0)."""
     if not in_a_block(tokens, at):
         return None
-    depth, opened = 0, at - 1
-    while depth or tokens[opened][1] != "{":  # the innermost open "{" before `at`
-        depth += (tokens[opened][1] == "}") - (tokens[opened][1] == "{")
-        opened -= 1
-    depth = 0
+    opened, depth = innermost_open_brace(tokens, at), 0
     for k in range(opened - 1, -1, -1):  # back to the statement's start: a class head?
         token = tokens[k][1]
         depth += (token in (")", "]")) - (token in ("(", "["))
