@@ -629,6 +629,12 @@ def test_cuda_slim_tier_builds_cuda_context_users_and_precompiles_the_host_heade
     assert done.returncode == 0 and f"! {gch}" in done.stderr.splitlines(), done.stderr[-2000:]
 
 
+def builds_in(cache: str, extension: str) -> int:
+    """How many builds in a harness cache (their build.ninja) named an extension that holds `extension`."""
+    return sum(extension in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
+               for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
+
+
 @pytest.mark.gpu
 def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_path):
     """Through evaluate: a kernel that uses `stride` without declaring it fails on the slim tier; torch's
@@ -644,36 +650,32 @@ def test_cuda_undefined_names_are_probed_once_then_cost_only_the_slim_build(tmp_
                              "    auto xc = x.contiguous();", 1).replace('name="ext"', 'name="ext_rescued"')
     cache = str(tmp_path / "cache")
 
-    def builds_of(extension: str) -> int:
-        return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
-                   for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
-
     def answers(name: str) -> list:
         return sorted(open(p).read() for p in glob.glob(os.path.join(cache, "name_probes", "*", name)))
 
     def probes() -> int:  # the probe's own builds
-        return builds_of("kernel_eval_name_probe")
+        return builds_in(cache, "kernel_eval_name_probe")
 
     first = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_first"'), device="cuda",
                                  cache_root=cache, gpu_trials=30)
     assert first.status == "compile_error" and 'identifier "stride" is undefined' in first.message, first.message
     assert first.early_verdict == "undefined"
-    assert answers("stride") == ["undeclared"] and builds_of("ext_first") == 1  # slim, then probe, then the rules
+    assert answers("stride") == ["undeclared"] and builds_in(cache, "ext_first") == 1  # slim, then probe, then the rules
     assert 0.0 < first.seconds["compile.probe"] < first.seconds["compile"], first.seconds  # the probe's wait, reported
     assert answers("spin_cycles") == ["undeclared"] and answers("cudaStream_t") == ["declared"]  # looked up too
     assert probes() == 1
     second = kernel_eval.evaluate(REFERENCE, broken.replace('name="ext"', 'name="ext_second"'), device="cuda",
                                   cache_root=cache, gpu_trials=30)
     assert second.status == "compile_error" and second.early_verdict == "undefined", second.message
-    assert builds_of("ext_second") == 1 and probes() == 1  # the slim tier alone
+    assert builds_in(cache, "ext_second") == 1 and probes() == 1  # the slim tier alone
     assert "compile.probe" not in second.seconds and second.seconds["compile.build"] > 0, second.seconds
     result = kernel_eval.evaluate(REFERENCE, rescued, device="cuda", cache_root=cache, gpu_trials=30)
     assert result.status == "correct", result.message  # probed "declared" (the probe built or failed otherwise)
-    assert answers("PyType_Type") == ["declared"] and builds_of("ext_rescued") == 2  # the slim tier, as written
+    assert answers("PyType_Type") == ["declared"] and builds_in(cache, "ext_rescued") == 2  # the slim tier, as written
     both = rescued.replace("    float v = in[i];", "    float v = in[i] * stride;", 1)
     result = kernel_eval.evaluate(REFERENCE, both.replace("ext_rescued", "ext_both"), device="cuda",
                                   cache_root=cache, gpu_trials=30)
-    assert result.status == "compile_error" and builds_of("ext_both") == 2, result.message  # one name declared
+    assert result.status == "compile_error" and builds_in(cache, "ext_both") == 2, result.message  # one name declared
 
 
 @pytest.mark.gpu
@@ -692,9 +694,6 @@ def test_cuda_a_line_pasted_over_a_declaration_costs_only_the_slim_build_once_pr
     with_kernel = benign.replace("__global__", kernel + "__global__", 1)
     pasted = with_kernel.replace(declaration, "    const int64_t start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;\n")
 
-    def builds_of(extension: str) -> int:
-        return sum(f'{extension}' in open(p).read().split("TORCH_EXTENSION_NAME=")[1].split()[0]
-                   for p in glob.glob(os.path.join(cache, "**", "build", "*", "build.ninja"), recursive=True))
     intact = kernel_eval.evaluate(REFERENCE, with_kernel.replace('name="ext"', 'name="ext_intact"'), device="cuda",
                                   cache_root=cache, gpu_trials=30)
     assert intact.status == "correct", intact.message   # the kernel as it was builds and is never called
@@ -703,5 +702,5 @@ def test_cuda_a_line_pasted_over_a_declaration_costs_only_the_slim_build_once_pr
                                       cache_root=cache, gpu_trials=30)
         assert result.status == "compile_error" and result.early_verdict == "redeclared+undefined", result.message
         assert '"start" has already been declared' in result.message and 'identifier "stride"' in result.message
-        assert builds_of(extension) == 1, extension
+        assert builds_in(cache, extension) == 1, extension
         assert ("compile.probe" in result.seconds) == (k == 0), result.seconds
