@@ -415,7 +415,8 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     """{"names", "also", "directives", "namespaces", "context"} for a load_inline call that failed on a
     tier with undefined names only, or with those and redeclared variables or template arguments no `>`
     closes (`c < n)`: c found nowhere, so read as a template's name), whose source and
-    flags qualify (above); else None. "also": the source's other identifiers a probe may look
+    flags qualify (above); else None. "names": those undefined names never called or given template
+    arguments. "also": the source's other identifiers a probe may look
     up (written in its code, not its directives, comments or strings; not only as a member or a qualified
     name; never called or given template arguments; not its own macros)."""
     messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
@@ -437,13 +438,17 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     code = re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', " ", "\n".join(
         line for line in source.splitlines() if not line.lstrip().startswith("#")), flags=re.S)  # no comments, strings
     # where the probe's namespace-scope lookup is not the source's (read on the code: a comment may stand
-    # between a name and its call): a call or template arguments (argument-dependent lookup), a qualified
-    # definition (the scope it names), a macro that could call or spell a name (only numbers are defined),
-    # a raw string (its quotes would hide code from this reading)
+    # between a name and its call): a qualified definition (the scope it names), a macro that could call or
+    # spell a name (only numbers are defined), a raw string (its quotes would hide code from this reading)
+    if (_RAW_STRING.search(source) or qualified_definition(code)
+            or any(re.match(r"#\s*define\b", d) and not _NUMBER_MACRO.fullmatch(d) for d in directives)):
+        return None
+    # a name called or given template arguments is asked of no probe (argument-dependent lookup may find it
+    # where a namespace-scope lookup finds nothing): the rules take it undefined only where no header spells
+    # it, and each other name's lookup is its own (`silu_kernel<<<...>>>` beside a dropped `stride`)
     tokens = tokens_of(code)
-    if (any(called_or_given_template_arguments(tokens, n) for n in names) or _RAW_STRING.search(source)
-            or any(re.match(r"#\s*define\b", d) and not _NUMBER_MACRO.fullmatch(d) for d in directives)
-            or qualified_definition(code)):
+    names = [n for n in names if not called_or_given_template_arguments(tokens, n)]
+    if not names:
         return None
     macros = set(re.findall(r"#\s*define\s+(\w+)", source))
     also = [n for n in dict.fromkeys(re.findall(r"\b[A-Za-z_]\w*\b", code))

@@ -141,14 +141,11 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
         "a conditional": source.replace("#define BLOCK 256", "#ifdef BLOCK\n#endif"),
         "a quoted include": source.replace("<torch/extension.h>", '"my.h"'),
         "a base class": source + "struct S : at::Tensor {};\n",
-        "a call of the name": source + "void g() { stride(1); }\n",
-        "template arguments": source + "int v = lane<int>;\n",
         "a namespace alias": source + "namespace t = torch;\n",
         "a name it does not write": source.replace("lane", "other"),
-        # found by review: the probe looks a name up at namespace scope, so argument-dependent lookup
-        # behind a comment, a macro's call or alias, a qualified definition's scope (at::cuda, then at)
-        # or a raw string's quotes hiding code each found as written what the probe called undeclared
-        "a call behind a comment": source + "void g() { stride /* call */ (1); }\n",
+        # found by review: the probe looks a name up at namespace scope, so a macro's call or alias, a
+        # qualified definition's scope (at::cuda, then at) or a raw string's quotes hiding code each found
+        # as written what the probe called undeclared
         "a macro that is no number": source.replace("#define BLOCK 256", "#define BLOCK (256)"),
         "a function-like macro": source.replace("#define BLOCK 256", "#define BLOCK(x) x"),
         "a macro alias": source.replace("#define BLOCK 256", "#define BLOCK stride"),
@@ -160,6 +157,16 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
     for why, text in refused.items():
         assert kb.name_lookups(dict(args, cuda_sources=text), NINJA_UNDEFINED, ("-O3",)) is None, why
     assert kb.name_lookups(dict(args, extra_cuda_cflags=["-O3", "-DX"]), NINJA_UNDEFINED, ("-O3",)) is None
+    # a name called or given template arguments (argument-dependent lookup, behind a comment too) is asked
+    # of no probe; the others still are, each lookup its own; none left, no probe
+    for why, text, left in (("a call", "void g() { stride(1); }\n", ["lane"]),
+                            ("a call behind a comment", "void g() { stride /* call */ (1); }\n", ["lane"]),
+                            ("a launch", "void g() { stride<<<1, 1>>>(); }\n", ["lane"]),
+                            ("template arguments", "int v = lane<int>;\n", ["stride"])):
+        found_left = kb.name_lookups(dict(args, cuda_sources=source + text), NINJA_UNDEFINED, ("-O3",))
+        assert found_left["names"] == left and not set(found_left["also"]) & {"lane", "stride"}, why
+    both = source + "void g() { stride(1); lane(2); }\n"
+    assert kb.name_lookups(dict(args, cuda_sources=both), NINJA_UNDEFINED, ("-O3",)) is None
     assert kb.name_lookups(args, NINJA_UNDEFINED.replace("3 errors", "2 errors"), ("-O3",)) is None
     assert kb.name_lookups(dict(args, cuda_sources=source.replace("#define BLOCK 256", "#  define BLOCK 1e-5f")),
                            NINJA_UNDEFINED, ("-O3",))["names"] == ["lane", "stride"]   # a number: kept
@@ -175,7 +182,7 @@ def test_name_lookups_take_only_sources_whose_lookups_cannot_differ_from_the_pro
     unclosed = NINJA_UNDEFINED.replace('identifier "lane" is undefined', 'expected a ">"')
     assert kb.name_lookups(compared, unclosed, ("-O3",))["names"] == ["stride"]
     closable = dict(args, cuda_sources=source.replace("y[i] = lane +", "if (lane < n && n > 0) y[i] ="))
-    assert kb.name_lookups(closable, NINJA_UNDEFINED, ("-O3",)) is None   # lane<n && n> may be template arguments
+    assert kb.name_lookups(closable, NINJA_UNDEFINED, ("-O3",))["names"] == ["stride"]   # lane<n && n> may be template arguments
     only = redeclared.replace('identifier "stride" is undefined', '"sum" has already been declared in the current scope')
     assert kb.name_lookups(args, only, ("-O3",)) is None
     for directives, namespaces in ((["#if 1"], []), ([], ["a b"]), (["#include <a>\nint x;"], [])):
