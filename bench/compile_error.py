@@ -19,7 +19,8 @@ a use of a variable misspelt ("undefined"), the kernel renamed so that its launc
 ("launched": undefined, called), a declaration repeated ("redeclared"), and where the next line is a
 declaration too, that line pasted over it ("pasted": one variable declared twice, the other undefined,
 a name torch's headers may spell: on, a name probe, then the rules), then another such source in the
-caches it left ("pasted, again": the probe's answer read), and where the solution has a #define, that
+caches it left ("pasted, again": the probe's answer read), the same beside the kernel renamed ("pasted,
+launched": the probe asked about the pasted line's names, not the called one), and where the solution has a #define, that
 line dropped ("define dropped": undefined at the first use in each scope, as nvcc reports it), and where a
 declared name is compared (`c < cols`), its declaration dropped ("compared, dropped": `expected a ">"`).
 
@@ -89,6 +90,9 @@ def early_variants(solution: str) -> dict:
     if at + 1 < len(lines) and _DECLARATION.match(lines[at + 1]):  # the next line pasted over the declaration
         variants["pasted"] = "\n".join(lines[:at] + [lines[at + 1]] + lines[at + 1:])
         variants["pasted, again"] = variants["pasted"].replace("import torch\n", "import torch  # again\n", 1)
+        # ... beside the kernel renamed: a called name no probe is asked about, the rules read it alone
+        variants["pasted, launched"] = variants["pasted"].replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1)
+        variants["pasted, launched, again"] = variants["pasted, launched"].replace("import torch\n", "import torch  # again\n", 1)
     if define := re.search(r"^#define \w+ .*\n", solution, re.M):  # its name's uses reported once a scope
         variants["define dropped"] = solution.replace(define.group(0), "", 1)
     compared = next((k for k, line in enumerate(lines) if _DECLARATION.match(line) and re.search(
@@ -98,11 +102,13 @@ def early_variants(solution: str) -> dict:
     return variants
 
 
-def early_table(solutions: list, arch: str, root: str) -> None:
+def early_table(solutions: list, arch: str, root: str, only: set | None = None) -> None:
     print("| task | error | early verdicts off: s, builds | on: s, builds | rule | message |\n|---|---|---:|---:|---|---|",
           flush=True)
     for task, solution in solutions:
         for rule, source in early_variants(solution).items():
+            if only and rule not in only and rule.replace(", again", "") not in only:
+                continue
             row = []
             for early in (False, True):
                 # "pasted, again": in the caches "pasted" left (its name probe answered)
@@ -124,6 +130,8 @@ def main() -> None:
     p.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in task ids without 'builtin/', comma-separated")
     p.add_argument("--arch", default=os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0"))
     p.add_argument("--early", action="store_true", help="the early-verdict table instead of the name probes'")
+    p.add_argument("--row", action="append", default=[], help="with --early: only this error (repeatable; "
+                   "its ', again' row comes with it), e.g. --row 'pasted, launched'")
     a = p.parse_args()
     by_id = {t.task_id: t for t in tasks.load_builtin()}
     try:
@@ -134,7 +142,7 @@ def main() -> None:
     try:
         toolkit_for_cpu_torch(root)
         if a.early:
-            early_table(solutions, a.arch, root)
+            early_table(solutions, a.arch, root, set(a.row) or None)
             return
         print("| task | undefined names | no probes s (slim + as written) | first s (slim + probe) "
               "| again s (slim) | other names | other s | answers |\n|---|---|---:|---:|---:|---|---:|---|", flush=True)

@@ -185,3 +185,19 @@ def test_schedule_bench_refuses_an_unknown_scenario_in_one_line():
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip().startswith("bench/schedule.py: no scenario 'sideways' (known: new in both turns")
+
+
+def test_compile_error_bench_breaks_each_solution_as_its_row_says():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import compile_error
+    import tasks
+    solution = {t.task_id: t for t in tasks.load_builtin()}["builtin/level1/01_relu"].solutions["cuda"]
+    variants = compile_error.early_variants(solution)
+    kernel = re.search(r"__global__\s+void\s+(\w+)\(", solution).group(1)
+    pasted, launched = variants["pasted"], variants["pasted, launched"]
+    assert len(pasted.split("\n")) == len(solution.split("\n")) and pasted != solution
+    # the pasted line kept, the kernel renamed so that its launch names nothing: one difference more
+    assert launched == pasted.replace(f"void {kernel}(", f"void {kernel}_v2(", 1) != pasted
+    assert f"{kernel}<<<" in launched and f"void {kernel}(" not in launched
+    assert variants["pasted, launched, again"] != launched
+    assert variants["pasted, launched, again"].replace("  # again", "", 1) == launched
