@@ -42,9 +42,8 @@ import time
 from dataclasses import dataclass
 
 from kernel_boundary import UNPRIVILEGED_ID
-from kernel_early_verdict import (AS_WRITTEN_CUDA_PREFIX, REDECLARED, UNCLOSED_TEMPLATE_ARGUMENTS, UNDEFINED,
-                                  called_or_given_template_arguments, cuda_unit_errors, early_verdict, inline_sources,
-                                  tokens_of)
+from kernel_early_verdict import (AS_WRITTEN_CUDA_PREFIX, UNDEFINED, called_or_given_template_arguments,
+                                  cuda_unit_errors, early_verdict, inline_sources, rules_may_read, tokens_of)
 from kernel_sandbox import atomic_write, source_hash
 
 _perf_counter = time.perf_counter  # bound before any candidate code runs in a worker
@@ -421,7 +420,7 @@ def name_lookups(args: dict, build_error: str, default_cflags) -> dict | None:
     name; never called or given template arguments; not its own macros)."""
     messages = [m for ms in (cuda_unit_errors(build_error) or {}).values() for m in ms]
     names = None
-    if all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) or m == UNCLOSED_TEMPLATE_ARGUMENTS for m in messages):
+    if all(map(rules_may_read, messages)):
         names = sorted({m.group(1) for m in map(UNDEFINED.fullmatch, messages) if m})
     source = "\n".join(inline_sources(args, "cuda_sources"))
     if (not names or len(names) > MAX_PROBED_NAMES or not all(map(probe_may_look_up, names))

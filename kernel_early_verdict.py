@@ -111,6 +111,8 @@ _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\
 _DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
 REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
 UNCLOSED_TEMPLATE_ARGUMENTS = 'expected a ">"'
+
+
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # sources no rule reads: a directive but #include <...>, #define, #undef and #pragma (a conditional may give
@@ -132,6 +134,11 @@ _BLOCK_AFTER = frozenset({")", ";", "{", "}", "else", "do", "try"})  # what prec
 # what may follow a qualified declarator-id (`int ns::x __attribute__((unused)) = ...`: a third review's);
 # a reserved identifier (__attribute__, __asm__, __declspec) is refused too
 _AFTER_A_DECLARATOR_ID = frozenset({"(", ")", "=", ";", "{", "[", ",", "asm", "alignas", ":"})
+
+
+def rules_may_read(message: str) -> bool:
+    """Whether a tier's .cu error is one the "undefined" and "redeclared" rules read (explained_errors)."""
+    return bool(UNDEFINED.fullmatch(message) or REDECLARED.fullmatch(message)) or message == UNCLOSED_TEMPLATE_ARGUMENTS
 
 
 def preprocess_cuda_unit(build_directory: str, text: str, drop_include: str | None, timeout_s: float) -> str | None:
@@ -416,8 +423,7 @@ def early_verdict(args: dict, tier_args: dict, tier_error: str, lean_ops_dir: st
     if (not tier_sources or _NOT_READ_EARLY.search(source)
             or any(not _PLAIN_DIRECTIVE.match(d.group(1)) for d in _DIRECTIVE.finditer(source))):
         return None
-    explainable = all(UNDEFINED.fullmatch(m) or REDECLARED.fullmatch(m) or m == UNCLOSED_TEMPLATE_ARGUMENTS
-                      for ms in errors.values() for m in ms)
+    explainable = all(rules_may_read(m) for ms in errors.values() for m in ms)
     if not explainable and not brackets_unbalanced(_COMMENT.sub(" ", source)):
         return None  # no rule could apply (the source's own brackets pair up): spare the preprocessor runs
     # the candidate's line k: line k + 3 of the unit as written; of the tier's, after its headers, each line
