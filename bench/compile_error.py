@@ -20,9 +20,10 @@ a use of a variable misspelt ("undefined"), the kernel renamed so that its launc
 declaration too, that line pasted over it ("pasted": one variable declared twice, the other undefined,
 a name torch's headers may spell: on, a name probe, then the rules), then another such source in the
 caches it left ("pasted, again": the probe's answer read), the same beside the kernel renamed ("pasted,
-launched": the probe asked about the pasted line's names, not the called one), and where the solution has a #define, that
-line dropped ("define dropped": undefined at the first use in each scope, as nvcc reports it), and where a
-declared name is compared (`c < cols`), its declaration dropped ("compared, dropped": `expected a ">"`).
+launched": the probe asked about the pasted line's names, not the called one), and where the solution
+has a #define, that line dropped ("define dropped": undefined at the first use in each scope, as nvcc
+reports it), and where a declared name is compared (`c < cols`), its declaration dropped ("compared,
+dropped": `expected a ">"`). `--row NAME` runs only that row (and its ", again").
 
     python bench/compile_error.py --early --tasks level1/01_relu,level1/07_row_sum
 
@@ -83,16 +84,23 @@ def early_variants(solution: str) -> dict:
     rest = "\n".join(lines[at + 1:])
     kernel = solution.index("__global__")
     kernel_name = re.search(r"__global__\s+void\s+(\w+)", solution).group(1)
+
+    def renamed(source: str) -> str:  # the kernel renamed, so that its launch names nothing
+        return source.replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1)
+
+    def again(source: str) -> str:  # another source (another hash) with the same names and headers
+        return source.replace("import torch\n", "import torch  # again\n", 1)
+
     variants = {"unbalanced": solution[:kernel] + solution[kernel:].replace(")", "", 1),
                 "undefined": "\n".join(lines[:at + 1]) + "\n" + re.sub(rf"\b{name}\b", name + "_typo", rest, count=1),
-                "launched": solution.replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1),
+                "launched": renamed(solution),
                 "redeclared": "\n".join(lines[:at + 1] + [lines[at]] + lines[at + 1:])}
     if at + 1 < len(lines) and _DECLARATION.match(lines[at + 1]):  # the next line pasted over the declaration
         variants["pasted"] = "\n".join(lines[:at] + [lines[at + 1]] + lines[at + 1:])
-        variants["pasted, again"] = variants["pasted"].replace("import torch\n", "import torch  # again\n", 1)
+        variants["pasted, again"] = again(variants["pasted"])
         # ... beside the kernel renamed: a called name no probe is asked about, the rules read it alone
-        variants["pasted, launched"] = variants["pasted"].replace(f"void {kernel_name}(", f"void {kernel_name}_v2(", 1)
-        variants["pasted, launched, again"] = variants["pasted, launched"].replace("import torch\n", "import torch  # again\n", 1)
+        variants["pasted, launched"] = renamed(variants["pasted"])
+        variants["pasted, launched, again"] = again(variants["pasted, launched"])
     if define := re.search(r"^#define \w+ .*\n", solution, re.M):  # its name's uses reported once a scope
         variants["define dropped"] = solution.replace(define.group(0), "", 1)
     compared = next((k for k, line in enumerate(lines) if _DECLARATION.match(line) and re.search(
@@ -111,7 +119,7 @@ def early_table(solutions: list, arch: str, root: str, only: set | None = None) 
                 continue
             row = []
             for early in (False, True):
-                # "pasted, again": in the caches "pasted" left (its name probe answered)
+                # "..., again": in the caches its row without ", again" left (its name probe answered)
                 folder = rule.replace(", again", "")
                 cfg = kernel_eval.EvalConfig(cache_root=os.path.join(root, task.replace("/", "_"), folder, str(early)),
                                              build=kernel_eval.kernel_build.BuildConfig(early_verdicts=early))

@@ -187,8 +187,8 @@ def test_schedule_bench_refuses_an_unknown_scenario_in_one_line():
     assert out.stderr.strip().startswith("bench/schedule.py: no scenario 'sideways' (known: new in both turns")
 
 
-def test_compile_error_bench_breaks_each_solution_as_its_row_says():
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
+def test_compile_error_bench_breaks_each_solution_as_its_row_says(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "bench"))
     import compile_error
     import tasks
     solution = {t.task_id: t for t in tasks.load_builtin()}["builtin/level1/01_relu"].solutions["cuda"]
