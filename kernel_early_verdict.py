@@ -71,6 +71,7 @@ from kernel_sandbox import atomic_write
 # what load_inline writes first in a .cu unit as written, and how a failed build's cuda.cu errors read
 AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
 _CUDA_UNIT_ERROR = re.compile(r"(?:^|[/\s(])cuda\.cu\W{1,3}(\d+)\W{1,3} ?error: (.*?)\s*$")
+_CUDA_UNIT_WARNING = re.compile(r"(?:^|[/\s(])cuda\.cu\W{1,3}\d+\W{1,3} ?warning\b")
 UNDEFINED = re.compile(r'identifier "(\w+)" is undefined')
 _ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
 
@@ -79,14 +80,19 @@ def cuda_unit_errors(build_error: str) -> dict | None:
     """{line: [messages]}: the errors a failed CUDA build reports in its cuda.cu unit, when those are all
     of its errors (EDG's count agrees, no other unit failed); None when anything else may have failed."""
     errors, counted, failed = {}, 0, []
-    for line in build_error.splitlines():
-        line = line.strip()
+    for raw in build_error.splitlines():
+        line = raw.strip()
         if match := _CUDA_UNIT_ERROR.search(line):
             errors.setdefault(int(match.group(1)), []).append(match.group(2))
         elif match := _ERRORS_DETECTED.match(line):
             counted += int(match.group(1))
         elif line.startswith("FAILED:"):
             failed.append(line)
+        elif raw[:1] in (" ", "\t") or _CUDA_UNIT_WARNING.search(line):
+            # a diagnostic's own lines: the source line it echoes (`cudaError_t e = ...`) and its details
+            # (`argument types are: (int, <error-type>)`), where a diagnostic's first line starts at column 0;
+            # and the unit's warnings ("parsing restarts here after previous syntax error")
+            continue
         elif (re.search(r"error|Error", line) and not line.startswith(("[", "Error building extension"))
               and not (" -c " in line and " -o " in line)):  # a command ninja echoes (paths may say "error")
             return None  # another diagnostic

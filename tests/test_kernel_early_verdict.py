@@ -32,6 +32,51 @@ def test_brackets_unbalanced_counts_the_grammars_brackets_only():
     assert kev.brackets_unbalanced("int a = 1 ' (;") is None  # a quote outside any literal read: unsure
 
 
+# A slim tier's failure as torch 2.11's headers report it (an H100's demo kernel): an overload's details and
+# the echoed source lines say "error" and "Error", a header's note and a warning of the unit follow
+TIER_DUMP_211 = """Error building extension 'ext': [1/2] /usr/local/cuda/bin/nvcc -c /b/cuda.cu -o cuda.cuda.o
+FAILED: cuda.cuda.o
+/usr/local/cuda/bin/nvcc -DTORCH_EXTENSION_NAME=ext -c /b/cuda.cu -o cuda.cuda.o
+/b/cuda.cu(67): error: identifier "cols" is undefined
+      const int64_t batch = x.size(0), reduce = x.size(1, cols = x.size(2); cudaError_t e = cudaGetLastError();
+                                                          ^
+
+/b/cuda.cu(67): error: expected a ")"
+      const int64_t batch = x.size(0), reduce = x.size(1, cols = x.size(2); cudaError_t e = cudaGetLastError();
+                                                                          ^
+
+/b/cuda.cu(67): error: no instance of overloaded function "at::Tensor::size" matches the argument list
+            argument types are: (int, <error-type>)
+            object type is: at::Tensor
+      const int64_t batch = x.size(0), reduce = x.size(1, cols = x.size(2); cudaError_t e = cudaGetLastError();
+                                                  ^
+/t/include/ATen/core/TensorBody.h(3434): note #3322-D: number of parameters of function "at::Tensor::size(at::Dimname) const" does not match the call
+  inline int64_t Tensor::size(at::Dimname dim) const {
+                         ^
+
+/b/cuda.cu(70): warning #12-D: parsing restarts here after previous syntax error
+Remark: The warnings can be suppressed with "-diag-suppress <warning-number>"
+
+3 errors detected in the compilation of "/b/cuda.cu".
+ninja: build stopped: subcommand failed.
+"""
+
+
+def test_cuda_unit_errors_read_past_a_diagnostics_own_lines_and_stop_at_anothers():
+    """The lines nvcc indents under a diagnostic (the source line, an overload's argument types) are the
+    diagnostic's, and a warning of the unit is no error, whatever they say; a diagnostic of another file, or
+    one more than EDG counted, is not."""
+    assert kev.cuda_unit_errors(TIER_DUMP_211) == {67: [
+        'identifier "cols" is undefined', 'expected a ")"',
+        'no instance of overloaded function "at::Tensor::size" matches the argument list']}
+    in_a_header = TIER_DUMP_211.replace("note #3322-D:", "error:").replace("3 errors", "4 errors")
+    assert kev.cuda_unit_errors(in_a_header) is None
+    assert kev.cuda_unit_errors(TIER_DUMP_211.replace("/b/cuda.cu(70): warning", "/b/zcuda.cu(70): warning")) is None
+    assert kev.cuda_unit_errors(TIER_DUMP_211.replace("3 errors", "4 errors")) is None
+    fatal = TIER_DUMP_211.replace("3 errors detected", "nvcc error   : 'cudafe++' died\n3 errors detected")
+    assert kev.cuda_unit_errors(fatal) is None
+
+
 def _unit(own: list, headers: str = "int declared_by_headers;\n") -> str:
     """A preprocessed unit: `headers` (another file), then the candidate's lines 4.. of cuda.cu."""
     return (f'# 1 "/usr/include/h.h"\n{headers}# 4 "cuda.cu"\n' + "\n".join(own) + "\n")
@@ -223,17 +268,22 @@ def test_early_verdicts_read_the_unit_as_written_preprocessed_by_nvcc(tmp_path):
     kernel = ("__global__ void k(float* y, int n) {\n    int i = threadIdx.x;\n    if (i < n) y[i] = 2.f * y[i];\n}\n")
 
     def verdict(source: str, errors: str, tier_header: str = "#include <cuda_runtime.h>\n",
-                undeclared=frozenset()) -> str | None:
+                undeclared=frozenset(), details: str = "") -> str | None:
         args = {"cuda_sources": [source]}
         tier_args = {"cuda_sources": [tier_header, source], "build_directory": str(tmp_path)}
         first_line = tier_header.count("\n") + 2  # of the candidate's in the tier's unit: after its headers
-        dump = "".join(f"/b/cuda.cu({line + first_line - 1}): error: {m}\n" for line, m in errors)
+        dump = "".join(f"/b/cuda.cu({line + first_line - 1}): error: {m}\n{details}" for line, m in errors)
         dump += f"{len(errors)} errors detected in the compilation of \"/b/cuda.cu\".\n"
         return kev.early_verdict(args, tier_args, dump, None, 120,  # as kernel_build calls it for the light tier
                                  dropped=(kb.FULL_HEADER, kb.TYPES_HEADER), expanded=None, undeclared=undeclared)
 
     assert verdict(kernel.replace("if (i < n)", "if (i < n"), [(3, 'expected a ")"')]) == "unbalanced"
     assert verdict(kernel.replace("y[i];", "y_typo[i];"), [(3, 'identifier "y_typo" is undefined')]) == "undefined"
+    # the lines nvcc writes under a diagnostic may say "error" (an echoed cudaError_t, an argument of <error-type>)
+    assert verdict(kernel.replace("y[i];", "y_typo[i];"), [(3, 'identifier "y_typo" is undefined')],
+                   details="      if (i < n) y[i] = 2.f * y_typo[i]; // cudaError_t\n") == "undefined"
+    assert verdict(kernel.replace("if (i < n)", "if (i < n"), [(3, 'expected a ")"')],
+                   details="            argument types are: (int, <error-type>)\n") == "unbalanced"
     assert verdict(kernel.replace("    int i = threadIdx.x;\n", "    int i = threadIdx.x;\n    int i = 0;\n"),
                    [(3, '"i" has already been declared in the current scope')]) == "redeclared"
     # a line pasted over `stride`'s declaration: torch's headers spell stride (at::Tensor's), so only a name
