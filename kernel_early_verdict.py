@@ -70,8 +70,9 @@ from kernel_sandbox import atomic_write
 # Shared with kernel_build's name probes, which import them from here (nothing here imports kernel_build):
 # what load_inline writes first in a .cu unit as written, and how a failed build's cuda.cu errors read
 AS_WRITTEN_CUDA_PREFIX = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
-_CUDA_UNIT_ERROR = re.compile(r"(?:^|[/\s(])cuda\.cu\W{1,3}(\d+)\W{1,3} ?error: (.*?)\s*$")
-_CUDA_UNIT_WARNING = re.compile(r"(?:^|[/\s(])cuda\.cu\W{1,3}\d+\W{1,3} ?warning\b")
+_CUDA_UNIT_LINE = r"(?:^|[/\s(])cuda\.cu\W{1,3}(\d+)\W{1,3} ?"   # `/b/cuda.cu(13): `, `(cuda.cu:13): `
+_CUDA_UNIT_ERROR = re.compile(_CUDA_UNIT_LINE + r"error: (.*?)\s*$")
+_CUDA_UNIT_WARNING = re.compile(_CUDA_UNIT_LINE + r"warning\b")
 UNDEFINED = re.compile(r'identifier "(\w+)" is undefined')
 _ERRORS_DETECTED = re.compile(r"^(\d+) errors? detected in the compilation of ")
 
@@ -117,8 +118,6 @@ _TOKEN = re.compile(r'(?:u8|[uUL])?"(?:\\.|[^"\\\n])*"|(?:u8|[uUL])?\'(?:\\.|[^\
 _DIGRAPH = re.compile(r"<:(?!:(?![:>]))|:>|<%|%>")
 REDECLARED = re.compile(r'"(\w+)" has already been declared in the current scope')
 UNCLOSED_TEMPLATE_ARGUMENTS = 'expected a ">"'
-
-
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # sources no rule reads: a directive but #include <...>, #define, #undef and #pragma (a conditional may give
